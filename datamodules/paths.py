@@ -1,0 +1,44 @@
+"""Where data is read from and where caches are written.
+
+The data root is read-only to us (it may be a shared, write-protected folder); anything a loader
+writes (PyG's processed/, tokenised sets) goes under the cache dir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from platformdirs import user_cache_dir
+
+DATA_ENV = "ATTNBENCH_DATA"
+CACHE_ENV = "ATTNBENCH_CACHE"
+
+
+class MissingDataError(FileNotFoundError):
+    """Data files that a task needs are absent or corrupt; the message names them and the fix."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else super().__str__()
+
+
+def data_root(explicit: str | os.PathLike | None = None) -> Path | None:
+    """The local data root: an explicit setting, else $ATTNBENCH_DATA, else None (download when online)."""
+    value = explicit if explicit is not None else os.environ.get(DATA_ENV)
+    return Path(value).expanduser().resolve() if value else None
+
+
+def cache_dir(explicit: str | os.PathLike | None = None) -> Path:
+    value = explicit if explicit is not None else os.environ.get(CACHE_ENV)
+    path = Path(value).expanduser() if value else Path(user_cache_dir("attnbench"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path.resolve()
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,1 @@
+"""Host models, attention variants and task definitions."""

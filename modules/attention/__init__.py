@@ -1,0 +1,31 @@
+"""Attention variants and the interface they share (see README "Adding a variant")."""
+
+from .groups import DenseGroups, Groups, SegmentGroups
+from .kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics
+from .registry import (
+    ATTENTIONS,
+    attention_entry,
+    build_attention,
+    list_attentions,
+    register_attention,
+    resolve_config,
+)
+
+from . import variants  # noqa: F401,E402  (registers the built-in variants)
+
+__all__ = [
+    "ATTENTIONS",
+    "AttentionConfig",
+    "AttentionKernel",
+    "AttentionResult",
+    "DenseGroups",
+    "Groups",
+    "HeadShape",
+    "SegmentGroups",
+    "attention_entry",
+    "build_attention",
+    "list_attentions",
+    "register_attention",
+    "resolve_config",
+    "standard_diagnostics",
+]

@@ -1,0 +1,110 @@
+"""The attention-variant interface: compatibility scores -> a distribution per query -> weighted values."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .groups import Groups
+
+
+@dataclass
+class AttentionResult:
+    weights: Tensor | None
+    """>= 0, sums to 1 in every group with a valid key, 0 on masked keys. None only on a fused fast path
+    (`need_weights=False`) that never formed the weights."""
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)
+    """Unweighted scalar regularisers, e.g. {"kl": ..., "align": ...}; the config weights them."""
+    diagnostics: dict[str, Tensor] = field(default_factory=dict)
+    """Detached scalars worth logging, e.g. {"entropy": ..., "support": ...}."""
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Base of every variant's frozen config. Fields carry the paper's defaults."""
+
+    def loss_weights(self, step: int) -> dict[str, float]:
+        """Weight of each aux loss at a training step (e.g. BAM's annealed KL weight)."""
+        return {}
+
+    @classmethod
+    def suggest(cls, trial: Any) -> dict[str, Any]:
+        """The variant's own Optuna search space: field name -> suggested value."""
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    """What a kernel may need to size its own parameters (per-head priors, discriminators)."""
+
+    num_heads: int
+    head_dim: int
+
+
+class AttentionKernel(nn.Module):
+    """Base class of every attention variant.
+
+    Subclasses set `Config` (a frozen dataclass deriving from AttentionConfig) and override `normalize`
+    (and `score` if the compatibility is not a scaled dot product). Kernels never see the loss, the
+    logger or globals: they return unweighted aux terms and detached diagnostics.
+    """
+
+    Config: ClassVar[type[AttentionConfig]] = AttentionConfig
+    version: ClassVar[str] = "1"
+    """Bump when the variant's math changes: it is part of every run key, so old results stop counting."""
+    name: str = "?"
+    softmax_limit: ClassVar[Mapping[str, Any] | None] = None
+    """Config values at which the variant reduces to softmax attention (a contract test checks it in
+    training mode on dense and segment groups, to `softmax_limit_atol`). None only for softmax itself."""
+    softmax_limit_atol: ClassVar[float] = 1e-6
+
+    def __init__(self, config: AttentionConfig, shape: HeadShape):
+        super().__init__()
+        self.config = config
+        self.shape = shape
+
+    def score(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> Tensor:
+        return groups.scores(q, k, scale)
+
+    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor | None = None, k: Tensor | None = None) -> AttentionResult:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        groups: Groups,
+        *,
+        scale: float | None = None,
+        dropout_p: float = 0.0,
+        need_weights: bool = True,
+    ) -> tuple[Tensor, AttentionResult]:
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        logits = self.score(q, k, groups, scale=scale)
+        result = self.normalize(logits, groups, q=q, k=k)
+        weights = F.dropout(result.weights, dropout_p, self.training) if dropout_p > 0 else result.weights
+        return groups.aggregate(weights, v), result
+
+    def loss_weights(self, step: int) -> dict[str, float]:
+        return self.config.loss_weights(step)
+
+    def extra_repr(self) -> str:
+        return f"{self.name}: {self.config}"
+
+
+def standard_diagnostics(weights: Tensor, groups: Groups, kernel: nn.Module | None = None) -> dict[str, Tensor]:
+    """Entropy and support of the weights; skipped while `kernel` trains, where nobody reads them and
+    they would cost a sizeable share of a small graph's training step (measured on Cora)."""
+    if kernel is not None and kernel.training:
+        return {}
+    with torch.no_grad():
+        return {"entropy": groups.entropy(weights).detach(), "support": groups.support(weights).detach()}

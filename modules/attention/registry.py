@@ -1,0 +1,85 @@
+"""Registry of attention variants: `@register_attention`, `list_attentions`, `build_attention`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..registry import Registry
+from .kernel import AttentionConfig, AttentionKernel, HeadShape
+
+ENTRY_POINT_GROUP = "attnbench.attention"
+
+
+@dataclass(frozen=True)
+class AttentionEntry:
+    cls: type[AttentionKernel]
+    preset: Mapping[str, Any] = field(default_factory=dict)
+    """Config values fixed by the name, e.g. bam-weibull = BAM with distribution='weibull'."""
+    summary: str = ""
+
+
+ATTENTIONS: Registry[AttentionEntry] = Registry("attention variant", ENTRY_POINT_GROUP)
+
+
+def register_attention(name: str, **preset: Any):
+    """Class decorator registering an AttentionKernel under `name`, with config values `preset` fixed.
+
+    Stack it to register one class under several names (e.g. one per distribution)."""
+
+    def decorator(cls: type[AttentionKernel]) -> type[AttentionKernel]:
+        if not (isinstance(cls, type) and issubclass(cls, AttentionKernel)):
+            raise TypeError(f"@register_attention({name!r}) must decorate an AttentionKernel subclass")
+        _check_fields(name, cls.Config, preset)
+        doc = (cls.__doc__ or "").strip().splitlines()
+        ATTENTIONS.register(name, AttentionEntry(cls, dict(preset), doc[0] if doc else ""))
+        return cls
+
+    return decorator
+
+
+def list_attentions(pattern: str | None = None) -> list[str]:
+    return ATTENTIONS.names(pattern)
+
+
+def attention_entry(name: str) -> AttentionEntry:
+    return ATTENTIONS.get(name)
+
+
+def resolve_config(spec: str | Mapping[str, Any]) -> tuple[str, AttentionConfig]:
+    """A variant spec ("name" or {"name": ..., **overrides}) -> (name, the full frozen config)."""
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    spec = dict(spec)
+    try:
+        name = spec.pop("name")
+    except KeyError:
+        raise ValueError(f"attention spec {spec} has no 'name'; write e.g. {{name: softmax}}") from None
+    entry = ATTENTIONS.get(name)
+    _check_fields(name, entry.cls.Config, spec)
+    fixed = {k: v for k, v in spec.items() if k in entry.preset and v != entry.preset[k]}
+    if fixed:
+        raise ValueError(f"{name!r} fixes {sorted(fixed)} by its name; choose the variant name that has the value you want")
+    overrides = {k: v for k, v in spec.items() if v is not None}  # None means "the default"
+    try:
+        config = entry.cls.Config(**{**entry.preset, **overrides})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"bad config for attention {name!r}: {exc}") from exc
+    return name, config
+
+
+def build_attention(spec: str | Mapping[str, Any], *, num_heads: int, head_dim: int) -> AttentionKernel:
+    name, config = resolve_config(spec)
+    kernel = ATTENTIONS.get(name).cls(config, HeadShape(num_heads, head_dim))
+    kernel.name = name
+    return kernel
+
+
+def _check_fields(name: str, config_cls: type[AttentionConfig], values: Mapping[str, Any]) -> None:
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError(
+            f"attention {name!r} has no option(s) {sorted(unknown)}; its options are {sorted(known) or 'none'}"
+        )

@@ -1,0 +1,109 @@
+"""Graph attention network (Veličković et al. 2018) whose edge normalisation is any attention variant.
+
+We write the layer ourselves rather than use PyG's GATConv because GATConv hard-wires the segment
+softmax; here GAT's edge logits LeakyReLU(a_dst·Wh_i + a_src·Wh_j) go to the variant's `normalize`
+over SegmentGroups, and the variant's weights aggregate the messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.utils import add_self_loops, remove_self_loops
+
+from ..attention import AttentionResult, SegmentGroups, build_attention
+
+
+def graph_groups(edge_index: Tensor, num_nodes: int) -> SegmentGroups:
+    """Each node attends over its in-neighbours and itself, as in GAT."""
+    edge_index, _ = remove_self_loops(edge_index)
+    edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
+    return SegmentGroups(dst=edge_index[1], src=edge_index[0], num_nodes=num_nodes)
+
+
+def sparse_dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Dropout on a sparse COO tensor's stored values: the same law as dense dropout, since dropping a
+    zero leaves it zero, without drawing a mask for every zero entry."""
+    if not training or p == 0.0:
+        return x
+    return torch.sparse_coo_tensor(x.indices(), F.dropout(x.values(), p, True), x.shape, is_coalesced=True)
+
+
+class GATLayer(nn.Module):
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        heads: int,
+        attention: str | Mapping[str, Any],
+        *,
+        concat: bool = True,
+        attn_dropout: float = 0.6,
+        negative_slope: float = 0.2,
+    ):
+        super().__init__()
+        self.heads, self.out_dim, self.concat = heads, out_dim, concat
+        self.attn_dropout, self.negative_slope = attn_dropout, negative_slope
+        self.weight = nn.Parameter(torch.empty(in_dim, heads * out_dim))
+        self.att_src = nn.Parameter(torch.empty(1, heads, out_dim))
+        self.att_dst = nn.Parameter(torch.empty(1, heads, out_dim))
+        self.bias = nn.Parameter(torch.zeros(heads * out_dim if concat else out_dim))
+        self.kernel = build_attention(attention, num_heads=heads, head_dim=out_dim)
+        for p in (self.weight, self.att_src, self.att_dst):
+            nn.init.xavier_uniform_(p)
+
+    def forward(self, x: Tensor, groups: SegmentGroups) -> tuple[Tensor, AttentionResult]:
+        h = torch.sparse.mm(x, self.weight) if x.is_sparse else x @ self.weight
+        h = h.view(-1, self.heads, self.out_dim)
+        score_src = (h * self.att_src).sum(-1)
+        score_dst = (h * self.att_dst).sum(-1)
+        logits = F.leaky_relu(groups.per_key(score_src) + groups.per_query(score_dst), self.negative_slope)
+        result = self.kernel.normalize(logits, groups, q=h, k=h)
+        weights = F.dropout(result.weights, self.attn_dropout, self.training)
+        out = groups.aggregate(weights, h)
+        out = out.reshape(-1, self.heads * self.out_dim) if self.concat else out.mean(dim=1)
+        return out + self.bias, result
+
+
+class GAT(nn.Module):
+    """Two GAT layers: `heads` x `hidden` with ELU, then `out_heads` averaged into class logits."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        num_classes: int,
+        attention: str | Mapping[str, Any],
+        *,
+        hidden: int = 8,
+        heads: int = 8,
+        out_heads: int = 1,
+        dropout: float = 0.6,
+        attn_dropout: float = 0.6,
+    ):
+        super().__init__()
+        self.dropout = dropout
+        self.layers = nn.ModuleList(
+            [
+                GATLayer(in_dim, hidden, heads, attention, concat=True, attn_dropout=attn_dropout),
+                GATLayer(hidden * heads, num_classes, out_heads, attention, concat=False, attn_dropout=attn_dropout),
+            ]
+        )
+
+    def forward(self, x: Tensor, groups: SegmentGroups) -> tuple[Tensor, list[AttentionResult]]:
+        results = []
+        for i, layer in enumerate(self.layers):
+            if x.is_sparse:
+                x = sparse_dropout(x, self.dropout, self.training)
+            else:
+                x = F.dropout(x, self.dropout, self.training)
+            x, result = layer(x, groups)
+            results.append(result)
+            if i < len(self.layers) - 1:
+                x = F.elu(x)
+        return x, results
+
+    def kernels(self) -> list[nn.Module]:
+        return [layer.kernel for layer in self.layers]

@@ -1,0 +1,48 @@
+"""Turning the AttentionResults of every layer into one weighted aux loss and loggable diagnostics.
+
+Shared by every LightningModule so that each task adds sum_k w_k(step) * aux_k the same way."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from ..attention import AttentionKernel, AttentionResult
+
+
+class DivergedError(FloatingPointError):
+    """The training loss became NaN or infinite: the run is recorded as failed, the suite goes on."""
+
+
+def weighted_aux_loss(results: Sequence[AttentionResult], kernels: Sequence[AttentionKernel], step: int) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """sum over layers and aux terms of weight(step) * term; also each term's mean over layers (for logging)."""
+    total: Tensor | None = None
+    per_term: dict[str, list[Tensor]] = defaultdict(list)
+    for result, kernel in zip(results, kernels, strict=True):
+        weights = kernel.loss_weights(step)
+        for name, value in result.aux_losses.items():
+            per_term[name].append(value.detach())
+            w = weights.get(name, 0.0)
+            if w:
+                total = w * value if total is None else total + w * value
+    return total, {f"aux/{k}": torch.stack(v).mean() for k, v in per_term.items()}
+
+
+def diagnostics(results: Sequence[AttentionResult]) -> dict[str, Tensor]:
+    """Each diagnostic per layer ("attn/l0/entropy") and averaged over layers ("attn/entropy")."""
+    logs: dict[str, Tensor] = {}
+    per_name: dict[str, list[Tensor]] = defaultdict(list)
+    for i, result in enumerate(results):
+        for name, value in result.diagnostics.items():
+            logs[f"attn/l{i}/{name}"] = value
+            per_name[name].append(value)
+    logs.update({f"attn/{k}": torch.stack(v).mean() for k, v in per_name.items()})
+    return logs
+
+
+def check_finite(loss: Tensor, epoch: int) -> None:
+    if not torch.isfinite(loss):
+        raise DivergedError(f"training loss became {loss.item()} at epoch {epoch}; the run diverged")

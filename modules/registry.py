@@ -1,0 +1,126 @@
+"""Name -> object registries shared by attention variants and tasks.
+
+Both need the same things: duplicate names rejected, a "did you mean" on typos, and out-of-tree plugins
+found through an entry-point group or a plugin file, so that adding a variant or a task never means
+editing harness code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import hashlib
+import importlib.util
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownNameError(KeyError):
+    """An unknown variant or task name; the message suggests the closest registered names."""
+
+    def __str__(self) -> str:  # KeyError would print the message with quotes around it
+        return str(self.args[0])
+
+
+class DuplicateNameError(ValueError):
+    pass
+
+
+class PluginError(RuntimeError):
+    pass
+
+
+_loaded_plugin_files: set[Path] = set()
+
+
+def load_plugin_file(path: str | Path) -> None:
+    """Import a plugin file once; its @register_* decorators register what it defines."""
+    file = Path(path).expanduser().resolve()
+    if file in _loaded_plugin_files:
+        return
+    if not file.is_file():
+        raise PluginError(f"plugin file {file} does not exist; pass --plugin with the path to a .py file")
+    digest = hashlib.sha1(str(file).encode()).hexdigest()[:8]
+    module_name = f"attnbench_plugin_{file.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"cannot import plugin file {file}: not a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    _loaded_plugin_files.add(file)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        _loaded_plugin_files.discard(file)
+        sys.modules.pop(module_name, None)
+        raise PluginError(f"plugin file {file} failed to import: {type(exc).__name__}: {exc}") from exc
+
+
+def loaded_plugin_files() -> list[str]:
+    return sorted(str(p) for p in _loaded_plugin_files)
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str, entry_point_group: str):
+        self.kind = kind
+        self.entry_point_group = entry_point_group
+        self._items: dict[str, T] = {}
+        self._entry_points_loaded = False
+
+    def register(self, name: str, item: T) -> T:
+        if name in self._items:
+            raise DuplicateNameError(
+                f"{self.kind} name {name!r} is already registered (by {_origin(self._items[name])}); "
+                "pick another name for the new one"
+            )
+        self._items[name] = item
+        return item
+
+    def _load_entry_points(self) -> None:
+        # Lazy: entry points are only imported when a name is asked for or listed, so a broken
+        # third-party plugin cannot slow down or break commands that never use it.
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        for ep in entry_points(group=self.entry_point_group):
+            try:
+                ep.load()
+            except Exception as exc:
+                raise PluginError(
+                    f"{self.kind} plugin {ep.name!r} ({ep.value}) from entry-point group "
+                    f"{self.entry_point_group!r} failed to import: {type(exc).__name__}: {exc}"
+                ) from exc
+
+    def get(self, name: str) -> T:
+        if name not in self._items:
+            self._load_entry_points()
+        if name not in self._items:
+            close = difflib.get_close_matches(name, self._items, n=3, cutoff=0.5)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise UnknownNameError(
+                f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(sorted(self._items))}. "
+                f"(`attnbench list` shows them; plugins load with --plugin FILE.py.)"
+            )
+        return self._items[name]
+
+    def names(self, pattern: str | None = None) -> list[str]:
+        self._load_entry_points()
+        names = sorted(self._items)
+        return [n for n in names if pattern is None or fnmatch.fnmatch(n, pattern)]
+
+    def __contains__(self, name: str) -> bool:
+        self._load_entry_points()
+        return name in self._items
+
+    def unregister(self, name: str) -> None:
+        """For tests that register throw-away items."""
+        self._items.pop(name, None)
+
+
+def _origin(item: object) -> str:
+    target = getattr(item, "cls", item)
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"

@@ -1,0 +1,96 @@
+"""What a task is: a datamodule, a host LightningModule, its metrics and its training budget."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+import lightning as L
+
+from ..registry import Registry
+
+ENTRY_POINT_GROUP = "attnbench.tasks"
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    """As logged by the LightningModule, e.g. "test/acc"."""
+    higher_is_better: bool = True
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """Knobs every task has; tasks subclass this with their own (frozen) fields and paper defaults."""
+
+    max_epochs: int = 1000
+    patience: int = 100
+    """Early stopping on the monitored validation metric; the best epoch's weights are restored."""
+
+
+class Task:
+    """Subclass, set the class attributes, implement `build`, and decorate with @register_task."""
+
+    Params: ClassVar[type[TrainParams]] = TrainParams
+    version: ClassVar[str] = "1"
+    """Bump when data processing, model or training change: it is part of every run key."""
+    metrics: ClassVar[tuple[Metric, ...]] = ()
+    """Reported test metrics, the primary (leaderboard-ranking) metric first."""
+    monitor: ClassVar[Metric] = Metric("val/loss", higher_is_better=False)
+
+    def __init__(self, name: str, preset: Mapping[str, Any]):
+        self.name = name
+        self.preset = dict(preset)
+
+    @property
+    def primary(self) -> Metric:
+        return self.metrics[0]
+
+    def params(self, overrides: Mapping[str, Any] | None = None) -> TrainParams:
+        overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+        known = {f.name for f in dataclasses.fields(self.Params)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise ValueError(f"task {self.name!r} has no parameter(s) {sorted(unknown)}; its parameters are {sorted(known)}")
+        return self.Params(**{**self.preset, **overrides})
+
+    def data_problem(self, data_root: str | None) -> str | None:
+        """None when the task's data can be loaded; otherwise what is missing and how to fix it."""
+        return None
+
+    def build(self, params: TrainParams, attention: Mapping[str, Any], *, data_root: str | None, cache_dir: str | None) -> tuple[L.LightningDataModule, L.LightningModule]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    cls: type[Task]
+    preset: Mapping[str, Any]
+
+    def create(self, name: str) -> Task:
+        return self.cls(name, self.preset)
+
+
+TASKS: Registry[TaskEntry] = Registry("task", ENTRY_POINT_GROUP)
+
+
+def register_task(name: str, **preset: Any):
+    """Class decorator: register a Task subclass under `name` with some Params fixed (stackable)."""
+
+    def decorator(cls: type[Task]) -> type[Task]:
+        known = {f.name for f in dataclasses.fields(cls.Params)}
+        if set(preset) - known:
+            raise ValueError(f"task {name!r}: preset keys {sorted(set(preset) - known)} are not fields of {cls.Params.__name__}")
+        TASKS.register(name, TaskEntry(cls, dict(preset)))
+        return cls
+
+    return decorator
+
+
+def get_task(name: str) -> Task:
+    return TASKS.get(name).create(name)
+
+
+def list_tasks(pattern: str | None = None) -> list[str]:
+    return TASKS.names(pattern)

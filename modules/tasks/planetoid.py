@@ -1,0 +1,52 @@
+"""cora, citeseer, pubmed: GAT node classification (Veličković et al. 2018 setup)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from datamodules.planetoid import PlanetoidDataModule, data_available
+
+from ..hosts.gat import GAT
+from ..lit.node_classification import NodeClassificationModule
+from .base import Metric, Task, TrainParams, register_task
+
+
+@dataclass(frozen=True)
+class GATParams(TrainParams):
+    dataset: str = "cora"
+    hidden: int = 8
+    heads: int = 8
+    out_heads: int = 1
+    dropout: float = 0.6
+    attn_dropout: float = 0.6
+    lr: float = 0.005
+    weight_decay: float = 5e-4
+    max_epochs: int = 1000
+    patience: int = 100
+
+
+@register_task("cora", dataset="cora")
+@register_task("citeseer", dataset="citeseer")
+@register_task("pubmed", dataset="pubmed", out_heads=8, lr=0.01, weight_decay=0.001)
+class PlanetoidTask(Task):
+    Params = GATParams
+    version = "1"
+    metrics = (Metric("test/acc"), Metric("test/macro_f1"))
+    monitor = Metric("val/loss", higher_is_better=False)
+
+    def data_problem(self, data_root):
+        return data_available(self.preset["dataset"], data_root)
+
+    def build(self, params: GATParams, attention, *, data_root, cache_dir):
+        dm = PlanetoidDataModule(params.dataset, data_root, cache_dir)
+        model = GAT(
+            dm.num_features,
+            dm.num_classes,
+            attention,
+            hidden=params.hidden,
+            heads=params.heads,
+            out_heads=params.out_heads,
+            dropout=params.dropout,
+            attn_dropout=params.attn_dropout,
+        )
+        return dm, NodeClassificationModule(model, dm.num_classes, lr=params.lr, weight_decay=params.weight_decay)
