@@ -1,0 +1,46 @@
+# attnbench: `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SUITE ?= quick
+WORKERS ?=
+# Local data: ../shared/data when it is there (offline machines), else $ATTNBENCH_DATA, else download.
+SHARED_DATA := $(abspath ../shared/data)
+ifeq ($(origin ATTNBENCH_DATA), undefined)
+ATTNBENCH_DATA := $(if $(wildcard $(SHARED_DATA)/planetoid),$(SHARED_DATA),)
+endif
+export ATTNBENCH_DATA
+
+.DEFAULT_GOAL := help
+.PHONY: help install bench paper-gat leaderboard test test-slow clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
+	@echo "  variables: SUITE=$(SUITE) WORKERS=<n> ATTNBENCH_DATA=$(ATTNBENCH_DATA)"
+
+install: $(VENV)/.installed ## create .venv and install attnbench with its dev extra
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+bench: install ## run SUITE (default: quick) and write leaderboards/SUITE.{md,csv}
+	$(BIN)/attnbench bench --suite $(SUITE) $(if $(WORKERS),--workers $(WORKERS))
+
+paper-gat: install ## the GAT paper's setup, 10 seeds (slow: hours on a 2-core CPU)
+	$(BIN)/attnbench bench --suite paper-gat $(if $(WORKERS),--workers $(WORKERS))
+
+leaderboard: install ## regenerate leaderboards/SUITE.* from the run records
+	$(BIN)/attnbench leaderboard --suite $(SUITE)
+
+test: install ## run the test suite (CPU, minutes)
+	$(BIN)/python -m pytest -q
+
+test-slow: install ## also the slow reproduction tests
+	$(BIN)/python -m pytest -q -m slow
+
+clean: ## remove caches and test outputs (keeps .venv and runs/)
+	rm -rf .pytest_cache tests/artifacts build *.egg-info

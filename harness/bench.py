@@ -1,0 +1,102 @@
+"""`attnbench bench`: plan a suite, skip finished runs, run the rest, write the leaderboard."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from datamodules.paths import MissingDataError
+
+from .executor import LocalExecutor, WorkerOptions, log
+from .records import RecordStore, runs_dir
+from .runner import git_commit
+from .spec import RunSpec
+from .suite import load_suite, plan
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+class Progress:
+    """One line per finished run with the overall count, elapsed time and an ETA."""
+
+    def __init__(self, total: int, workers: int):
+        self.total, self.workers, self.done, self.failed = total, workers, 0, 0
+        self.start = time.perf_counter()
+        self.run_seconds: list[float] = []
+
+    def __call__(self, spec: RunSpec, summary: dict[str, Any]) -> None:
+        self.done += 1
+        status = summary.get("status", "failed")
+        self.failed += status != "ok"
+        self.run_seconds.append(summary.get("wall_time_s") or 0.0)
+        elapsed = time.perf_counter() - self.start
+        remaining = self.total - self.done
+        eta = elapsed / self.done * remaining if self.done else 0.0
+        if status == "ok":
+            primary = next(iter(summary["metrics"].items()), None)
+            result = f"{primary[0]}={primary[1]['value']:.4f}" if primary else ""
+            result += f" ({summary.get('epochs')} epochs)"
+        else:
+            result = (summary.get("error") or "failed")[:160]
+        width = len(str(self.total))
+        log(
+            f"[{self.done:>{width}}/{self.total}] {status:<6} {spec.task:<10} {spec.display:<16} seed={spec.seed:<3} "
+            f"{result}  {summary.get('wall_time_s') or 0:.1f}s  | elapsed {_fmt_duration(elapsed)}, ETA {_fmt_duration(eta)}"
+        )
+
+
+def run_suite(
+    suite_name: str,
+    *,
+    workers: int,
+    runs: str | None = None,
+    data_root: str | None = None,
+    cache_dir: str | None = None,
+    plugin_files: Sequence[str] = (),
+    retry_failed: bool = False,
+    variant_filter: str | None = None,
+    leaderboard_dir: str | Path | None = "leaderboards",
+) -> dict[str, int]:
+    suite = load_suite(suite_name)
+    the_plan = plan(suite, data_root, variant_filter)
+    for task in suite.tasks:
+        if task.name in the_plan.skipped_tasks:
+            log(f"attnbench: skipping optional task {task.name}: {the_plan.skipped_tasks[task.name]}")
+            continue
+        from modules.tasks import get_task
+
+        problem = get_task(task.name).data_problem(data_root)
+        if problem:
+            raise MissingDataError(problem)
+    store = RecordStore(runs)
+    todo = [s for s in the_plan.specs if not store.finished(s.key, retry_failed)]
+    finished = len(the_plan.specs) - len(todo)
+    log(
+        f"attnbench: suite {suite.name}: {len(the_plan.specs)} runs "
+        f"({len(suite.tasks) - len(the_plan.skipped_tasks)} tasks x {len(suite.variants)} variants x {len(suite.seeds)} seeds); "
+        f"{finished} already finished, {len(todo)} to run on {workers} worker(s); records in {store.root}"
+    )
+    progress = Progress(len(todo), workers)
+    if todo:
+        options = WorkerOptions(
+            runs_dir=str(runs_dir(runs)),
+            data_root=data_root,
+            cache_dir=cache_dir,
+            plugin_files=list(plugin_files),
+            commit=git_commit(),
+            workers=workers,
+        )
+        LocalExecutor(options).run(todo, progress)
+        log(f"attnbench: suite {suite.name}: ran {progress.done} runs in {_fmt_duration(time.perf_counter() - progress.start)}, {progress.failed} failed")
+    if leaderboard_dir is not None:
+        from .leaderboard import write_leaderboard
+
+        paths = write_leaderboard(suite_name, runs=runs, out_dir=leaderboard_dir, data_root=data_root)
+        log("attnbench: leaderboard written to " + ", ".join(str(p) for p in paths))
+    return {"planned": len(the_plan.specs), "ran": progress.done, "failed": progress.failed}

@@ -1,0 +1,176 @@
+"""The `attnbench` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+import yaml
+
+
+def _parse_sets(pairs: Sequence[str]) -> tuple[dict, dict]:
+    """--set key=value (task parameter) or attention.key=value (variant config); values parse as YAML."""
+    params, attention = {}, {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--set {pair!r}: write key=value, e.g. --set max_epochs=200 or --set attention.alpha=0.5")
+        key, raw = pair.split("=", 1)
+        value = yaml.safe_load(raw)
+        if key.startswith("attention."):
+            attention[key.removeprefix("attention.")] = value
+        else:
+            params[key] = value
+    return params, attention
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help="import a plugin file that registers variants or tasks (repeatable)")
+    parser.add_argument("--data-root", default=None, help="local data folder (default: $ATTNBENCH_DATA; none = download when online)")
+    parser.add_argument("--runs-dir", default=None, help="where run records live (default: $ATTNBENCH_RUNS or ./runs)")
+    parser.add_argument("--cache-dir", default=None, help="where processed data is cached (default: $ATTNBENCH_CACHE or the user cache dir)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .executor import default_workers
+
+    parser = argparse.ArgumentParser(prog="attnbench", description="Benchmark attention variants on the same tasks, seeds and budgets.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="list variants, tasks and suites")
+    p.add_argument("what", nargs="?", choices=["variants", "tasks", "suites", "all"], default="all")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py")
+
+    p = sub.add_parser("run", help="run one task with one variant and seed, and record it")
+    p.add_argument("task")
+    p.add_argument("variant")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter, or attention.KEY=VALUE for the variant")
+    p.add_argument("--force", action="store_true", help="run again even if a record for this exact run exists")
+    _common(p)
+
+    p = sub.add_parser("bench", help="run a suite (skipping finished runs) and write its leaderboard")
+    p.add_argument("--suite", default="quick", help="built-in suite name or a suite .yaml path (default: quick)")
+    p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: one per GPU, else one per CPU core)")
+    p.add_argument("--retry-failed", action="store_true", help="run failed runs again instead of keeping their records")
+    p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching this glob, e.g. 'bam-*'")
+    p.add_argument("--leaderboard-dir", default="leaderboards")
+    _common(p)
+
+    p = sub.add_parser("leaderboard", help="regenerate a suite's leaderboard from its records")
+    p.add_argument("--suite", default="quick")
+    p.add_argument("--out", default="leaderboards")
+    _common(p)
+    return parser
+
+
+def cmd_list(args) -> int:
+    from modules.attention import attention_entry, list_attentions
+    from modules.tasks import get_task, list_tasks
+
+    from .suite import list_suites, load_suite
+
+    if args.what in ("variants", "all"):
+        print("variants:")
+        for name in list_attentions():
+            entry = attention_entry(name)
+            preset = ", ".join(f"{k}={v}" for k, v in entry.preset.items())
+            print(f"  {name:<16} {entry.summary}{f' [{preset}]' if preset else ''}")
+    if args.what in ("tasks", "all"):
+        print("tasks:")
+        for name in list_tasks():
+            task = get_task(name)
+            print(f"  {name:<16} metrics: {', '.join(m.name for m in task.metrics)}")
+    if args.what in ("suites", "all"):
+        print("suites:")
+        for name in list_suites():
+            suite = load_suite(name)
+            print(f"  {name:<16} {len(suite.tasks)} tasks x {len(suite.variants)} variants x {len(suite.seeds)} seeds")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from .records import RecordStore
+    from .runner import configure_worker_threads, execute, quiet_lightning
+    from .spec import make_spec
+
+    params, attention = _parse_sets(args.set)
+    spec = make_spec(args.task, {"name": args.variant, **attention}, args.seed, params, extra={"command": "run"})
+    from modules.tasks import get_task
+
+    from datamodules.paths import MissingDataError
+
+    problem = get_task(args.task).data_problem(args.data_root)
+    if problem:
+        raise MissingDataError(problem)
+    store = RecordStore(args.runs_dir)
+    existing = store.read(spec.key)
+    if existing is not None and existing.get("status") == "ok" and not args.force:
+        print(f"attnbench: run {spec.key} already finished ({store.path(spec.key)}); --force runs it again")
+        record = existing
+    else:
+        quiet_lightning()
+        configure_worker_threads(1)
+        print(f"attnbench: running {args.task} x {spec.variant} seed={args.seed} (key {spec.key})", flush=True)
+        record = execute(spec, data_root=args.data_root, cache_dir=args.cache_dir)
+        store.write(record)
+    summary = {k: record.get(k) for k in ("key", "status", "error", "metrics", "epochs", "best_epoch", "time_per_epoch_s", "wall_time_s", "peak_memory_mb")}
+    print(json.dumps(summary, indent=1, default=str))
+    return 0 if record["status"] == "ok" else 1
+
+
+def cmd_bench(args) -> int:
+    from .bench import run_suite
+
+    if args.workers < 1:
+        raise ValueError("--workers must be at least 1")
+    run_suite(
+        args.suite,
+        workers=args.workers,
+        runs=args.runs_dir,
+        data_root=args.data_root,
+        cache_dir=args.cache_dir,
+        plugin_files=args.plugin,
+        retry_failed=args.retry_failed,
+        variant_filter=args.variants,
+        leaderboard_dir=args.leaderboard_dir,
+    )
+    return 0
+
+
+def cmd_leaderboard(args) -> int:
+    from .leaderboard import write_leaderboard
+
+    for path in write_leaderboard(args.suite, runs=args.runs_dir, out_dir=args.out, data_root=args.data_root):
+        print(path)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from datamodules.paths import MissingDataError
+    from modules.registry import DuplicateNameError, PluginError, UnknownNameError, load_plugin_file
+
+    from .suite import SuiteError
+
+    args = build_parser().parse_args(argv)
+    try:
+        for plugin in getattr(args, "plugin", []):
+            load_plugin_file(plugin)
+        if getattr(args, "data_root", None):
+            args.data_root = os.path.abspath(args.data_root)
+        elif hasattr(args, "data_root"):
+            args.data_root = os.environ.get("ATTNBENCH_DATA") or None
+        handler = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard}[args.command]
+        return handler(args)
+    except (UnknownNameError, DuplicateNameError, PluginError, SuiteError, MissingDataError, ValueError) as exc:
+        print(f"attnbench: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnbench: interrupted; finished runs are recorded, re-run the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

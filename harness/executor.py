@@ -1,0 +1,173 @@
+"""Local executor: N long-lived worker processes (one per GPU when GPUs exist), one run at a time each.
+
+Written on multiprocessing rather than concurrent.futures because a worker that dies (segfault, OOM
+kill) must cost exactly the run it held: ProcessPoolExecutor breaks the whole pool and cannot say
+which run killed it. Workers write their own records (atomically), so a record survives even if the
+coordinator is killed right after the run finishes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Sequence
+
+from .records import RecordStore
+from .spec import RunSpec
+
+
+@dataclass
+class WorkerOptions:
+    runs_dir: str
+    data_root: str | None
+    cache_dir: str | None
+    plugin_files: Sequence[str] = ()
+    commit: str | None = None
+    workers: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _worker_main(conn: Connection, options: WorkerOptions, gpu: str | None) -> None:
+    # Before torch is imported: each worker sees only its own GPU.
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    os.environ.update(options.env)
+    from modules.registry import load_plugin_file
+
+    from .runner import configure_worker_threads, execute
+
+    configure_worker_threads(1 if gpu is not None else options.workers)
+    for plugin in options.plugin_files:
+        load_plugin_file(plugin)
+    store = RecordStore(options.runs_dir)
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the coordinator is gone
+            return
+        if message is None:
+            return
+        spec = RunSpec.from_dict(message)
+        record = execute(spec, data_root=options.data_root, cache_dir=options.cache_dir, commit=options.commit)
+        store.write(record)
+        conn.send(_summary(record))
+
+
+def _summary(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: record.get(k) for k in ("key", "status", "error", "metrics", "wall_time_s", "epochs")}
+
+
+@dataclass
+class _Worker:
+    process: mp.Process
+    conn: Connection
+    gpu: str | None
+    spec: RunSpec | None = None
+    started: float = 0.0
+
+
+def visible_gpus() -> list[str]:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g for g in env.split(",") if g.strip() != ""]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def default_workers() -> int:
+    gpus = visible_gpus()
+    return len(gpus) if gpus else max(1, os.cpu_count() or 1)
+
+
+class LocalExecutor:
+    def __init__(self, options: WorkerOptions, gpus: Sequence[str] | None = None):
+        self.options = options
+        gpus = list(gpus) if gpus is not None else visible_gpus()
+        if gpus and options.workers > len(gpus):
+            raise ValueError(f"{options.workers} workers but only {len(gpus)} GPU(s) visible; use --workers {len(gpus)} or fewer")
+        self.slots: list[str | None] = gpus[: options.workers] if gpus else [None] * options.workers
+        self.ctx = mp.get_context("spawn")
+        self.store = RecordStore(options.runs_dir)
+
+    def _start(self, gpu: str | None) -> _Worker:
+        parent, child = self.ctx.Pipe()
+        process = self.ctx.Process(target=_worker_main, args=(child, self.options, gpu), daemon=True)
+        process.start()
+        child.close()
+        return _Worker(process, parent, gpu)
+
+    def run(self, specs: Sequence[RunSpec], on_result: Callable[[RunSpec, dict[str, Any]], None]) -> None:
+        pending = deque(specs)
+        workers = [self._start(gpu) for gpu in self.slots[: max(1, min(len(self.slots), len(pending)))]]
+        try:
+            while pending or any(w.spec is not None for w in workers):
+                for worker in workers:
+                    if worker.spec is None and pending:
+                        worker.spec = pending.popleft()
+                        worker.started = time.perf_counter()
+                        worker.conn.send(worker.spec.to_dict())
+                busy = [w for w in workers if w.spec is not None]
+                ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy])
+                for worker in busy:
+                    if worker.conn in ready:
+                        try:
+                            summary = worker.conn.recv()
+                        except EOFError:
+                            summary = None
+                        if summary is not None:
+                            spec, worker.spec = worker.spec, None
+                            on_result(spec, summary)
+                            continue
+                    if worker.process.sentinel in ready or not worker.process.is_alive():
+                        worker.process.join(timeout=1)
+                        spec, worker.spec = worker.spec, None
+                        record = self._worker_died(spec, worker)
+                        on_result(spec, _summary(record))
+                        workers[workers.index(worker)] = self._start(worker.gpu)
+        finally:
+            for worker in workers:
+                try:
+                    worker.conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+            for worker in workers:
+                worker.process.join(timeout=10)
+                if worker.process.is_alive():
+                    worker.process.kill()
+
+    def _worker_died(self, spec: RunSpec, worker: _Worker) -> dict[str, Any]:
+        """A worker died mid-run (segfault, OOM kill): that run is recorded as failed, the rest go on."""
+        existing = self.store.read(spec.key)
+        if existing is not None:  # it finished and wrote its record just before dying
+            return existing
+        from datetime import datetime, timezone
+
+        code = worker.process.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        record = {
+            "key": spec.key,
+            "spec": spec.to_dict(),
+            "status": "failed",
+            "error": f"WorkerDied: the worker process running this run died ({how}); out of memory, a crash in native code, or killed",
+            # not the run's own fault as far as we can tell: the next bench of the suite tries it again
+            "retryable": True,
+            "metrics": {},
+            "wall_time_s": time.perf_counter() - worker.started,
+            "commit": self.options.commit,
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        self.store.write(record)
+        return record
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stdout, flush=True)

@@ -1,0 +1,201 @@
+"""One run: seed -> datamodule + LightningModule -> fit (early stopping, best weights) -> test -> record."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .spec import RunSpec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@lru_cache(maxsize=1)
+def git_commit() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware() -> dict[str, Any]:
+    if torch.cuda.is_available():
+        return {
+            "accelerator": "gpu",
+            "device": torch.cuda.get_device_name(0),
+            "device_count": 1,
+            "cpu": cpu_model(),
+            "label": f"1x {torch.cuda.get_device_name(0)}",
+        }
+    threads = torch.get_num_threads()
+    return {
+        "accelerator": "cpu",
+        "device": cpu_model(),
+        "device_count": 0,
+        "cpu": cpu_model(),
+        "threads": threads,
+        "label": f"CPU {cpu_model()} ({threads} thread{'s' if threads > 1 else ''}/run)",
+    }
+
+
+def versions() -> dict[str, str]:
+    import lightning
+    import torch_geometric
+    import torchmetrics
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "torch_geometric": torch_geometric.__version__,
+        "torchmetrics": torchmetrics.__version__,
+    }
+
+
+class PeakMemory:
+    """Peak memory of this run alone: GPU max allocated, or on CPU the process's peak RSS (VmHWM), which
+    Linux lets us reset per run through /proc/self/clear_refs so that a long-lived worker does not
+    report the peak of an earlier, larger run."""
+
+    def __init__(self) -> None:
+        self.cuda = torch.cuda.is_available()
+
+    def reset(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+            return
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+    def peak_mb(self) -> float:
+        if self.cuda:
+            return torch.cuda.max_memory_allocated() / 2**20
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def quiet_lightning() -> None:
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="lightning")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*Sparse invariant checks.*")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | None = None, commit: str | None = None) -> dict[str, Any]:
+    """Run one spec and return its record. Never raises for a failing run: failures are data."""
+    import lightning as L
+
+    from modules.tasks import get_task
+
+    from .callbacks import EpochTimer, RestoreBestWeights, early_stopping
+
+    quiet_lightning()
+    started = datetime.now(timezone.utc)
+    t0 = time.perf_counter()
+    memory = PeakMemory()
+    memory.reset()
+    record: dict[str, Any] = {
+        "key": spec.key,
+        "spec": spec.to_dict(),
+        "status": "failed",
+        "error": None,
+        "metrics": {},
+        "started": started.isoformat(timespec="seconds"),
+        "commit": commit or git_commit(),
+        "versions": versions(),
+        "hardware": hardware(),
+    }
+    timer = EpochTimer()
+    try:
+        task = get_task(spec.task)
+        params = task.Params(**spec.params)
+        L.seed_everything(spec.seed, workers=True, verbose=False)
+        datamodule, module = task.build(params, spec.attention, data_root=data_root, cache_dir=cache_dir)
+        best = RestoreBestWeights(task.monitor.name, task.monitor.higher_is_better)
+        trainer = L.Trainer(
+            max_epochs=params.max_epochs,
+            accelerator="auto",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            callbacks=[early_stopping(task.monitor, params.patience), best, timer],
+        )
+        trainer.fit(module, datamodule=datamodule)
+        tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
+        metrics = {}
+        for metric in task.metrics:
+            if metric.name not in tested:
+                raise KeyError(f"task {spec.task} declares metric {metric.name!r} but the module logged {sorted(tested)}")
+            metrics[metric.name] = {"value": float(tested[metric.name]), "higher_is_better": metric.higher_is_better}
+        bad = [name for name, m in metrics.items() if not math.isfinite(m["value"])]
+        if bad:
+            raise FloatingPointError(f"test metrics {bad} are not finite")
+        record.update(
+            status="ok",
+            metrics=metrics,
+            diagnostics={k: float(v) for k, v in tested.items() if k.startswith("test/attn/")},
+            best_epoch=best.best_epoch,
+            best_monitor={"name": task.monitor.name, "value": best.best_value},
+            parameters=sum(p.numel() for p in module.parameters()),
+        )
+    except Exception as exc:  # noqa: BLE001 - any failure of one run is recorded, the suite goes on
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        record["traceback"] = traceback.format_exc(limit=8)[-4000:]
+    record.update(
+        epochs=timer.epochs,
+        time_per_epoch_s=timer.mean_epoch_s,
+        fit_time_s=timer.total_s,
+        wall_time_s=time.perf_counter() - t0,
+        peak_memory_mb=memory.peak_mb(),
+        finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    return record
+
+
+def configure_worker_threads(workers: int) -> None:
+    """Split the CPU cores evenly between the worker processes running at once."""
+    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    torch.set_num_threads(threads)
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))

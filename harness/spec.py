@@ -1,0 +1,84 @@
+"""A run specification and its content-hash key."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from modules.attention import attention_entry, resolve_config
+from modules.tasks import get_task
+
+RECORD_SCHEMA = 1
+"""Bump when the meaning of a record changes; it is part of every key."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    task: str
+    variant: str
+    """Registered attention name."""
+    attention: Mapping[str, Any]
+    """The variant's full config (every field, defaults resolved), so a changed default changes the key."""
+    params: Mapping[str, Any]
+    """The task's full parameters, defaults resolved."""
+    seed: int
+    task_version: str
+    variant_version: str
+    label: str = ""
+    """How the leaderboard names this configuration (defaults to the variant name)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Not part of the key: where the spec came from (suite name, tuned-params file, ...)."""
+
+    @property
+    def key(self) -> str:
+        identity = {
+            "schema": RECORD_SCHEMA,
+            "task": self.task,
+            "task_version": self.task_version,
+            "variant": self.variant,
+            "variant_version": self.variant_version,
+            "attention": dict(self.attention),
+            "params": dict(self.params),
+            "seed": self.seed,
+        }
+        blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+    @property
+    def display(self) -> str:
+        return self.label or self.variant
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "attention": dict(self.attention), "params": dict(self.params), "extra": dict(self.extra)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunSpec":
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+
+def make_spec(
+    task: str,
+    attention: str | Mapping[str, Any],
+    seed: int,
+    params: Mapping[str, Any] | None = None,
+    label: str = "",
+    extra: Mapping[str, Any] | None = None,
+) -> RunSpec:
+    """Resolve names and defaults now, so that a typo fails before anything runs."""
+    task_def = get_task(task)
+    resolved_params = dataclasses.asdict(task_def.params(params))
+    name, config = resolve_config(attention)
+    return RunSpec(
+        task=task,
+        variant=name,
+        attention={"name": name, **config.to_dict()},
+        params=resolved_params,
+        seed=int(seed),
+        task_version=task_def.version,
+        variant_version=attention_entry(name).cls.version,
+        label=label or name,
+        extra=dict(extra or {}),
+    )

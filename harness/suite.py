@@ -1,0 +1,221 @@
+"""Suite files: tasks x variants x seeds x params -> a list of RunSpecs.
+
+```yaml
+name: quick
+description: every variant on Cora and CiteSeer
+tasks:                      # names, or {name, params, optional}
+  - cora
+  - {name: pubmed, optional: true}   # skipped (and reported) when its data is absent
+variants: all               # or a list: names, or {name, label, <config fields>}
+seeds: 3                    # or an explicit list [0, 1, 2]
+params: {max_epochs: 300}   # task parameters for every task (per-task params override them)
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from modules.attention import list_attentions
+from modules.registry import UnknownNameError
+from modules.tasks import get_task
+
+from .spec import RunSpec, make_spec
+
+BUILTIN_SUITES = Path(__file__).parent / "suites"
+TOP_LEVEL_KEYS = {"name", "description", "tasks", "variants", "exclude_variants", "seeds", "params"}
+
+
+class SuiteError(ValueError):
+    """A malformed suite file: the message names the file, the entry and the fix."""
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class VariantEntry:
+    name: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    path: Path
+    description: str
+    tasks: tuple[TaskEntry, ...]
+    variants: tuple[VariantEntry, ...]
+    seeds: tuple[int, ...]
+    params: Mapping[str, Any]
+
+
+@dataclass
+class Plan:
+    suite: Suite
+    specs: list[RunSpec]
+    skipped_tasks: dict[str, str]
+    """Optional tasks left out because their data is absent -> why."""
+
+
+def list_suites() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_SUITES.glob("*.yaml"))
+
+
+def suite_path(name_or_path: str) -> Path:
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        return candidate.resolve()
+    builtin = BUILTIN_SUITES / f"{name_or_path}.yaml"
+    if builtin.is_file():
+        return builtin
+    import difflib
+
+    close = difflib.get_close_matches(name_or_path, list_suites(), n=3, cutoff=0.5)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    raise SuiteError(
+        f"unknown suite {name_or_path!r}.{hint} Built-in suites: {', '.join(list_suites())}; "
+        "or pass the path of a .yaml suite file."
+    )
+
+
+def load_suite(name_or_path: str) -> Suite:
+    path = suite_path(name_or_path)
+    where = f"suite file {path}"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SuiteError(f"{where} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SuiteError(f"{where} must be a mapping with keys tasks, variants, seeds (see harness/suite.py)")
+    unknown = set(data) - TOP_LEVEL_KEYS
+    if unknown:
+        raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; allowed keys are {sorted(TOP_LEVEL_KEYS)}")
+    for required in ("tasks", "variants", "seeds"):
+        if required not in data:
+            raise SuiteError(f"{where}: missing {required!r}")
+
+    tasks = tuple(_task_entry(t, f"{where}: tasks[{i}]") for i, t in enumerate(_as_list(data["tasks"], f"{where}: tasks")))
+    excluded = set(_as_list(data.get("exclude_variants", []), f"{where}: exclude_variants"))
+    if data["variants"] == "all":
+        variants = tuple(VariantEntry(n) for n in list_attentions() if n not in excluded)
+    else:
+        variants = tuple(
+            _variant_entry(v, f"{where}: variants[{i}]") for i, v in enumerate(_as_list(data["variants"], f"{where}: variants"))
+        )
+    seeds = data["seeds"]
+    if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
+        seeds = tuple(range(seeds))
+    elif isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        seeds = tuple(seeds)
+    else:
+        raise SuiteError(f"{where}: seeds must be a positive integer (a count) or a non-empty list of integers, got {seeds!r}")
+    params = data.get("params") or {}
+    if not isinstance(params, dict):
+        raise SuiteError(f"{where}: params must be a mapping of task parameter -> value")
+    labels = [v.label or v.name for v in variants]
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicates:
+        raise SuiteError(f"{where}: variants {duplicates} appear more than once; give each configuration its own `label`")
+    return Suite(
+        name=str(data.get("name") or path.stem),
+        path=path,
+        description=str(data.get("description", "")),
+        tasks=tasks,
+        variants=variants,
+        seeds=seeds,
+        params=params,
+    )
+
+
+def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None = None) -> Plan:
+    """Every (task, variant, seed) of the suite as RunSpecs; optional tasks without data are skipped."""
+    import fnmatch
+
+    specs: list[RunSpec] = []
+    skipped: dict[str, str] = {}
+    for task in suite.tasks:
+        problem = get_task(task.name).data_problem(data_root)
+        if problem and task.optional:
+            skipped[task.name] = problem
+            continue
+        params = {**suite.params, **task.params}
+        for variant in suite.variants:
+            if variant_filter and not fnmatch.fnmatch(variant.label or variant.name, variant_filter):
+                continue
+            for seed in suite.seeds:
+                where = f"suite {suite.name}: task {task.name}, variant {variant.label or variant.name}"
+                try:
+                    spec = make_spec(
+                        task.name,
+                        {"name": variant.name, **variant.config},
+                        seed,
+                        params,
+                        label=variant.label,
+                        extra={"suite": suite.name},
+                    )
+                except (ValueError, TypeError) as exc:
+                    raise SuiteError(f"{where}: {exc}") from exc
+                specs.append(spec)
+    return Plan(suite, specs, skipped)
+
+
+def _as_list(value: Any, where: str) -> list:
+    if isinstance(value, list):
+        return value
+    if isinstance(value, str):
+        return [value]
+    raise SuiteError(f"{where} must be a list")
+
+
+def _task_entry(item: Any, where: str) -> TaskEntry:
+    if isinstance(item, str):
+        item = {"name": item}
+    if not isinstance(item, dict) or "name" not in item:
+        raise SuiteError(f"{where} must be a task name or a mapping with 'name' (and optional 'params', 'optional')")
+    unknown = set(item) - {"name", "params", "optional"}
+    if unknown:
+        raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; a task entry has name, params, optional")
+    try:
+        task = get_task(item["name"])
+        task.params({**(item.get("params") or {})})
+    except UnknownNameError as exc:
+        raise SuiteError(f"{where}: {exc}") from exc
+    except ValueError as exc:
+        raise SuiteError(f"{where}: {exc}") from exc
+    return TaskEntry(item["name"], dict(item.get("params") or {}), bool(item.get("optional", False)))
+
+
+def _variant_entry(item: Any, where: str) -> VariantEntry:
+    if isinstance(item, str):
+        item = {"name": item}
+    if not isinstance(item, dict) or "name" not in item:
+        raise SuiteError(f"{where} must be a variant name or a mapping with 'name' (plus 'label' and config fields)")
+    item = dict(item)
+    name, label = item.pop("name"), str(item.pop("label", "") or "")
+    try:
+        from modules.attention import resolve_config
+
+        resolve_config({"name": name, **item})
+    except (UnknownNameError, ValueError, TypeError) as exc:
+        raise SuiteError(f"{where}: {exc}") from exc
+    return VariantEntry(name, item, label)
+
+
+def suite_summary(suite: Suite) -> dict[str, Any]:
+    return {
+        "name": suite.name,
+        "tasks": [dataclasses.asdict(t) for t in suite.tasks],
+        "variants": [v.label or v.name for v in suite.variants],
+        "seeds": list(suite.seeds),
+    }

@@ -1,0 +1,88 @@
+"""End to end through the real command: workers, records, failures, resume after SIGKILL, leaderboard."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FAULTY = Path(__file__).with_name("plugins_faulty.py")
+
+
+def bench(suite, runs, *extra, leaderboards=None, **popen):
+    cmd = [sys.executable, "-m", "harness.cli", "bench", "--suite", str(suite), "--runs-dir", str(runs), "--workers", "2",
+           "--leaderboard-dir", str(leaderboards or Path(runs) / "lb"), *extra]
+    return cmd
+
+
+def records(runs):
+    return {p.stem: json.loads(p.read_text()) for p in (Path(runs) / "records").glob("*.json")}
+
+
+@pytest.fixture
+def env(shared_data):
+    return {**os.environ, "ATTNBENCH_DATA": str(shared_data), "PYTHONPATH": str(REPO)}
+
+
+def test_failures_are_recorded_the_suite_goes_on_and_rerun_skips_finished(tmp_path, env):
+    suite = tmp_path / "faulty.yaml"
+    suite.write_text(textwrap.dedent("""
+        name: faulty
+        tasks: [cora]
+        variants: [softmax, test-raises, test-nan]
+        seeds: 2
+        params: {max_epochs: 5, patience: 5}
+    """))
+    runs = tmp_path / "runs"
+    done = subprocess.run(bench(suite, runs, "--plugin", str(FAULTY)), env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = records(runs)
+    assert len(found) == 6
+    by_variant = {}
+    for r in found.values():
+        by_variant.setdefault(r["spec"]["variant"], []).append(r)
+    assert all(r["status"] == "ok" for r in by_variant["softmax"])
+    assert all(r["status"] == "failed" and "deliberate failure" in r["error"] for r in by_variant["test-raises"])
+    assert all(r["status"] == "failed" and "Diverged" in r["error"] for r in by_variant["test-nan"])
+    ok = by_variant["softmax"][0]
+    for field in ("key", "spec", "metrics", "status", "wall_time_s", "time_per_epoch_s", "peak_memory_mb", "parameters", "hardware", "versions", "commit"):
+        assert field in ok, field
+    assert ok["metrics"]["test/acc"]["higher_is_better"] is True
+    assert "[6/6]" in done.stdout and "ETA" in done.stdout
+
+    board = (runs / "lb" / "faulty.md").read_text()
+    assert "`softmax`" in board and "`test-raises`" in board and "deliberate failure" in board
+    csv_lines = (runs / "lb" / "faulty.csv").read_text().splitlines()
+    assert len(csv_lines) == 7
+
+    again = subprocess.run(bench(suite, runs, "--plugin", str(FAULTY)), env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "6 already finished, 0 to run" in again.stdout
+    assert records(runs) == found
+
+
+def test_sigkill_mid_suite_then_rerun_loses_and_duplicates_nothing(tmp_path, env):
+    suite = tmp_path / "killme.yaml"
+    suite.write_text("name: killme\ntasks: [cora]\nvariants: [softmax]\nseeds: 6\nparams: {max_epochs: 25, patience: 25}\n")
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(bench(suite, runs), env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not ((runs / "records").exists() and records(runs)):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # coordinator and workers, mid-suite
+    proc.wait(timeout=30)
+    before = records(runs)
+    assert 1 <= len(before) < 6, "the kill should land while runs are still in flight"
+
+    done = subprocess.run(bench(suite, runs), env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{len(before)} already finished, {6 - len(before)} to run" in done.stdout
+    after = records(runs)
+    assert len(after) == 6 and all(r["status"] == "ok" for r in after.values())
+    assert {k: after[k] for k in before} == before  # finished results were kept, not re-run
+    assert sorted(r["spec"]["seed"] for r in after.values()) == list(range(6))

@@ -1,0 +1,60 @@
+import textwrap
+
+import pytest
+
+from harness.suite import SuiteError, list_suites, load_suite, plan
+
+
+def write(tmp_path, text, name="s.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_builtin_suites_load_and_plan(shared_data):
+    assert {"quick", "paper-gat"} <= set(list_suites())
+    quick = plan(load_suite("quick"), str(shared_data))
+    assert {s.task for s in quick.specs} == {"cora", "citeseer"}
+    assert len({s.key for s in quick.specs}) == len(quick.specs) == 2 * len(load_suite("quick").variants) * 3
+    assert all(s.params["max_epochs"] == 300 for s in quick.specs)
+
+
+def test_optional_task_without_data_is_skipped_with_reason(shared_data):
+    paper = plan(load_suite("paper-gat"), str(shared_data))
+    assert "pubmed" in paper.skipped_tasks and "ind.pubmed" in paper.skipped_tasks["pubmed"]
+    assert {s.task for s in paper.specs} == {"cora", "citeseer"}
+    assert len({s.seed for s in paper.specs}) == 10
+
+
+def test_keys_depend_on_content_not_on_order(tmp_path):
+    a = plan(load_suite(write(tmp_path, "tasks: [cora]\nvariants: [softmax]\nseeds: [0, 1]\n", "a.yaml")))
+    b = plan(load_suite(write(tmp_path, "tasks: [cora]\nvariants: [softmax]\nseeds: [1, 0]\n", "b.yaml")))
+    assert {s.key for s in a.specs} == {s.key for s in b.specs}
+    c = plan(load_suite(write(tmp_path, "tasks: [cora]\nvariants: [softmax]\nseeds: [0]\nparams: {lr: 0.01}\n", "c.yaml")))
+    assert c.specs[0].key not in {s.key for s in a.specs}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("tasks: [cora\n", "not valid YAML"),
+        ("- just a list\n", "must be a mapping"),
+        ("tasks: [cora]\nvariants: all\n", "missing 'seeds'"),
+        ("tasks: [cora]\nvariants: all\nseeds: 0\n", "seeds must be a positive integer"),
+        ("tasks: [cora]\nvariants: all\nseeds: 1\ncolour: red\n", "unknown key"),
+        ("tasks: [coraa]\nvariants: all\nseeds: 1\n", "Did you mean 'cora'"),
+        ("tasks: [cora]\nvariants: [softmaxx]\nseeds: 1\n", "Did you mean 'softmax'"),
+        ("tasks: [cora]\nvariants: [{name: softmax, alpha: 2}]\nseeds: 1\n", "has no option"),
+        ("tasks: [{name: cora, params: {learning_rate: 1}}]\nvariants: all\nseeds: 1\n", "has no parameter"),
+        ("tasks: [cora]\nvariants: [softmax, softmax]\nseeds: 1\n", "more than once"),
+    ],
+)
+def test_malformed_suites_name_the_problem(tmp_path, text, message):
+    with pytest.raises(SuiteError, match=message) as info:
+        load_suite(write(tmp_path, text))
+    assert "s.yaml" in str(info.value)
+
+
+def test_unknown_suite_name_suggests():
+    with pytest.raises(SuiteError, match="Did you mean 'quick'"):
+        load_suite("quik")
