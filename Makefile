@@ -13,7 +13,7 @@ endif
 export ATTNBENCH_DATA
 
 .DEFAULT_GOAL := help
-.PHONY: help install bench paper-gat leaderboard test test-slow clean
+.PHONY: help install bench paper-gat perf leaderboard test test-slow clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ bench: install ## run SUITE (default: quick) and write leaderboards/SUITE.{md,cs
 
 paper-gat: install ## the GAT paper's setup, 10 seeds (slow: hours on a 2-core CPU)
 	$(BIN)/attnbench bench --suite paper-gat $(if $(WORKERS),--workers $(WORKERS))
+
+perf: install ## forward+backward time of every variant relative to softmax, dense and on Cora
+	$(BIN)/attnbench perf
 
 leaderboard: install ## regenerate leaderboards/SUITE.* from the run records
 	$(BIN)/attnbench leaderboard --suite $(SUITE)

@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leaderboard-dir", default="leaderboards")
     _common(p)
 
+    p = sub.add_parser("perf", help="forward+backward time of every variant relative to softmax (dense and graph)")
+    p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching this glob")
+    p.add_argument("--repeats", type=int, default=10)
+    _common(p)
+
     p = sub.add_parser("leaderboard", help="regenerate a suite's leaderboard from its records")
     p.add_argument("--suite", default="quick")
     p.add_argument("--out", default="leaderboards")
@@ -148,6 +153,13 @@ def cmd_leaderboard(args) -> int:
     return 0
 
 
+def cmd_perf(args) -> int:
+    from .perf import measure
+
+    measure(args.variants, args.repeats, data_root=args.data_root, cache_dir=args.cache_dir)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from datamodules.paths import MissingDataError
     from modules.registry import DuplicateNameError, PluginError, UnknownNameError, load_plugin_file
@@ -162,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.data_root = os.path.abspath(args.data_root)
         elif hasattr(args, "data_root"):
             args.data_root = os.environ.get("ATTNBENCH_DATA") or None
-        handler = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard}[args.command]
+        handler = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "perf": cmd_perf}[args.command]
         return handler(args)
     except (UnknownNameError, DuplicateNameError, PluginError, SuiteError, MissingDataError, ValueError) as exc:
         print(f"attnbench: error: {exc}", file=sys.stderr)
