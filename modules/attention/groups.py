@@ -179,16 +179,22 @@ class SegmentGroups(Groups):
         return x.index_select(0, self.src)
 
     def reduce(self, x: Tensor, how: str = "sum") -> Tensor:
-        if how not in ("sum", "max", "mean"):
+        if how == "sum":
+            return self._sum_into_nodes(x)
+        if how not in ("max", "mean"):
             raise ValueError(f"unknown reduction {how!r}; use 'sum', 'max' or 'mean'")
         return scatter(x, self.dst, dim=0, dim_size=self.num_nodes, reduce=how)
+
+    def _sum_into_nodes(self, x: Tensor) -> Tensor:
+        # index_add_ rather than PyG's scatter-sum, which first expands the index to x's full shape
+        # (several times slower for [E, H, d] messages on CPU, measured).
+        return x.new_zeros(self.num_nodes, *x.shape[1:]).index_add_(0, self.dst, x)
 
     def softmax(self, logits: Tensor) -> Tensor:
         return segment_softmax(logits, self.dst, num_nodes=self.num_nodes, dim=0)
 
     def aggregate(self, weights: Tensor, v: Tensor) -> Tensor:
-        messages = self.per_key(v) * weights.unsqueeze(-1)
-        return scatter(messages, self.dst, dim=0, dim_size=self.num_nodes, reduce="sum")
+        return self._sum_into_nodes(self.per_key(v) * weights.unsqueeze(-1))
 
     def _sorted(self) -> tuple[Tensor, Tensor, Tensor]:
         if self._padding is None:

@@ -58,10 +58,12 @@ class GATLayer(nn.Module):
     def forward(self, x: Tensor, groups: SegmentGroups) -> tuple[Tensor, AttentionResult]:
         h = torch.sparse.mm(x, self.weight) if x.is_sparse else x @ self.weight
         h = h.view(-1, self.heads, self.out_dim)
-        score_src = (h * self.att_src).sum(-1)
-        score_dst = (h * self.att_dst).sum(-1)
-        logits = F.leaky_relu(groups.per_key(score_src) + groups.per_query(score_dst), self.negative_slope)
-        result = self.kernel.normalize(logits, groups, q=h, k=h)
+        # GAT's score halves a_dst·h_i and a_src·h_j are coordinate sums of these query and key
+        # vectors; handing them (not h twice) to the kernel gives variants that compare or align
+        # queries with keys two distinct point clouds.
+        queries, keys = h * self.att_dst, h * self.att_src
+        logits = F.leaky_relu(groups.per_key(keys.sum(-1)) + groups.per_query(queries.sum(-1)), self.negative_slope)
+        result = self.kernel.normalize(logits, groups, q=queries, k=keys)
         weights = F.dropout(result.weights, self.attn_dropout, self.training)
         out = groups.aggregate(weights, h)
         out = out.reshape(-1, self.heads * self.out_dim) if self.concat else out.mean(dim=1)

@@ -1,0 +1,384 @@
+"""Alignment attention (Zhang et al. 2021, "Alignment Attention by Matching Key and Query Distributions").
+
+The attention weights are plain softmax weights; what changes is an auxiliary regulariser, eq. (1):
+loss = task loss + λ · L_align(Q, K), which matches the empirical distribution of the queries and that of the
+keys within each head and each sample (p_Q = 1/w Σ δ_{q_i}, p_K = 1/w Σ δ_{k_j}). Three ways to compare them:
+
+- `align-gan` (sec. 2.3.1, eq. 2): a discriminator D (highway network, then a two-layer MLP with leaky ReLU and
+  a sigmoid) tells keys (label 1) from queries (label 0). The aux loss is D's binary cross-entropy on inputs
+  that went through a gradient reversal layer, so one minimisation trains D and pushes Q/K to fool it.
+- `align-ot` (sec. 2.3.2, eq. 3): entropic optimal transport between p_Q and p_K solved by batched Sinkhorn
+  iterations with ε = 0.01 and cost 1 − cos(q, k) (bounded, so ε means the same at any q/k scale); loss
+  <π_ε, C>, differentiated with the plan held fixed.
+- `align-ct` (sec. 2.3.3, eq. 4): bidirectional conditional transport. A navigator τ_φ gives
+  π(k|q) ∝ p_K(k) exp(−d_φ(q, k)) and π(q|k) ∝ p_Q(q) exp(−d_φ(q, k)); a critic τ_η gives the cost
+  c_η(q, k) = 1 − cos(τ_η(q), τ_η(k)); loss = ρ E_q E_{k~π(·|q)} c + (1 − ρ) E_k E_{q~π(·|k)} c (ρ = 1/2 in
+  eq. 4). Q, K and φ minimise it; the critic η maximises it through gradient reversal.
+
+Point clouds: on DenseGroups one cloud per sample and head (the valid query tokens vs the valid key tokens); on
+SegmentGroups (graphs) one cloud per head over the batch graph's nodes. Clouds larger than `max_points` are
+subsampled (random in training, evenly spaced in eval) so the regulariser's cost is capped. The per-cloud losses
+are averaged over samples and heads (the authors' code averages; the paper writes a sum over heads, which only
+rescales λ). The networks (discriminator, critic, navigator) act on head_dim-sized points and are shared by all
+heads of a layer, as the paper does for the discriminator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import ot
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..groups import DenseGroups, Groups
+from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics
+from ..registry import register_attention
+
+# ---- shared pieces -------------------------------------------------------------------------------------
+
+
+class GradientReversal(torch.autograd.Function):
+    """Identity forward, negated gradient backward (Ganin & Lempitsky 2015): one loss, two adversaries."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad.neg()
+
+
+def reverse_gradient(x: Tensor) -> Tensor:
+    return GradientReversal.apply(x)
+
+
+class Highway(nn.Module):
+    """I = τ ⊙ ReLU(Φ_h x) + (1 − τ) ⊙ x with gate τ = σ(Φ_τ x) (sec. 2.3.1); Φ_τ and Φ_h share one matmul."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.proj = nn.Linear(dim, 2 * dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, transform = self.proj(x).chunk(2, dim=-1)
+        gate = torch.sigmoid(gate)
+        return gate * F.relu(transform) + (1 - gate) * x
+
+
+def highway_mlp(dim: int, hidden: int, out: int) -> nn.Sequential:
+    """Highway then Φ2(LeakyReLU(Φ1 ·)): the paper's discriminator (out = 1) and critic (out = hidden)."""
+    return nn.Sequential(Highway(dim), nn.Linear(dim, hidden), nn.LeakyReLU(0.2), nn.Linear(hidden, out))
+
+
+@dataclass
+class PointClouds:
+    """Queries [C, n, d] and keys [C, m, d], one cloud pair per (sample, head); `*_valid` [C, n] / [C, m]
+    (None = every point counts) and the uniform empirical masses over the valid points."""
+
+    q: Tensor
+    k: Tensor
+    q_valid: Tensor | None
+    k_valid: Tensor | None
+
+    def masses(self) -> tuple[Tensor, Tensor]:
+        return _uniform_mass(self.q, self.q_valid), _uniform_mass(self.k, self.k_valid)
+
+    def pair_valid(self) -> Tensor | None:
+        if self.q_valid is None and self.k_valid is None:
+            return None
+        qv = self.q_valid if self.q_valid is not None else torch.ones_like(self.q[..., 0], dtype=torch.bool)
+        kv = self.k_valid if self.k_valid is not None else torch.ones_like(self.k[..., 0], dtype=torch.bool)
+        return qv.unsqueeze(-1) & kv.unsqueeze(-2)
+
+
+def _uniform_mass(points: Tensor, valid: Tensor | None) -> Tensor:
+    if valid is None:
+        return points.new_full(points.shape[:-1], 1.0 / points.shape[-2])
+    valid = valid.to(points.dtype)
+    count = valid.sum(-1, keepdim=True)
+    # An empty cloud (a fully padded sample) gets uniform mass; its costs are zeroed, so it adds 0 to the loss.
+    return torch.where(count > 0, valid / count.clamp_min(1), torch.full_like(valid, 1.0 / valid.shape[-1]))
+
+
+def _joined(clouds: PointClouds) -> Tensor:
+    """Queries then keys along the point axis: one pass through a shared network instead of two."""
+    return torch.cat([clouds.q, clouds.k], dim=-2)
+
+
+def _masked_mean(values: Tensor, valid: Tensor | None) -> Tensor:
+    if valid is None:
+        return values.mean()
+    valid = valid.expand_as(values)
+    return torch.where(valid, values, torch.zeros_like(values)).sum() / valid.sum().clamp_min(1)
+
+
+def _subsample_index(n: int, max_points: int, training: bool, device: torch.device) -> Tensor | None:
+    if n <= max_points:
+        return None
+    if training:
+        return torch.randperm(n, device=device)[:max_points]
+    # Deterministic in eval so the logged alignment does not jitter between evaluations.
+    return torch.linspace(0, n - 1, max_points, device=device).round().long()
+
+
+def _cosine_cost(x: Tensor, y: Tensor) -> Tensor:
+    return 1 - F.normalize(x, dim=-1) @ F.normalize(y, dim=-1).transpose(-1, -2)
+
+
+# Below this ratio of largest cost to ε, exp(−C/ε) stays far from float64's underflow (about 1e-308).
+_EXP_DOMAIN_LIMIT = 600.0
+
+
+@torch.no_grad()
+def sinkhorn_plan(cost: Tensor, a: Tensor, b: Tensor, eps: float, iterations: int, tol: float) -> Tensor:
+    """Entropic OT plans argmin <π, C> − ε H(π) s.t. π1 = a, πᵀ1 = b for a batch of costs [C, n, m].
+
+    Written out rather than POT's `ot.solve_batch(method="sinkhorn")`, which multiplies full [C, n, m]
+    matrices every iteration (here: batched matrix-vector products) and creates its scaling vectors on the
+    CPU whatever the cost's device. Bounded costs (at most 2 here) let the exp-domain iterations run in float64
+    (several times faster on CPU than the log-domain ones); beyond that range POT's log-domain solver takes over.
+    """
+    if float(cost.max()) / eps > _EXP_DOMAIN_LIMIT:
+        result = ot.solve_batch(cost, eps, a, b, max_iter=iterations, tol=tol, method="log_sinkhorn", grad="detach")
+        return result.plan
+    kernel = torch.exp(-cost.double() / eps)
+    # Row-vector products against contiguous matrices: several times faster than batched (n x m) @ (m x 1).
+    kernel_t = kernel.transpose(-1, -2).contiguous()
+    a, b = a.double(), b.double()
+    v = torch.ones_like(b)
+    for step in range(iterations):
+        u = a / (v.unsqueeze(-2) @ kernel_t).squeeze(-2)
+        v = b / (u.unsqueeze(-2) @ kernel).squeeze(-2)
+        if step % 10 == 9:
+            # After the v-update the columns match b exactly; stop once the rows match a too.
+            rows = u * (v.unsqueeze(-2) @ kernel_t).squeeze(-2)
+            if float((rows - a).abs().sum(-1).max()) < tol:
+                break
+    return (u.unsqueeze(-1) * kernel * v.unsqueeze(-2)).to(cost.dtype)
+
+
+# ---- configs -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AlignmentConfig(AttentionConfig):
+    weight: float = 0.01
+    """λ of eq. (1). The paper's text gives no value; 0.01 is the aux weight of the authors' example script."""
+    max_points: int = 64
+    """Cap on the points per cloud (tokens per sample, nodes per graph); larger clouds are subsampled. 64 keeps
+    the regulariser within half a softmax step on the dense (B=8, H=8, L=256) and Cora benchmarks (measured)."""
+    hidden: int = 16
+    """Width of the discriminator / critic / navigator MLPs (16 in the authors' script)."""
+
+    def __post_init__(self):
+        if self.weight < 0:
+            raise ValueError(f"weight must be >= 0, got {self.weight}")
+        if self.max_points < 2:
+            raise ValueError(f"max_points must be >= 2, got {self.max_points}")
+        if self.hidden < 1:
+            raise ValueError(f"hidden must be >= 1, got {self.hidden}")
+
+    def loss_weights(self, step: int) -> dict[str, float]:
+        return {"align": float(self.weight)}
+
+    @classmethod
+    def suggest(cls, trial: Any) -> dict[str, Any]:
+        return {"weight": trial.suggest_float("weight", 1e-3, 1.0, log=True)}
+
+
+@dataclass(frozen=True)
+class GANAlignmentConfig(AlignmentConfig):
+    pass
+
+
+@dataclass(frozen=True)
+class OTAlignmentConfig(AlignmentConfig):
+    eps: float = 0.01
+    """Entropic regularisation ε (sec. 2.3.2: 0.01), relative to costs in [0, 2] (cosine) or [0, 1] (scaled)."""
+    cost: str = "cosine"
+    """'cosine': 1 − cos(q, k); 'sqeuclidean': ‖q − k‖² divided by its (detached) maximum per cloud."""
+    iterations: int = 50
+    """Most Sinkhorn iterations (the authors' code allows 100); stops earlier once the marginals match to `tol`.
+    At ε = 0.01 on 64-point clouds, <π, C> after 50 iterations is within ~1% of its converged value (measured)."""
+    tol: float = 1e-4
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.eps <= 0:
+            raise ValueError(f"eps must be > 0, got {self.eps}")
+        if self.cost not in ("cosine", "sqeuclidean"):
+            raise ValueError(f"cost must be 'cosine' or 'sqeuclidean', got {self.cost!r}")
+        if self.iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+
+    @classmethod
+    def suggest(cls, trial: Any) -> dict[str, Any]:
+        return {**super().suggest(trial), "eps": trial.suggest_float("eps", 1e-3, 1e-1, log=True)}
+
+
+@dataclass(frozen=True)
+class CTAlignmentConfig(AlignmentConfig):
+    rho: float = 0.5
+    """Share of the query-to-key direction (eq. 4 weighs both by 1/2)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0.0 <= self.rho <= 1.0:
+            raise ValueError(f"rho must lie in [0, 1], got {self.rho}")
+
+    @classmethod
+    def suggest(cls, trial: Any) -> dict[str, Any]:
+        return {**super().suggest(trial), "rho": trial.suggest_float("rho", 0.0, 1.0)}
+
+
+# ---- kernels -------------------------------------------------------------------------------------------
+
+
+class AlignmentAttention(AttentionKernel):
+    """Softmax attention plus a query/key distribution-matching regulariser (base of the align-* variants)."""
+
+    Config: ClassVar[type[AttentionConfig]] = AlignmentConfig
+    softmax_limit: ClassVar[dict[str, Any]] = {"weight": 0.0}
+    config: AlignmentConfig
+
+    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor | None = None, k: Tensor | None = None) -> AttentionResult:
+        weights = groups.softmax(logits)
+        aux = {}
+        if q is not None and k is not None:
+            aux["align"] = self.alignment_loss(self.point_clouds(q, k, groups))
+        return AttentionResult(weights, aux, standard_diagnostics(weights, groups, self))
+
+    def point_clouds(self, q: Tensor, k: Tensor, groups: Groups) -> PointClouds:
+        """Queries and keys as per-(sample, head) point clouds, padding excluded, capped at max_points."""
+        dense = isinstance(groups, DenseGroups)
+        # Dense q [B, H, L, d]: a cloud per sample and head; node layout q [N, H, d]: a cloud per head.
+        point_axis = 2 if dense else 0
+        lq, lk = q.shape[point_axis], k.shape[point_axis]
+        q_index = _subsample_index(lq, self.config.max_points, self.training, q.device)
+        # Self-attention: token i is query i and key i, so both clouds keep the same tokens.
+        k_index = q_index if lk == lq else _subsample_index(lk, self.config.max_points, self.training, k.device)
+        q_valid = k_valid = None
+        if dense and groups.mask is not None:
+            # Reduce the broadcastable mask before expanding it: [B, 1, 1, Lk] stays cheap.
+            mask = groups.mask
+            key_mask = mask if k_index is None or mask.shape[-1] == 1 else mask.index_select(-1, k_index)
+            query_mask = mask if q_index is None or mask.shape[-2] == 1 else mask.index_select(-2, q_index)
+            batch, heads = q.shape[:2]
+            nq = lq if q_index is None else q_index.numel()
+            nk = lk if k_index is None else k_index.numel()
+            k_valid = key_mask.any(-2).expand(batch, heads, nk)
+            q_valid = query_mask.any(-1).expand(batch, heads, nq)
+            if lq == lk:
+                # A key-padding mask alone lets padded query rows attend; in self-attention a padded key is
+                # a padded query too.
+                q_valid = q_valid & k_valid
+            q_valid, k_valid = q_valid.reshape(batch * heads, nq), k_valid.reshape(batch * heads, nk)
+        if q_index is not None:
+            q = q.index_select(point_axis, q_index)
+        if k_index is not None:
+            k = k.index_select(point_axis, k_index)
+        if dense:
+            q, k = q.flatten(0, 1), k.flatten(0, 1)  # [B*H, n, d]
+        else:
+            q, k = q.transpose(0, 1), k.transpose(0, 1)  # [H, n, d]
+        return PointClouds(q, k, q_valid, k_valid)
+
+    def alignment_loss(self, clouds: PointClouds) -> Tensor:
+        raise NotImplementedError
+
+
+@register_attention("align-gan")
+class GANAlignmentAttention(AlignmentAttention):
+    """Softmax attention + adversarial query/key alignment (highway discriminator, gradient reversal)."""
+
+    Config = GANAlignmentConfig
+
+    def __init__(self, config: GANAlignmentConfig, shape: HeadShape):
+        super().__init__(config, shape)
+        self.discriminator = highway_mlp(shape.head_dim, config.hidden, 1)
+
+    def alignment_loss(self, clouds: PointClouds) -> Tensor:
+        logits = self.discriminator(reverse_gradient(_joined(clouds))).squeeze(-1)
+        query_logits, key_logits = logits.split([clouds.q.shape[-2], clouds.k.shape[-2]], dim=-1)
+        key_bce = F.binary_cross_entropy_with_logits(key_logits, torch.ones_like(key_logits), reduction="none")
+        query_bce = F.binary_cross_entropy_with_logits(query_logits, torch.zeros_like(query_logits), reduction="none")
+        return 0.5 * (_masked_mean(key_bce, clouds.k_valid) + _masked_mean(query_bce, clouds.q_valid))
+
+
+@register_attention("align-ot")
+class OTAlignmentAttention(AlignmentAttention):
+    """Softmax attention + entropic optimal transport (Sinkhorn) between the query and key clouds."""
+
+    Config = OTAlignmentConfig
+
+    def cost(self, clouds: PointClouds) -> Tensor:
+        if self.config.cost == "cosine":
+            cost = _cosine_cost(clouds.q, clouds.k)
+        else:
+            cost = torch.cdist(clouds.q, clouds.k).square()
+            # Scale-free like the cosine cost, so one ε fits any q/k magnitude.
+            cost = cost / cost.detach().amax((-2, -1), keepdim=True).clamp_min(torch.finfo(cost.dtype).tiny)
+        pair_valid = clouds.pair_valid()
+        return cost if pair_valid is None else cost.masked_fill(~pair_valid, 0.0)
+
+    def transport_plan(self, cost: Tensor, clouds: PointClouds) -> Tensor:
+        a, b = clouds.masses()
+        return sinkhorn_plan(cost.detach(), a, b, self.config.eps, self.config.iterations, self.config.tol)
+
+    def alignment_loss(self, clouds: PointClouds) -> Tensor:
+        cost = self.cost(clouds)
+        # The plan is held fixed: π_ε is the exact gradient of the entropic OT cost w.r.t. C (envelope theorem)
+        # and that of <π_ε, C> up to the plan's O(ε) movement, without backpropagating through (and storing)
+        # every Sinkhorn iterate.
+        plan = self.transport_plan(cost, clouds)
+        return (plan * cost).sum((-2, -1)).mean()
+
+
+@register_attention("align-ct")
+class CTAlignmentAttention(AlignmentAttention):
+    """Softmax attention + bidirectional conditional transport between the query and key clouds."""
+
+    Config = CTAlignmentConfig
+
+    def __init__(self, config: CTAlignmentConfig, shape: HeadShape):
+        super().__init__(config, shape)
+        self.navigator = nn.Sequential(
+            nn.Linear(shape.head_dim, config.hidden), nn.LeakyReLU(0.2), nn.Linear(config.hidden, config.hidden)
+        )
+        self.critic = highway_mlp(shape.head_dim, config.hidden, config.hidden)
+
+    def critic_cost(self, clouds: PointClouds) -> Tensor:
+        # Reversal outside the critic flips only the critic's gradients (it maximises the loss); the second
+        # reversal at its input restores the sign for q and k, which minimise it.
+        features = reverse_gradient(self.critic(reverse_gradient(_joined(clouds))))
+        q, k = features.split([clouds.q.shape[-2], clouds.k.shape[-2]], dim=-2)
+        return _cosine_cost(q, k)
+
+    def navigator_log_affinity(self, clouds: PointClouds) -> Tensor:
+        """−d_φ(q, k) = −‖τ_φ(q) − τ_φ(k)‖²: the paper's exp(τ_φ(k)ᵀτ_φ(q)) up to per-point terms (equal on
+        the unit sphere, where the authors' code puts τ_φ), written as a distance so π(·|q) favours k near q."""
+        q, k = self.navigator(_joined(clouds)).split([clouds.q.shape[-2], clouds.k.shape[-2]], dim=-2)
+        q_sq, k_sq = q.square().sum(-1, keepdim=True), k.square().sum(-1, keepdim=True)
+        return 2 * q @ k.transpose(-1, -2) - q_sq - k_sq.transpose(-1, -2)
+
+    def alignment_loss(self, clouds: PointClouds) -> Tensor:
+        cost = self.critic_cost(clouds)
+        affinity = self.navigator_log_affinity(clouds)
+        fill = torch.finfo(affinity.dtype).min
+        # π(k|q) ∝ p_K(k) exp(−d): p_K is uniform over valid keys, so it only masks; same for π(q|k).
+        key_mask = clouds.k_valid.unsqueeze(-2) if clouds.k_valid is not None else None
+        query_mask = clouds.q_valid.unsqueeze(-1) if clouds.q_valid is not None else None
+        forward_plan = (affinity if key_mask is None else affinity.masked_fill(~key_mask, fill)).softmax(-1)
+        backward_plan = (affinity if query_mask is None else affinity.masked_fill(~query_mask, fill)).softmax(-2)
+        a, b = clouds.masses()
+        pair_valid = clouds.pair_valid()
+        if pair_valid is not None:
+            cost = cost.masked_fill(~pair_valid, 0.0)
+        forward_ct = (a * (forward_plan * cost).sum(-1)).sum(-1)
+        backward_ct = (b * (backward_plan * cost).sum(-2)).sum(-1)
+        rho = self.config.rho
+        return (rho * forward_ct + (1 - rho) * backward_ct).mean()

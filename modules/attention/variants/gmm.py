@@ -1,0 +1,327 @@
+"""Gaussian-mixture attention (Movellan & Gabbur, "Probabilistic Transformers").
+
+Every key ξ_u is the query mean of a mixture unit u whose value mean is μ_u (eq. 6-9). A query's attention
+weights are the unit posteriors and its output the posterior value estimate:
+
+    w_u ∝ π_u exp(-α/2 ‖q - ξ_u‖²) exp(-β/2 ‖v_t - μ_u‖²)        (eq. 14)
+    v_{t+1} = Σ_u w_u μ_u                                          (eq. 13)
+
+Parameterisation chosen here (it must work on sequences and on graphs, where keys have no identity):
+- α, the query precision, is learned per head (α = exp(log α)); `alpha_init` None = 1/√d, which with the
+  magnitude prior below is exactly scaled dot-product attention.
+- The unit log-prior is a function of the unit's own vectors (eq. 15, the "magnitude prior"):
+  log π_u = ρ_h α/2 ‖ξ_u‖² + β/2 ‖μ_u‖² [+ ⟨c_h, ξ_u⟩]. ρ_h couples the prior to the key length: ρ = 1 is the
+  Transformer (the ‖ξ_u‖² terms cancel, leaving α⟨q, ξ_u⟩), ρ = 0 a uniform prior over units (pure Gaussian
+  distance, the paper's "general Gaussian form"); `prior="learned"` learns ρ_h from 1. The value-length link
+  β/2 ‖μ_u‖² is always kept, so that EM started at v_0 = 0 gives the β-free weights of `normalize` and every
+  later E-step is eq. 18's w_u ∝ exp(log-joint_u + β⟨v_t, μ_u⟩). The optional offset ⟨c_h, ξ_u⟩ (zero at init)
+  is the only learned per-unit prior that exists on both layouts.
+- β > 0 runs `iterations` (T) EM value steps after the β-free estimate v_1 = Σ w⁰ μ: T+1 E-steps in all, and
+  the weights returned are the last E-step's. They need the values, so they run in `forward`, or in
+  `normalize` when a host passes `v=`; a host that calls `normalize` without v (the GAT host) gets the t=0
+  weights, i.e. β has no effect there.
+- Inference-time adaptation (both off by default, applied in eval mode only unless `adapt_in_training`),
+  `adapt_steps` EM steps whose E-step is the query-only posterior p(u | q) (eq. 23):
+  keys, eq. 28-29: ξ_u ← γ/(α+γ) ξ_u⁰ + α/(α+γ) q̄_u, with q̄_u the responsibility-weighted mean of the
+  queries that attend to u (the batch of queries = every query in the same sequence / graph); a unit nobody
+  attends keeps ξ_u⁰. Without prior adaptation the prior stays linked to the (adapted) key length, as in the
+  paper's reading of Double Normalized Attention.
+  priors, eq. 33-34: π_u ∝ w̄_u (1 + η_u), w̄_u = Σ_i w_u^i, with the Dirichlet η ∝ π⁰ (the paper) scaled so
+  that η is the concentration of an average unit: η_u = η π⁰_u / mean_{u' in the query's key set} π⁰_u'
+  (a per-query normaliser keeps dense and graph layouts equal; a uniform π⁰ gives η_u = η). The adapted π
+  replaces the length-linked prior; π⁰ is the kernel's own unit prior (host logits stay a separate pair term).
+
+On hosts that bring their own compatibility (GAT's edge logits, handed to `normalize` with the query and key
+vectors q_i = a_dst ⊙ h_i and k_j = a_src ⊙ h_j) the host logits are an extra log-prior term per (query, unit)
+pair and the Gaussian term is added on q (destination node) and ξ = k (source node): with ρ = 1 the total is
+host + α⟨q_i, k_j⟩, GAT's softmax as α → 0. The kernel's own `score` is therefore zero (no compatibility besides the mixture), and `scale` is not
+used: α is its learned replacement. All terms constant within a query's group (e.g. -α/2‖q‖²) are dropped.
+
+Fast path: with β = 0 and no adaptation, dense groups with need_weights=False run through SDPA (see `_fused`);
+forward+backward at B=8, H=8, L=256, d=64 measured ~1.05x softmax with prior="magnitude" and ~1.3-1.45x with
+the learned coupling, whose per-key bias makes SDPA work on head dim 65 (a float mask costs the same).
+Dropout (in `forward`) applies to the final weights only, not to the EM / adaptation E-steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.utils import scatter
+
+from ..groups import DenseGroups, Groups, SegmentGroups
+from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics
+from ..registry import register_attention
+
+PRIORS = ("learned", "magnitude", "uniform")
+
+
+@dataclass(frozen=True)
+class GMMConfig(AttentionConfig):
+    alpha_init: float | None = None
+    """Query precision α at initialisation; None: 1/√head_dim (scaled dot product)."""
+    learn_precisions: bool = True
+    """Learn α (and β when β > 0) per head (the paper's off-line learning of the precisions)."""
+    prior: str = "learned"
+    """Coupling ρ of the unit log-prior to the key length: 'magnitude' ρ=1 (eq. 15, the Transformer),
+    'uniform' ρ=0 (Gaussian distance only), 'learned' ρ_h per head starting at 1."""
+    prior_offset: bool = False
+    """Add a learned linear log-prior ⟨c_h, ξ_u⟩ per head (zero at init)."""
+    beta: float = 0.0
+    """Value precision β >= 0; β > 0 runs EM value iterations (eq. 13-14)."""
+    iterations: int = 1
+    """T: EM value steps after the β-free estimate (only when β > 0)."""
+    gamma: float | None = None
+    """Key adaptation (eq. 28): strength γ >= 0 of the Gaussian prior tying keys to their initial values; None = off."""
+    eta: float | None = None
+    """Prior adaptation (eq. 33): Dirichlet concentration η >= 0 of an average unit; None = off."""
+    adapt_steps: int = 1
+    """EM steps of inference-time adaptation."""
+    adapt_in_training: bool = False
+    """Adapt keys / priors in training mode too (the paper adapts at inference time only)."""
+
+    def __post_init__(self):
+        if self.alpha_init is not None and not self.alpha_init > 0:
+            raise ValueError(f"alpha_init must be > 0, got {self.alpha_init}")
+        if self.prior not in PRIORS:
+            raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
+        if not self.beta >= 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if int(self.iterations) != self.iterations or self.iterations < 0:
+            raise ValueError(f"iterations must be a non-negative integer, got {self.iterations}")
+        if int(self.adapt_steps) != self.adapt_steps or self.adapt_steps < 1:
+            raise ValueError(f"adapt_steps must be a positive integer, got {self.adapt_steps}")
+        for name in ("gamma", "eta"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0 or None (off), got {value}")
+
+    @classmethod
+    def suggest(cls, trial: Any) -> dict[str, Any]:
+        return {
+            "alpha_init": trial.suggest_float("alpha_init", 0.05, 2.0, log=True),
+            "prior": trial.suggest_categorical("prior", list(PRIORS)),
+            "beta": trial.suggest_categorical("beta", [0.0, 0.01, 0.03, 0.1, 0.3, 1.0]),
+            "iterations": trial.suggest_int("iterations", 1, 3),
+            "gamma": trial.suggest_categorical("gamma", [None, 0.1, 1.0, 10.0]),
+            "eta": trial.suggest_categorical("eta", [None, 0.1, 1.0, 10.0]),
+        }
+
+
+def per_head(param: Tensor, like: Tensor) -> Tensor:
+    """A per-head [H] parameter shaped to broadcast against `like`: the head axis is dim 1 in every layout
+    (dense q/k/v and logits, node-level q/k/v, edge logits, per-query and per-key quantities)."""
+    return param.view(1, -1, *([1] * (like.dim() - 2)))
+
+
+def sum_over_queries(groups: Groups, weights: Tensor, x: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """For every key u: Σ_i w_u^i (its responsibility mass) and, given per-query x, Σ_i w_u^i x_i, over the
+    queries i that attend to u. The transpose of `groups.aggregate`, which Groups does not offer (yet), hence
+    the layout switch."""
+    if isinstance(groups, DenseGroups):
+        weighted = None if x is None else torch.matmul(weights.transpose(-1, -2), x)
+        return weights.sum(-2), weighted
+    if isinstance(groups, SegmentGroups):
+        size = groups.num_src_nodes
+        weighted = None
+        if x is not None:
+            weighted = scatter(weights.unsqueeze(-1) * groups.per_query(x), groups.src, dim=0, dim_size=size, reduce="sum")
+        return scatter(weights, groups.src, dim=0, dim_size=size, reduce="sum"), weighted
+    raise TypeError(f"gmm adaptation needs a key-side reduction for {type(groups).__name__}")
+
+
+@register_attention("gmm")
+class GaussianMixtureAttention(AttentionKernel):
+    """Gaussian-mixture attention: unit posteriors with learned precisions and priors, EM value iterations."""
+
+    Config = GMMConfig
+    softmax_limit = {
+        "alpha_init": None,
+        "beta": 0.0,
+        "prior": "magnitude",
+        "prior_offset": False,
+        "gamma": None,
+        "eta": None,
+    }
+
+    def __init__(self, config: GMMConfig, shape: HeadShape):
+        super().__init__(config, shape)
+        heads, dim = shape.num_heads, shape.head_dim
+        alpha = config.alpha_init if config.alpha_init is not None else dim**-0.5
+        self._register("log_alpha", torch.full((heads,), math.log(alpha)), config.learn_precisions)
+        self.log_beta = None
+        if config.beta > 0:
+            self._register("log_beta", torch.full((heads,), math.log(config.beta)), config.learn_precisions)
+        self.coupling = None
+        if config.prior == "learned":
+            self.coupling = nn.Parameter(torch.ones(heads))
+        self.offset = nn.Parameter(torch.zeros(heads, dim)) if config.prior_offset else None
+
+    def _register(self, name: str, value: Tensor, learned: bool) -> None:
+        if learned:
+            setattr(self, name, nn.Parameter(value))
+        else:
+            self.register_buffer(name, value)
+
+    # ---- the mixture's terms --------------------------------------------------------------------
+    @property
+    def alpha(self) -> Tensor:
+        return self.log_alpha.exp()
+
+    @property
+    def beta(self) -> Tensor | None:
+        return None if self.log_beta is None else self.log_beta.exp()
+
+    def _rho(self) -> Tensor | float:
+        if self.coupling is not None:
+            return self.coupling
+        return 1.0 if self.config.prior == "magnitude" else 0.0
+
+    def _offset_term(self, xi: Tensor) -> Tensor:
+        # offset [H, d] against keys [B, H, Lk, d] or [Nk, H, d]: heads on dim 1, features last.
+        offset = self.offset.view(1, self.shape.num_heads, *([1] * (xi.dim() - 3)), self.shape.head_dim)
+        return (xi * offset).sum(-1)
+
+    def _length_linked(self, xi: Tensor, rho: Tensor | float) -> Tensor:
+        """ρ α/2 ‖ξ_u‖² per key, with ρ a per-head tensor or a constant."""
+        sq_norm = xi.square().sum(-1)
+        coef = self.alpha * rho / 2
+        return per_head(coef, sq_norm) * sq_norm
+
+    def _unit_log_prior(self, xi: Tensor) -> Tensor | None:
+        """log π_u per key: the key-length link and the offset (the value link is handled by EM); None if 0."""
+        rho = self._rho()
+        terms = None if isinstance(rho, float) and rho == 0.0 else self._length_linked(xi, rho)
+        if self.offset is not None:
+            terms = self._offset_term(xi) if terms is None else terms + self._offset_term(xi)
+        return terms
+
+    def _key_terms(self, xi: Tensor) -> Tensor | None:
+        """The per-key part of log π_u - α/2‖q - ξ_u‖² beside α⟨q, ξ_u⟩: (ρ-1) α/2 ‖ξ_u‖² + ⟨c, ξ_u⟩; None if 0."""
+        rho = self._rho()
+        terms = None if isinstance(rho, float) and rho == 1.0 else self._length_linked(xi, rho - 1)
+        if self.offset is not None:
+            terms = self._offset_term(xi) if terms is None else terms + self._offset_term(xi)
+        return terms
+
+    def _log_joint(self, host: Tensor | None, groups: Groups, q: Tensor, xi: Tensor, log_prior: Tensor | None = None) -> Tensor:
+        """host + log π_u - α/2 ‖q - ξ_u‖², up to terms constant within each query's group.
+
+        log_prior: an adapted prior in logits layout; None = the unit prior linked to ξ (eq. 15)."""
+        joint = groups.scores(q * per_head(self.alpha, q), xi, 1.0)
+        if log_prior is None:
+            key_terms = self._key_terms(xi)
+        else:
+            key_terms = self._length_linked(xi, -1.0)
+            joint = joint + log_prior
+        if key_terms is not None:
+            joint = joint + groups.per_key(key_terms)
+        return joint if host is None else joint + host
+
+    def _runs_value_em(self) -> bool:
+        return self.log_beta is not None and self.config.iterations > 0
+
+    def _adapting(self) -> bool:
+        wanted = self.config.gamma is not None or self.config.eta is not None
+        return wanted and (not self.training or self.config.adapt_in_training)
+
+    def _adapt(self, host: Tensor | None, groups: Groups, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Inference-time EM on the keys (eq. 28-29) and/or the unit priors (eq. 33-34); returns the adapted
+        log-joint and keys."""
+        gamma, eta = self.config.gamma, self.config.eta
+        joint = self._log_joint(host, groups, q, k)
+        xi, log_prior, log_concentration = k, None, None
+        if eta is not None:
+            prior0 = self._unit_log_prior(k)
+            # η_u = η π⁰_u / mean of π⁰ over the query's key set; a uniform π⁰ gives a constant, which cancels.
+            if prior0 is not None:
+                relative = groups.softmax(groups.per_key(prior0)) * groups.count(joint)
+                log_concentration = torch.log1p(eta * relative)
+        tiny = torch.finfo(k.dtype).tiny
+        for _ in range(self.config.adapt_steps):
+            responsibilities = groups.softmax(joint)
+            mass, weighted_queries = sum_over_queries(groups, responsibilities, q if gamma is not None else None)
+            if gamma is not None:
+                pull = per_head(self.alpha / (self.alpha + gamma), k)
+                # (Σ_i w q_i - W ξ⁰) / W = q̄ - ξ⁰ where W > 0, and 0 (keep ξ⁰) for a unit nobody attends.
+                key_mass = mass.unsqueeze(-1)
+                xi = k + pull * (weighted_queries - key_mass * k) / key_mass.clamp_min(tiny)
+            if eta is not None:
+                log_prior = groups.per_key(mass.clamp_min(tiny).log())
+                if log_concentration is not None:
+                    log_prior = log_prior + log_concentration
+            joint = self._log_joint(host, groups, q, xi, log_prior)
+        return joint, xi
+
+    def _value_iterations(self, joint: Tensor, weights: Tensor, groups: Groups, v: Tensor) -> tuple[Tensor, Tensor]:
+        """EM on the value (eq. 13-14 with the value-length prior of eq. 15): returns the last weights and the
+        step size ‖v_{T+1} - v_T‖ averaged over queries (a convergence diagnostic)."""
+        beta_v = per_head(self.beta, v)
+        estimate = groups.aggregate(weights, v)
+        previous = estimate
+        for _ in range(self.config.iterations):
+            weights = groups.softmax(joint + groups.scores(estimate * beta_v, v, 1.0))
+            previous, estimate = estimate, groups.aggregate(weights, v)
+        return weights, (estimate - previous).norm(dim=-1).mean()
+
+    # ---- the kernel interface -------------------------------------------------------------------
+    def score(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> Tensor:
+        # No compatibility besides the mixture, which `normalize` forms from q and k (see the docstring).
+        return groups.per_query(q.new_zeros(q.shape[:-1])) + groups.per_key(k.new_zeros(k.shape[:-1]))
+
+    def normalize(
+        self,
+        logits: Tensor,
+        groups: Groups,
+        *,
+        q: Tensor | None = None,
+        k: Tensor | None = None,
+        v: Tensor | None = None,
+    ) -> AttentionResult:
+        return self._posterior(logits, groups, q, k, v)
+
+    def _posterior(self, host: Tensor | None, groups: Groups, q: Tensor | None, k: Tensor | None, v: Tensor | None) -> AttentionResult:
+        if q is None or k is None:
+            raise ValueError("gmm needs the queries and keys (q=, k=) for its Gaussian term")
+        diagnostics: dict[str, Tensor] = {}
+        if self._adapting():
+            joint, xi = self._adapt(host, groups, q, k)
+            if not self.training and self.config.gamma is not None:
+                diagnostics["key_shift"] = (xi - k).detach().norm(dim=-1).mean()
+        else:
+            joint = self._log_joint(host, groups, q, k)
+        weights = groups.softmax(joint)
+        if v is not None and self._runs_value_em():
+            weights, step = self._value_iterations(joint, weights, groups, v)
+            if not self.training:
+                diagnostics["em_step"] = step.detach()
+        if not self.training:
+            diagnostics["alpha"] = self.alpha.detach().mean()
+            if self.coupling is not None:
+                diagnostics["prior_coupling"] = self.coupling.detach().mean()
+        diagnostics.update(standard_diagnostics(weights, groups, self))
+        return AttentionResult(weights, diagnostics=diagnostics)
+
+    def forward(self, q, k, v, groups, *, scale=None, dropout_p=0.0, need_weights=True):
+        if not need_weights and isinstance(groups, DenseGroups) and not self._runs_value_em() and not self._adapting():
+            return self._fused(q, k, v, groups, dropout_p), AttentionResult(weights=None)
+        result = self._posterior(None, groups, q, k, v)
+        weights = F.dropout(result.weights, dropout_p, self.training) if dropout_p > 0 else result.weights
+        return groups.aggregate(weights, v), result
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor, groups: DenseGroups, dropout_p: float) -> Tensor:
+        """β = 0 on dense groups: α⟨q, ξ⟩ plus a per-key bias is a dot product of q' = [αq, 1] with
+        k' = [ξ, bias], so SDPA's fused kernel runs it with the plain boolean mask (as fast as a float attn_mask
+        holding the bias on this CPU, measured, and the mask stays boolean)."""
+        dropout_p = dropout_p if self.training else 0.0
+        scaled_q = q * per_head(self.alpha, q)
+        key_terms = self._key_terms(k)
+        if key_terms is not None:
+            scaled_q = torch.cat([scaled_q, scaled_q.new_ones(scaled_q.shape[:-1]).unsqueeze(-1)], dim=-1)
+            k = torch.cat([k, key_terms.unsqueeze(-1)], dim=-1)
+        return F.scaled_dot_product_attention(scaled_q, k, v, attn_mask=groups.mask, dropout_p=dropout_p, scale=1.0)
