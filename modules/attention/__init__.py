@@ -9,6 +9,7 @@ from .registry import (
     list_attentions,
     register_attention,
     resolve_config,
+    suggest_config,
 )
 
 from . import variants  # noqa: F401,E402  (registers the built-in variants)
@@ -28,4 +29,5 @@ __all__ = [
     "register_attention",
     "resolve_config",
     "standard_diagnostics",
+    "suggest_config",
 ]

@@ -69,6 +69,12 @@ def resolve_config(spec: str | Mapping[str, Any]) -> tuple[str, AttentionConfig]
     return name, config
 
 
+def suggest_config(name: str, trial: Any) -> dict[str, Any]:
+    """The variant's Optuna search space for this name: what its name fixes is not searched."""
+    entry = ATTENTIONS.get(name)
+    return {k: v for k, v in entry.cls.Config.suggest(trial).items() if k not in entry.preset}
+
+
 def build_attention(spec: str | Mapping[str, Any], *, num_heads: int, head_dim: int) -> AttentionKernel:
     name, config = resolve_config(spec)
     kernel = ATTENTIONS.get(name).cls(config, HeadShape(num_heads, head_dim))

@@ -80,3 +80,9 @@ def test_entry_point_plugins_are_loaded_lazily(tmp_path, monkeypatch):
     finally:
         ATTENTIONS.unregister("test-entry-point")
         sys.modules.pop("ep_variant_pkg", None)
+
+
+def test_a_name_fixes_its_preset_values():
+    with pytest.raises(ValueError, match="fixes"):
+        build_attention({"name": "sparsemax", "alpha": 1.3}, num_heads=1, head_dim=4)
+    assert build_attention("sparsemax", num_heads=1, head_dim=4).config.alpha == 2.0

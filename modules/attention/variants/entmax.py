@@ -12,9 +12,8 @@ Astudillo 2016) at α = 2 and tends to softmax as α → 1. `entmax` learns α p
 α = 1 + sigmoid(a) ∈ (1, 2), initialised at 1.5 (Correia, Niculae & Martins 2019, adaptively sparse
 transformers, section 3.2).
 
-Names: `sparsemax` (α = 2) and `entmax15` (α = 1.5) keep α fixed; `entmax` learns it. The names fix
-`learn_alpha` by preset but only set α's default: the registry-wide contract test checks the softmax limit
-(α → 1) on every name, with preset fields left at their preset, so a preset α would make it fail.
+Names: `sparsemax` (α = 2) and `entmax15` (α = 1.5) fix α by their name; `entmax` learns it (and reduces
+to softmax as α → 1, which the contract tests check on that name).
 
 Solvers. Dense groups run the `entmax` package on the masked logits: its exact sort-based `sparsemax` and
 `entmax15` at α = 2 and 1.5 (partially sorted, sized by the support seen in the previous call), and
@@ -83,26 +82,6 @@ class EntmaxConfig(AttentionConfig):
     @classmethod
     def suggest(cls, trial: Any) -> dict[str, Any]:
         return {"alpha": trial.suggest_float("alpha", 1.1, 1.9)}
-
-
-@dataclass(frozen=True)
-class SparsemaxConfig(EntmaxConfig):
-    alpha: float = 2.0
-    learn_alpha: bool = False
-
-    @classmethod
-    def suggest(cls, trial: Any) -> dict[str, Any]:
-        return {}  # α is what the name means; nothing else to tune
-
-
-@dataclass(frozen=True)
-class Entmax15Config(EntmaxConfig):
-    alpha: float = 1.5
-    learn_alpha: bool = False
-
-    @classmethod
-    def suggest(cls, trial: Any) -> dict[str, Any]:
-        return {}
 
 
 def per_head(alpha: Tensor, like: Tensor) -> Tensor:
@@ -337,15 +316,11 @@ class EntmaxAttention(AttentionKernel):
         return unpad(out)
 
 
-@register_attention("entmax15", learn_alpha=False)
+@register_attention("entmax15", alpha=1.5, learn_alpha=False)
 class Entmax15Attention(EntmaxAttention):
     """1.5-entmax: Tsallis α = 1.5, sparse attention between softmax and sparsemax (Peters et al. 2019)."""
 
-    Config = Entmax15Config
 
-
-@register_attention("sparsemax", learn_alpha=False)
+@register_attention("sparsemax", alpha=2.0, learn_alpha=False)
 class SparsemaxAttention(EntmaxAttention):
     """Sparsemax: the Euclidean projection of the scores onto the simplex (Martins & Astudillo 2016)."""
-
-    Config = SparsemaxConfig
