@@ -1,7 +1,7 @@
 """Attention variants and the interface they share (see README "Adding a variant")."""
 
 from .groups import DenseGroups, Groups, SegmentGroups
-from .kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics
+from .kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, per_head, standard_diagnostics
 from .registry import (
     ATTENTIONS,
     attention_entry,
@@ -26,6 +26,7 @@ __all__ = [
     "attention_entry",
     "build_attention",
     "list_attentions",
+    "per_head",
     "register_attention",
     "resolve_config",
     "standard_diagnostics",

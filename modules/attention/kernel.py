@@ -101,6 +101,13 @@ class AttentionKernel(nn.Module):
         return f"{self.name}: {self.config}"
 
 
+def per_head(x: Tensor, like: Tensor) -> Tensor:
+    """A per-head [H] tensor shaped to broadcast against `like`. Heads sit on axis 1 in every layout a
+    kernel sees: dense logits [B,H,Lq,Lk] and q/k/v [B,H,L,d]; segment logits [E,H], node-level q/k/v
+    [N,H,d] and padded rows [N,H,K]."""
+    return x.view(1, -1, *([1] * (like.dim() - 2)))
+
+
 def standard_diagnostics(weights: Tensor, groups: Groups, kernel: nn.Module | None = None) -> dict[str, Tensor]:
     """Entropy and support of the weights; skipped while `kernel` trains, where nobody reads them and
     they would cost a sizeable share of a small graph's training step (measured on Cora)."""

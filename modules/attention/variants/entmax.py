@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from ..groups import DenseGroups, Groups, SegmentGroups
-from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics
+from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics, per_head
 from ..registry import register_attention
 
 SEGMENT_SOLVERS = ("newton", "pad")
@@ -83,11 +83,6 @@ class EntmaxConfig(AttentionConfig):
     def suggest(cls, trial: Any) -> dict[str, Any]:
         return {"alpha": trial.suggest_float("alpha", 1.1, 1.9)}
 
-
-def per_head(alpha: Tensor, like: Tensor) -> Tensor:
-    """A per-head [H] tensor shaped to broadcast against `like`. Heads sit on axis 1 in every layout the
-    kernel sees: dense logits [B, H, Lq, Lk], segment logits [E, H] and padded rows [N, H, K]."""
-    return alpha.view(-1, *([1] * (like.dim() - 2)))
 
 
 def nonnegative_pow(x: Tensor, exponent: Tensor | float) -> Tensor:

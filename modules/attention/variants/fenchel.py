@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..groups import DenseGroups, Groups, SegmentGroups
-from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics
+from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics, per_head
 from ..registry import register_attention
 
 PRIORS = ("position", "degree", "uniform")
@@ -81,11 +81,6 @@ def _second_moment(groups: Groups, weights: Tensor, templates: Tensor) -> Tensor
     outer = (templates.unsqueeze(-1) * templates.unsqueeze(-2)).flatten(-2)
     return groups.aggregate(weights, outer).unflatten(-1, (d, d))
 
-
-def _per_head(x: Tensor, like: Tensor) -> Tensor:
-    """A per-head [H] tensor broadcastable against `like`, whose head axis is 1 in every layout
-    (dense logits [B,H,Lq,Lk] and per-query [B,H,Lq,d]; segment logits [E,H] and per-node [N,H,d])."""
-    return x.view(-1, *([1] * (like.dim() - 2)))
 
 
 @dataclass(frozen=True)
@@ -167,7 +162,7 @@ class FenchelAttention(AttentionKernel):
             log_degree = self._log_key_degree(groups, logits)
             if log_degree is None:
                 return None
-            return log_degree * _per_head(self.degree_weight, logits).to(logits.dtype)
+            return log_degree * per_head(self.degree_weight, logits).to(logits.dtype)
         return None
 
     @staticmethod
@@ -187,7 +182,7 @@ class FenchelAttention(AttentionKernel):
         """α·logits + log u (the exponent of eq. 22) and the log prior on its own."""
         bias = self.log_prior(logits, groups)
         if self.fixed_alpha != 1.0:
-            logits = logits * _per_head(self.alpha(), logits).to(logits.dtype)
+            logits = logits * per_head(self.alpha(), logits).to(logits.dtype)
         return (logits if bias is None else logits + bias), bias
 
     def prior_diagnostics(self, bias: Tensor | None, logits: Tensor, groups: Groups) -> dict[str, Tensor]:
@@ -216,7 +211,7 @@ class FenchelAttention(AttentionKernel):
         # Fused path: softmax(α·scale·<q,k> + log u) is SDPA with q scaled per head and a float mask.
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         if self.fixed_alpha != 1.0:
-            q = q * _per_head(self.alpha(), q).to(q.dtype)
+            q = q * per_head(self.alpha(), q).to(q.dtype)
         bias = self.log_prior(q.new_zeros(()).expand(*q.shape[:-1], k.shape[-2]), groups)
         mask = groups.mask
         if bias is not None:
@@ -283,7 +278,7 @@ class FenchelExactAttention(FenchelAttention):
         delta = torch.zeros_like(mu)
         if steps == 0:
             return delta
-        alpha_q = _per_head(alpha, mu)
+        alpha_q = per_head(alpha, mu)
 
         def mean_at(delta: Tensor, exponent: Tensor, templates: Tensor) -> tuple[Tensor, Tensor]:
             weights = groups.softmax(exponent + groups.scores(delta, templates, 1.0))
@@ -336,7 +331,7 @@ class FenchelExactAttention(FenchelAttention):
             out = {"kl_to_first_order": groups.reduce(weights * ratio, "sum").mean().detach()}
             if q is not None and q.shape == delta.shape:
                 # The paper's ||λ* - αz|| / ||λ*|| (§8); meaningful where logits are <t, z> with z = q·d^(-1/4).
-                lam_first = self.templates(q) * _per_head(self.alpha(), q).to(q.dtype)
+                lam_first = self.templates(q) * per_head(self.alpha(), q).to(q.dtype)
                 gap = delta.norm(dim=-1) / (lam_first + delta).norm(dim=-1).clamp_min(1e-12)
                 out["lambda_gap"] = gap.mean().detach()
             return out

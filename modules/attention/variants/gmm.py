@@ -55,7 +55,7 @@ from torch import Tensor, nn
 from torch_geometric.utils import scatter
 
 from ..groups import DenseGroups, Groups, SegmentGroups
-from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics
+from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics, per_head
 from ..registry import register_attention
 
 PRIORS = ("learned", "magnitude", "uniform")
@@ -112,11 +112,6 @@ class GMMConfig(AttentionConfig):
             "eta": trial.suggest_categorical("eta", [None, 0.1, 1.0, 10.0]),
         }
 
-
-def per_head(param: Tensor, like: Tensor) -> Tensor:
-    """A per-head [H] parameter shaped to broadcast against `like`: the head axis is dim 1 in every layout
-    (dense q/k/v and logits, node-level q/k/v, edge logits, per-query and per-key quantities)."""
-    return param.view(1, -1, *([1] * (like.dim() - 2)))
 
 
 def sum_over_queries(groups: Groups, weights: Tensor, x: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
