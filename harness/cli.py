@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", default="quick", help="built-in suite name or a suite .yaml path (default: quick)")
     p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: one per GPU, else one per CPU core)")
     p.add_argument("--retry-failed", action="store_true", help="run failed runs again instead of keeping their records")
-    p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching this glob, e.g. 'bam-*'")
+    p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching these comma-separated globs, e.g. 'softmax,bam-*'")
     p.add_argument("--leaderboard-dir", default="leaderboards")
     _common(p)
 

@@ -151,7 +151,9 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
             continue
         params = {**suite.params, **task.params}
         for variant in suite.variants:
-            if variant_filter and not fnmatch.fnmatch(variant.label or variant.name, variant_filter):
+            if variant_filter and not any(
+                fnmatch.fnmatch(variant.label or variant.name, pattern.strip()) for pattern in variant_filter.split(",")
+            ):
                 continue
             for seed in suite.seeds:
                 where = f"suite {suite.name}: task {task.name}, variant {variant.label or variant.name}"

@@ -58,3 +58,8 @@ def test_malformed_suites_name_the_problem(tmp_path, text, message):
 def test_unknown_suite_name_suggests():
     with pytest.raises(SuiteError, match="Did you mean 'quick'"):
         load_suite("quik")
+
+
+def test_variant_filter_takes_comma_separated_globs():
+    specs = plan(load_suite("quick"), variant_filter="softmax, bam-*").specs
+    assert {s.variant for s in specs} == {"softmax", "bam-weibull", "bam-lognormal"}
