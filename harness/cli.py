@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("perf", help="forward+backward time of every variant relative to softmax (dense and graph)")
     p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching this glob")
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
     _common(p)
 
     p = sub.add_parser("leaderboard", help="regenerate a suite's leaderboard from its records")
@@ -156,6 +157,10 @@ def cmd_leaderboard(args) -> int:
 def cmd_perf(args) -> int:
     from .perf import measure
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     measure(args.variants, args.repeats, data_root=args.data_root, cache_dir=args.cache_dir)
     return 0
 

@@ -1,8 +1,8 @@
 """`attnbench perf`: forward+backward time of every variant relative to softmax, measured in the same run.
 
 Dense: B=8, H=8, L=256, d=64 against SDPA (softmax's fused path). Graph: Cora's edges (self loops
-added), 8 heads x 8 dims, against segment softmax. Timings are medians over repetitions after warm-up,
-with the baseline interleaved between variants so that drift in machine load hits both alike."""
+added), 8 heads x 8 dims, against segment softmax. Each variant is timed alternately with softmax
+(medians after warm-up), so that drift in machine load hits both alike."""
 
 from __future__ import annotations
 
@@ -26,15 +26,18 @@ def target_for(name: str) -> float | None:
     return None
 
 
-def _time(fn: Callable[[], None], repeats: int) -> float:
-    for _ in range(2):
+def _paired(baseline: Callable[[], None], variant: Callable[[], None], repeats: int) -> tuple[float, float]:
+    """Median seconds of baseline and variant, timed alternately so that drift in machine load (a shared
+    2-core box) hits both alike; the ratio of the medians is the number we report."""
+    for fn in (baseline, variant, baseline, variant):
         fn()
-    samples = []
+    base, var = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        for fn, samples in ((baseline, base), (variant, var)):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+    return statistics.median(base), statistics.median(var)
 
 
 def _step(kernel, q, k, v, groups) -> Callable[[], None]:
@@ -77,33 +80,24 @@ def measure(pattern: str | None = None, repeats: int = 10, data_root: str | None
     except Exception as exc:  # noqa: BLE001 - the dense half is still worth printing
         print_fn(f"(graph benchmark skipped: {exc})")
     rows = []
-    print_fn(f"forward+backward, median of {repeats}; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    header = f"{'variant':<16}" + "".join(f"{p + ' ms':>12}{'x softmax':>11}" for p in problems) + f"{'target':>9}  verdict"
-    print_fn(header)
-    baselines = {}
-    for label, (q, k, v, groups, heads, dim) in problems.items():
-        torch.manual_seed(0)
-        baselines[label] = _time(_step(build_attention("softmax", num_heads=heads, head_dim=dim), q, k, v, groups), repeats)
-    print_fn(f"{'softmax':<16}" + "".join(f"{baselines[p] * 1e3:>12.2f}{1.0:>11.2f}" for p in problems))
+    print_fn(f"forward+backward, median of {repeats} alternating with softmax; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print_fn(f"{'variant':<16}" + "".join(f"{p + ' ms':>12}{'softmax ms':>12}{'ratio':>8}" for p in problems) + f"{'target':>9}  verdict")
     for name in names:
         row = {"variant": name, "target": target_for(name)}
         cells = ""
         for label, (q, k, v, groups, heads, dim) in problems.items():
             torch.manual_seed(0)
-            kernel = build_attention(name, num_heads=heads, head_dim=dim)
+            baseline = _step(build_attention("softmax", num_heads=heads, head_dim=dim), q, k, v, groups)
             try:
-                seconds = _time(_step(kernel, q, k, v, groups), repeats)
-            except Exception as exc:  # noqa: BLE001
+                variant = _step(build_attention(name, num_heads=heads, head_dim=dim), q, k, v, groups)
+                base_s, var_s = _paired(baseline, variant, repeats)
+            except Exception as exc:  # noqa: BLE001 - one broken variant must not hide the others
                 row[label] = None
-                cells += f"{'error':>12}{'':>11}"
+                cells += f"{'error':>12}{'':>12}{'':>8}"
                 print_fn(f"  {name} on {label}: {type(exc).__name__}: {exc}")
                 continue
-            # re-measure the baseline next to each variant: load on a shared machine drifts
-            base = _time(_step(build_attention("softmax", num_heads=heads, head_dim=dim), q, k, v, groups), max(3, repeats // 2))
-            baselines[label] = min(baselines[label], base)
-            ratio = seconds / baselines[label]
-            row[label] = {"ms": seconds * 1e3, "ratio": ratio}
-            cells += f"{seconds * 1e3:>12.2f}{ratio:>11.2f}"
+            row[label] = {"ms": var_s * 1e3, "softmax_ms": base_s * 1e3, "ratio": var_s / base_s}
+            cells += f"{var_s * 1e3:>12.2f}{base_s * 1e3:>12.2f}{var_s / base_s:>8.2f}"
         target = row["target"]
         ratios = [row[p]["ratio"] for p in problems if row.get(p)]
         verdict = "—" if target is None or not ratios else ("meets" if max(ratios) <= target else "misses")

@@ -273,3 +273,20 @@ def test_zero_weight_leaves_the_training_gradients_of_softmax_attention(name):
     # with λ > 0 the regulariser reaches the projections (GAT passes q = k = h, so OT sees ~identical clouds)
     weighted = gradients({"name": name, "weight": 1.0})
     assert any(not torch.allclose(weighted[n], reference[n]) for n in reference)
+
+
+@pytest.mark.parametrize("name", ["align-gan", "align-ot", "align-ct"])
+def test_fused_dense_path_equals_the_weights_path(name):
+    from modules.attention import build_attention
+
+    from .conftest import make_problem
+
+    p = make_problem(dtype=torch.float32)
+    torch.manual_seed(0)
+    kernel = build_attention(name, num_heads=2, head_dim=4).eval()
+    fused, fused_result = kernel(p.q.float(), p.k.float(), p.v.float(), p.dense, need_weights=False)
+    slow, slow_result = kernel(p.q.float(), p.k.float(), p.v.float(), p.dense, need_weights=True)
+    assert fused_result.weights is None
+    valid_rows = p.key_valid.any(-1)
+    torch.testing.assert_close(fused[valid_rows], slow[valid_rows], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused_result.aux_losses["align"], slow_result.aux_losses["align"])

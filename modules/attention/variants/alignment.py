@@ -252,6 +252,16 @@ class AlignmentAttention(AttentionKernel):
             aux["align"] = self.alignment_loss(self.point_clouds(q, k, groups))
         return AttentionResult(weights, aux, standard_diagnostics(weights, groups, self))
 
+    def forward(self, q, k, v, groups, *, scale=None, dropout_p=0.0, need_weights=True):
+        if not need_weights and isinstance(groups, DenseGroups):
+            # The weights are exactly softmax's, so the output can come from the fused kernel; only the
+            # regulariser, which needs q and k alone, is computed here.
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=groups.mask, dropout_p=dropout_p if self.training else 0.0, scale=scale
+            )
+            return out, AttentionResult(None, {"align": self.alignment_loss(self.point_clouds(q, k, groups))})
+        return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
+
     def point_clouds(self, q: Tensor, k: Tensor, groups: Groups) -> PointClouds:
         """Queries and keys as per-(sample, head) point clouds, padding excluded, capped at max_points."""
         dense = isinstance(groups, DenseGroups)
