@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from datamodules.paths import MissingDataError
+from modules.tasks import get_task
 
 from .executor import LocalExecutor, WorkerOptions, log
 from .records import RecordStore, runs_dir
@@ -69,8 +70,6 @@ def run_suite(
         if task.name in the_plan.skipped_tasks:
             log(f"attnbench: skipping optional task {task.name}: {the_plan.skipped_tasks[task.name]}")
             continue
-        from modules.tasks import get_task
-
         problem = get_task(task.name).data_problem(data_root)
         if problem:
             raise MissingDataError(problem)

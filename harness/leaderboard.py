@@ -104,7 +104,7 @@ def render_markdown(suite, the_plan, records) -> str:
         primary = task.primary
         rows = _sort_rows(task_rows(the_plan.specs, records, task_name), primary.name, primary.higher_is_better)
         metric_names = [m.name for m in task.metrics]
-        percent = {m: task_name_is_fraction(m) for m in metric_names}
+        percent = {m: is_fraction_metric(m) for m in metric_names}
         out.write(f"## {task_name}\n\n")
         arrow = "higher is better" if primary.higher_is_better else "lower is better"
         out.write(f"Ranked by `{primary.name}` ({arrow}); mean ± std over seeds{' (in %)' if percent[primary.name] else ''}.\n\n")
@@ -134,7 +134,7 @@ def render_markdown(suite, the_plan, records) -> str:
     return out.getvalue()
 
 
-def task_name_is_fraction(metric: str) -> bool:
+def is_fraction_metric(metric: str) -> bool:
     return any(metric.endswith(s) for s in ("acc", "accuracy", "f1", "macro_f1"))
 
 
