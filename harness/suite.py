@@ -14,7 +14,6 @@ params: {max_epochs: 300}   # task parameters for every task (per-task params ov
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -213,11 +212,3 @@ def _variant_entry(item: Any, where: str) -> VariantEntry:
         raise SuiteError(f"{where}: {exc}") from exc
     return VariantEntry(name, item, label)
 
-
-def suite_summary(suite: Suite) -> dict[str, Any]:
-    return {
-        "name": suite.name,
-        "tasks": [dataclasses.asdict(t) for t in suite.tasks],
-        "variants": [v.label or v.name for v in suite.variants],
-        "seeds": list(suite.seeds),
-    }

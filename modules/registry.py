@@ -60,10 +60,6 @@ def load_plugin_file(path: str | Path) -> None:
         raise PluginError(f"plugin file {file} failed to import: {type(exc).__name__}: {exc}") from exc
 
 
-def loaded_plugin_files() -> list[str]:
-    return sorted(str(p) for p in _loaded_plugin_files)
-
-
 class Registry(Generic[T]):
     def __init__(self, kind: str, entry_point_group: str):
         self.kind = kind
