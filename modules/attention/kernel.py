@@ -65,6 +65,9 @@ class AttentionKernel(nn.Module):
     """Config values at which the variant reduces to softmax attention (a contract test checks it in
     training mode on dense and segment groups, to `softmax_limit_atol`). None only for softmax itself."""
     softmax_limit_atol: ClassVar[float] = 1e-6
+    stochastic: ClassVar[bool] = False
+    """True if the weights are sampled in training mode: hosts may then average `mc_samples` predictions,
+    each drawn with the kernels (only) in training mode, at evaluation."""
 
     def __init__(self, config: AttentionConfig, shape: HeadShape):
         super().__init__()

@@ -246,6 +246,7 @@ class BayesianAttention(AttentionKernel):
 
     Config: ClassVar[type[AttentionConfig]] = BAMConfig
     version: ClassVar[str] = "1"
+    stochastic: ClassVar[bool] = True
 
     def __init__(self, config: BAMConfig, shape: HeadShape):
         super().__init__(config, shape)

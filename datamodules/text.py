@@ -1,0 +1,177 @@
+"""Tokenised text classification / regression data for the BERT-style hosts.
+
+Every split is tokenised once with the backbone's WordPiece tokenizer and cached under the cache dir
+(never the data root), keyed by the text itself, the vocabulary and the maximum length, so a changed
+file or tokenizer never reuses a stale cache. Batches are padded to their longest member.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import lightning as L
+import torch
+from filelock import FileLock
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from .glue import Example
+from .paths import cache_dir as resolve_cache_dir
+
+SPLIT_SEED = 20240229
+"""Held-out and subsampled parts are drawn with this fixed seed, not the run seed, so every variant and
+seed is trained, selected and tested on the same examples."""
+
+
+def holdout(examples: Sequence[Example], fraction: float, *, max_size: int | None = None) -> tuple[list[Example], list[Example]]:
+    """Split off a fixed random part of `examples` (e.g. for model selection): (rest, held_out)."""
+    order = list(range(len(examples)))
+    random.Random(SPLIT_SEED).shuffle(order)
+    size = max(1, round(fraction * len(examples)))
+    if max_size is not None:
+        size = min(size, max_size)
+    held = set(order[:size])
+    return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
+
+
+def subsample(examples: Sequence[Example], limit: int | None) -> list[Example]:
+    """At most `limit` examples, drawn with the fixed split seed (all of them when limit is None)."""
+    if limit is None or limit >= len(examples):
+        return list(examples)
+    order = sorted(random.Random(SPLIT_SEED + 1).sample(range(len(examples)), limit))
+    return [examples[i] for i in order]
+
+
+@dataclass
+class TextSplits:
+    train: list[Example]
+    val: list[Example]
+    tests: dict[str, list[Example]] = field(default_factory=dict)
+    """Reported evaluation sets in order; the first is the primary one (its metrics are `test/<metric>`,
+    the others `test/<name>_<metric>`)."""
+
+
+class TokenizedSet(Dataset):
+    """Variable-length token ids stored flat with offsets (compact to cache and to load)."""
+
+    def __init__(self, ids: Tensor, types: Tensor, offsets: Tensor, labels: Tensor):
+        self.ids, self.types, self.offsets, self.labels = ids, types, offsets, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor, Tensor]:
+        start, end = self.offsets[i], self.offsets[i + 1]
+        return self.ids[start:end], self.types[start:end], self.labels[i]
+
+    def lengths(self) -> Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    @classmethod
+    def build(cls, examples: Sequence[Example], tokenizer, max_length: int) -> "TokenizedSet":
+        pairs = any(e.text_b is not None for e in examples)
+        text_a = [e.text_a for e in examples]
+        text_b = [e.text_b or "" for e in examples] if pairs else None
+        encoded = tokenizer(text_a, text_b, truncation=True, max_length=max_length, return_token_type_ids=True)
+        lengths = torch.tensor([len(ids) for ids in encoded["input_ids"]], dtype=torch.long)
+        offsets = torch.zeros(len(examples) + 1, dtype=torch.long)
+        offsets[1:] = lengths.cumsum(0)
+        ids = torch.tensor([t for row in encoded["input_ids"] for t in row], dtype=torch.int32)
+        types = torch.tensor([t for row in encoded["token_type_ids"] for t in row], dtype=torch.int8)
+        dtype = torch.float32 if isinstance(examples[0].label, float) else torch.long
+        labels = torch.tensor([e.label for e in examples], dtype=dtype)
+        return cls(ids, types, offsets, labels)
+
+    def state(self) -> dict[str, Tensor]:
+        return {"ids": self.ids, "types": self.types, "offsets": self.offsets, "labels": self.labels}
+
+
+def _fingerprint(examples: Sequence[Example], tokenizer, max_length: int) -> str:
+    digest = hashlib.sha256()
+    digest.update(f"{type(tokenizer).__name__}|{tokenizer.vocab_size}|{max_length}|".encode())
+    digest.update(hashlib.sha256("\n".join(sorted(tokenizer.get_vocab())).encode()).digest())
+    for e in examples:
+        digest.update(f"{e.text_a}\x00{e.text_b}\x00{e.label}\x01".encode())
+    return digest.hexdigest()[:24]
+
+
+def tokenize_cached(examples: Sequence[Example], tokenizer, max_length: int, cache_root: Path) -> TokenizedSet:
+    if not examples:
+        raise ValueError("cannot tokenise an empty split")
+    path = cache_root / "text" / f"{_fingerprint(examples, tokenizer, max_length)}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Parallel workers tokenising the same split wait for one another instead of writing twice.
+    with FileLock(str(path) + ".lock"):
+        if path.is_file():
+            return TokenizedSet(**torch.load(path, weights_only=True))
+        tokenized = TokenizedSet.build(examples, tokenizer, max_length)
+        tmp = path.with_suffix(".tmp")
+        torch.save(tokenized.state(), tmp)
+        tmp.replace(path)
+        return tokenized
+
+
+def pad_batch(items: list[tuple[Tensor, Tensor, Tensor]], pad_id: int = 0) -> dict[str, Tensor]:
+    longest = max(len(ids) for ids, _, _ in items)
+    input_ids = torch.full((len(items), longest), pad_id, dtype=torch.long)
+    token_type_ids = torch.zeros((len(items), longest), dtype=torch.long)
+    attention_mask = torch.zeros((len(items), longest), dtype=torch.long)
+    for row, (ids, types, _) in enumerate(items):
+        input_ids[row, : len(ids)] = ids
+        token_type_ids[row, : len(ids)] = types
+        attention_mask[row, : len(ids)] = 1
+    labels = torch.stack([label for _, _, label in items])
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+class LengthSortedSampler(torch.utils.data.Sampler):
+    """Evaluation order by length, so that each padded batch wastes little compute (order is irrelevant
+    to the metrics)."""
+
+    def __init__(self, lengths: Tensor):
+        self.order = torch.argsort(lengths, stable=True).tolist()
+
+    def __iter__(self):
+        return iter(self.order)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+
+class TextDataModule(L.LightningDataModule):
+    def __init__(self, splits: TextSplits, tokenizer, *, max_length: int, batch_size: int, eval_batch_size: int | None = None,
+                 cache_dir: str | None = None):
+        super().__init__()
+        self.splits = splits
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or 2 * batch_size
+        self.cache_root = resolve_cache_dir(cache_dir)
+        self.test_names = list(splits.tests)
+        self._sets: dict[str, TokenizedSet] = {}
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._sets:
+            return
+        named = {"train": self.splits.train, "val": self.splits.val, **{f"test:{k}": v for k, v in self.splits.tests.items()}}
+        self._sets = {name: tokenize_cached(examples, self.tokenizer, self.max_length, self.cache_root) for name, examples in named.items()}
+
+    def _loader(self, name: str, *, train: bool) -> DataLoader:
+        data = self._sets[name]
+        if train:
+            return DataLoader(data, batch_size=self.batch_size, shuffle=True, collate_fn=pad_batch, drop_last=False)
+        return DataLoader(data, batch_size=self.eval_batch_size, sampler=LengthSortedSampler(data.lengths()), collate_fn=pad_batch)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", train=False)
+
+    def test_dataloader(self) -> list[DataLoader]:
+        return [self._loader(f"test:{name}", train=False) for name in self.test_names]

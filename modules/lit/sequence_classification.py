@@ -1,0 +1,195 @@
+"""Sentence(-pair) classification and regression on a BERT-style encoder whose attention is a variant.
+
+Besides each task's official metrics, every classification task reports calibration (ECE, NLL), on each
+of its evaluation sets. Stochastic variants (BAM) can average `mc_samples` predictive distributions at
+evaluation, each drawn with the attention kernels, and nothing else, in sampling (training) mode.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Sequence
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics.classification import (
+    BinaryF1Score,
+    MulticlassAccuracy,
+    MulticlassCalibrationError,
+    MulticlassMatthewsCorrCoef,
+)
+from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
+
+from ..hosts.text_encoder import encode, kernels_of, mean_pool
+from .attention_terms import check_finite, diagnostics, weighted_aux_loss
+
+ECE_BINS = 15
+"""Bins of the expected calibration error (Guo et al. 2017 use 15)."""
+
+
+class NegativeLogLikelihood(MeanMetric):
+    """Mean -log p(y | x) of predicted probabilities (torchmetrics has no classification NLL metric)."""
+
+    def update(self, probs: Tensor, target: Tensor) -> None:  # type: ignore[override]
+        picked = probs.gather(1, target.view(-1, 1)).squeeze(1)
+        super().update(-picked.clamp_min(1e-12).log())
+
+
+def task_metrics(names: Sequence[str], num_labels: int) -> MetricCollection:
+    """The metrics a task reports, by short name; classification metrics take probabilities [B, C]."""
+    factories = {
+        "acc": lambda: MulticlassAccuracy(num_labels, average="micro"),
+        "f1": BinaryF1Score,  # GLUE's F1 (MRPC, QQP) is the positive class's
+        "mcc": lambda: MulticlassMatthewsCorrCoef(num_labels),
+        "ece": lambda: MulticlassCalibrationError(num_labels, n_bins=ECE_BINS, norm="l1"),
+        "nll": NegativeLogLikelihood,
+        "pearson": PearsonCorrCoef,
+        "spearman": SpearmanCorrCoef,
+    }
+    unknown = set(names) - set(factories)
+    if unknown:
+        raise ValueError(f"unknown text metric(s) {sorted(unknown)}; known: {sorted(factories)}")
+    return MetricCollection({name: factories[name]() for name in names})
+
+
+def update_metrics(metrics: MetricCollection, prediction: Tensor, labels: Tensor) -> None:
+    for name, metric in metrics.items():
+        if name == "f1":
+            metric.update(prediction[:, 1], labels)
+        else:
+            metric.update(prediction, labels)
+
+
+class SequenceClassifier(nn.Module):
+    """Encoder -> mean over real tokens -> dropout -> linear head (one output for regression)."""
+
+    def __init__(self, encoder: nn.Module, num_labels: int, dropout: float):
+        super().__init__()
+        self.encoder = encoder
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(encoder.config.hidden_size, num_labels)
+
+    def forward(self, batch: dict[str, Tensor]):
+        hidden, results = encode(self.encoder, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        return self.head(self.dropout(mean_pool(hidden, batch["attention_mask"]))), results
+
+    def kernels(self):
+        return kernels_of(self.encoder)
+
+
+class SequenceClassificationModule(L.LightningModule):
+    def __init__(
+        self,
+        model: SequenceClassifier,
+        *,
+        num_labels: int,
+        metric_names: Sequence[str],
+        test_names: Sequence[str],
+        lr: float,
+        weight_decay: float,
+        warmup_ratio: float,
+        mc_samples: int = 1,
+    ):
+        super().__init__()
+        self.model = model
+        self.num_labels = num_labels
+        self.regression = num_labels == 1
+        self.lr, self.weight_decay, self.warmup_ratio = lr, weight_decay, warmup_ratio
+        self.mc_samples = mc_samples if any(k.stochastic for k in model.kernels()) else 1
+        self.val_metrics = task_metrics(metric_names, max(num_labels, 2)).clone(prefix="val/")
+        # The first evaluation set is the primary one: test/acc; the others test/<name>_acc.
+        self.test_prefixes = ["test/"] + [f"test/{name}_" for name in list(test_names)[1:]]
+        self.test_metrics = nn.ModuleList(task_metrics(metric_names, max(num_labels, 2)).clone(prefix=p) for p in self.test_prefixes)
+
+    def _loss(self, output: Tensor, labels: Tensor) -> Tensor:
+        if self.regression:
+            return F.mse_loss(output.squeeze(-1), labels)
+        return F.cross_entropy(output, labels)
+
+    def training_step(self, batch, batch_idx):
+        output, results = self.model(batch)
+        loss = self._loss(output, batch["labels"])
+        aux, aux_logs = weighted_aux_loss(results, self.model.kernels(), self.global_step)
+        if aux is not None:
+            loss = loss + aux
+        check_finite(loss, self.current_epoch)
+        batch_size = len(batch["labels"])
+        self.log("train/loss", loss, batch_size=batch_size)
+        self.log_dict({**aux_logs, **diagnostics(results)}, batch_size=batch_size)
+        return loss
+
+    @contextmanager
+    def _sampling_kernels(self):
+        kernels = self.model.kernels()
+        for kernel in kernels:
+            kernel.train()
+        try:
+            yield
+        finally:
+            for kernel in kernels:
+                kernel.eval()
+
+    def predict_batch(self, batch) -> tuple[Tensor, Tensor, list]:
+        """(prediction, loss, attention results): class probabilities [B, C], averaged over `mc_samples`
+        sampled forward passes for stochastic variants, or the regression output [B]."""
+        output, results = self.model(batch)
+        if self.regression:
+            prediction = output.squeeze(-1)
+            return prediction, F.mse_loss(prediction, batch["labels"]), results
+        probs = output.softmax(-1)
+        if self.mc_samples > 1:
+            with self._sampling_kernels():
+                for _ in range(self.mc_samples - 1):
+                    probs = probs + self.model(batch)[0].softmax(-1)
+            probs = probs / self.mc_samples
+        return probs, F.nll_loss(probs.clamp_min(1e-12).log(), batch["labels"]), results
+
+    def validation_step(self, batch, batch_idx):
+        prediction, loss, _ = self.predict_batch(batch)
+        update_metrics(self.val_metrics, prediction, batch["labels"])
+        self.log("val/loss", loss, batch_size=len(batch["labels"]))
+
+    def on_validation_epoch_end(self):
+        self.log_dict(self.val_metrics.compute())
+        self.val_metrics.reset()
+
+    def test_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        prediction, loss, results = self.predict_batch(batch)
+        update_metrics(self.test_metrics[dataloader_idx], prediction, batch["labels"])
+        batch_size = len(batch["labels"])
+        prefix = self.test_prefixes[dataloader_idx]
+        self.log(f"{prefix}loss", loss, batch_size=batch_size, add_dataloader_idx=False)
+        if dataloader_idx == 0:
+            self.log_dict({f"test/{k}": v for k, v in diagnostics(results).items()}, batch_size=batch_size, add_dataloader_idx=False)
+
+    def on_test_epoch_end(self):
+        for metrics in self.test_metrics:
+            self.log_dict(metrics.compute(), add_dataloader_idx=False)
+            metrics.reset()
+
+    def configure_optimizers(self):
+        # The usual BERT fine-tuning recipe: AdamW without decay on biases and LayerNorms, linear warm-up
+        # then linear decay to zero over the whole budget.
+        decay, no_decay = [], []
+        for param in self.parameters():
+            (no_decay if param.dim() < 2 else decay).append(param)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=self.lr
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = int(self.warmup_ratio * total)
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / (warmup + 1)
+            return max(0.0, (total - step) / max(1, total - warmup))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        # Transformers diverge easily from scratch without it; the runner's Trainer sets no clipping.
+        self.clip_gradients(optimizer, gradient_clip_val=1.0, gradient_clip_algorithm="norm")

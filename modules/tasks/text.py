@@ -1,0 +1,215 @@
+"""glue-<task> and shift-<source>-<target>: text tasks on a BERT-style encoder whose attention is the variant.
+
+`backbone=scratch` trains a small encoder from random weights (depth, width, heads); `backbone=minilm`
+fine-tunes the pretrained all-MiniLM-L6-v2 with the variant in every layer and its pretrained weights kept.
+Both read text with MiniLM's WordPiece tokenizer.
+
+GLUE reports on the official dev sets (test labels are not public) and selects the epoch on a fixed
+held-out part of train, so the reported numbers are never the ones that chose the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from datamodules import glue, reviews
+from datamodules.text import TextDataModule, TextSplits, holdout, subsample
+
+from ..hosts.text_encoder import load_minilm, minilm_tokenizer, small_bert
+from ..lit.sequence_classification import SequenceClassificationModule, SequenceClassifier
+from .base import Metric, Task, TrainParams, register_task
+
+BACKBONES = ("scratch", "minilm")
+DEFAULT_LR = {"scratch": 5e-4, "minilm": 1e-4}
+"""Used when `lr` is not set (measured on RTE/MRPC here: smaller models want larger steps)."""
+
+
+@dataclass(frozen=True)
+class TextParams(TrainParams):
+    backbone: str = "scratch"
+    depth: int = 2
+    width: int = 128
+    heads: int = 4
+    """depth, width and heads size the from-scratch encoder; the pretrained backbone has its own (6, 384, 12)."""
+    max_length: int = 128
+    batch_size: int = 32
+    lr: float | None = None
+    """None = the backbone's default (DEFAULT_LR)."""
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    dropout: float = 0.1
+    max_train_examples: int | None = None
+    """Train on a fixed random subset of this size (None = all), for budgets that fit a CPU."""
+    val_fraction: float = 0.1
+    max_val_examples: int = 1000
+    mc_samples: int = 1
+    """Predictions averaged at evaluation for stochastic variants (BAM); 1 = one deterministic pass."""
+    max_epochs: int = 10
+    patience: int = 3
+
+    def __post_init__(self):
+        if self.backbone not in BACKBONES:
+            raise ValueError(f"backbone must be one of {BACKBONES}, got {self.backbone!r}")
+        if self.mc_samples < 1:
+            raise ValueError(f"mc_samples must be >= 1, got {self.mc_samples}")
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+
+
+class TextTask(Task):
+    Params = TextParams
+    version = "1"
+    metric_names: tuple[str, ...] = ()
+    num_labels: int = 2
+
+    def params(self, overrides: Mapping[str, Any] | None = None) -> TextParams:
+        params = super().params(overrides)
+        if params.lr is None:
+            params = dataclasses.replace(params, lr=DEFAULT_LR[params.backbone])
+        return params
+
+    def splits(self, params: TextParams, data_root: str | None) -> TextSplits:
+        raise NotImplementedError
+
+    def build(self, params: TextParams, attention, *, data_root, cache_dir):
+        tokenizer = minilm_tokenizer()
+        splits = self.splits(params, data_root)
+        splits.train = subsample(splits.train, params.max_train_examples)
+        datamodule = TextDataModule(splits, tokenizer, max_length=params.max_length, batch_size=params.batch_size, cache_dir=cache_dir)
+        if params.backbone == "minilm":
+            encoder = load_minilm(attention, dropout=params.dropout)
+        else:
+            encoder = small_bert(
+                attention, vocab_size=tokenizer.vocab_size, depth=params.depth, width=params.width, heads=params.heads,
+                max_length=params.max_length, dropout=params.dropout,
+            )
+        model = SequenceClassifier(encoder, self.num_labels, params.dropout)
+        module = SequenceClassificationModule(
+            model,
+            num_labels=self.num_labels,
+            metric_names=self.metric_names,
+            test_names=list(splits.tests),
+            lr=params.lr,
+            weight_decay=params.weight_decay,
+            warmup_ratio=params.warmup_ratio,
+            mc_samples=params.mc_samples,
+        )
+        return datamodule, module
+
+
+@dataclass(frozen=True)
+class GlueParams(TextParams):
+    dataset: str = "rte"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.dataset not in glue.GLUE_TASKS:
+            raise ValueError(f"unknown GLUE task {self.dataset!r}; the tasks are {sorted(glue.GLUE_TASKS)}")
+
+
+# name -> (official metrics, primary first) as short metric names of modules/lit/sequence_classification.py
+GLUE_METRICS = {
+    "cola": ("mcc",),
+    "sst2": ("acc",),
+    "mrpc": ("f1", "acc"),
+    "qqp": ("f1", "acc"),
+    "stsb": ("pearson", "spearman"),
+    "mnli": ("acc",),
+    "qnli": ("acc",),
+    "rte": ("acc",),
+    "wnli": ("acc",),
+}
+CALIBRATION = ("ece", "nll")
+LOWER_IS_BETTER = {"ece", "nll"}
+
+
+def _metrics(names_by_set: list[tuple[str, tuple[str, ...]]]) -> tuple[Metric, ...]:
+    """Metric objects named as the module logs them: test/<m> for the primary set, test/<set>_<m> for others."""
+    return tuple(
+        Metric(f"test/{prefix}{name}", higher_is_better=name not in LOWER_IS_BETTER)
+        for prefix, names in names_by_set
+        for name in names
+    )
+
+
+@register_task("glue-cola", dataset="cola")
+@register_task("glue-sst2", dataset="sst2")
+@register_task("glue-mrpc", dataset="mrpc")
+@register_task("glue-qqp", dataset="qqp")
+@register_task("glue-stsb", dataset="stsb")
+@register_task("glue-mnli", dataset="mnli")
+@register_task("glue-qnli", dataset="qnli")
+@register_task("glue-rte", dataset="rte")
+@register_task("glue-wnli", dataset="wnli")
+class GlueTask(TextTask):
+    """A GLUE task; MNLI reports matched (test/acc) and mismatched (test/mm_acc) dev sets."""
+
+    Params = GlueParams
+
+    def __init__(self, name: str, preset: Mapping[str, Any]):
+        super().__init__(name, preset)
+        self.spec = glue.GLUE_TASKS[preset["dataset"]]
+        official = GLUE_METRICS[self.spec.name]
+        self.metric_names = official if self.spec.is_regression else official + CALIBRATION
+        self.num_labels = self.spec.num_labels
+        sets = [("", self.metric_names)] + [("mm_", self.metric_names)] * (len(self.spec.eval_files) - 1)
+        self.metrics = _metrics(sets)
+        self.monitor = Metric(f"val/{official[0]}")
+
+    def data_problem(self, data_root):
+        return glue.data_problem(self.spec.name, data_root)
+
+    def splits(self, params: GlueParams, data_root) -> TextSplits:
+        train, val = holdout(glue.read_split(self.spec.name, "train", data_root), params.val_fraction, max_size=params.max_val_examples)
+        names = ["dev", "mm"][: len(self.spec.eval_files)]
+        tests = {name: glue.read_split(self.spec.name, split, data_root) for name, split in zip(names, self.spec.eval_files)}
+        return TextSplits(train, val, tests)
+
+
+@dataclass(frozen=True)
+class ShiftParams(TextParams):
+    source: str = "books"
+    target: str = "dvd"
+    max_length: int = 256
+    in_domain_test_size: int = 300
+    """Reviews held out of the source's train.tsv as its in-domain test set (the size of its dev set)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        for domain in (self.source, self.target):
+            if domain not in reviews.DOMAINS:
+                raise ValueError(f"unknown domain {domain!r}; the domains are {reviews.DOMAINS}")
+        if self.source == self.target:
+            raise ValueError("source and target domains must differ")
+
+
+def _register_shift_pairs(cls):
+    for source in reviews.DOMAINS:
+        for target in reviews.DOMAINS:
+            if source != target:
+                cls = register_task(f"shift-{source}-{target}", source=source, target=target)(cls)
+    return cls
+
+
+@_register_shift_pairs
+class DomainShiftTask(TextTask):
+    """Sentiment: train and select on the source domain, test in-domain and on the target domain."""
+
+    Params = ShiftParams
+    metric_names = ("acc",) + CALIBRATION
+    metrics = _metrics([("ood_", ("acc",)), ("", ("acc",)), ("ood_", ("ece",)), ("", ("ece",)), ("ood_", ("nll",)), ("", ("nll",))])
+    monitor = Metric("val/acc")
+
+    def data_problem(self, data_root):
+        return reviews.data_problem(self.preset["source"], self.preset["target"], data_root)
+
+    def splits(self, params: ShiftParams, data_root) -> TextSplits:
+        train = reviews.read_reviews(params.source, "train", data_root)
+        val = reviews.read_reviews(params.source, "dev", data_root)
+        rest, in_domain = holdout(train, params.in_domain_test_size / len(train))
+        # A few reviews occur twice within a domain; a test review seen in training would not test anything.
+        seen = {e.text_a for e in rest} | {e.text_a for e in val}
+        in_domain = [e for e in in_domain if e.text_a not in seen]
+        return TextSplits(rest, val, {"in": in_domain, "ood": reviews.read_reviews(params.target, "test-labeled", data_root)})
