@@ -71,3 +71,21 @@ class EpochTimer(Callback):
     @property
     def mean_epoch_s(self) -> float | None:
         return self.total_s / self.epochs if self.epochs else None
+
+
+class EpochLog(Callback):
+    """One line per epoch for `attnbench run`, so that a long run (a pretrained backbone on CPU) shows progress."""
+
+    def __init__(self, monitor: str):
+        self.monitor = monitor
+        self._start = 0.0
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._start = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        shown = f"{float(value):.4f}" if value is not None else "?"
+        print(f"  epoch {trainer.current_epoch}: {self.monitor}={shown} ({time.perf_counter() - self._start:.1f} s)", flush=True)

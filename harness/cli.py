@@ -120,7 +120,7 @@ def cmd_run(args) -> int:
         quiet_lightning()
         configure_worker_threads(1)
         print(f"attnbench: running {args.task} x {spec.variant} seed={args.seed} (key {spec.key})", flush=True)
-        record = execute(spec, data_root=args.data_root, cache_dir=args.cache_dir)
+        record = execute(spec, data_root=args.data_root, cache_dir=args.cache_dir, verbose=True)
         store.write(record)
     summary = {k: record.get(k) for k in ("key", "status", "error", "metrics", "epochs", "best_epoch", "time_per_epoch_s", "wall_time_s", "peak_memory_mb")}
     print(json.dumps(summary, indent=1, default=str))

@@ -120,7 +120,7 @@ def render_markdown(suite, the_plan, records) -> str:
                 str(row["failed"]),
                 str(row["missing"]),
                 f"{row['epochs']:.0f}" if row["epochs"] else "—",
-                f"{row['time_per_epoch_s'] * 1000:.1f} ms" if row["time_per_epoch_s"] else "—",
+                _duration(row["time_per_epoch_s"]),
                 f"{row['peak_memory_mb']:.0f} MB" if row["peak_memory_mb"] else "—",
                 f"{row['parameters']:,}" if row["parameters"] else "—",
             ]
@@ -132,6 +132,12 @@ def render_markdown(suite, the_plan, records) -> str:
                 out.write(f"- `{variant}`: {error}\n")
         out.write("\n")
     return out.getvalue()
+
+
+def _duration(seconds: float | None) -> str:
+    if not seconds:
+        return "—"
+    return f"{seconds * 1000:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
 def is_fraction_metric(metric: str) -> bool:

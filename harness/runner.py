@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import math
 import os
@@ -76,6 +77,8 @@ def versions() -> dict[str, str]:
         "lightning": lightning.__version__,
         "torch_geometric": torch_geometric.__version__,
         "torchmetrics": torchmetrics.__version__,
+        # From the installed metadata: importing transformers costs seconds that graph runs do not need.
+        "transformers": importlib.metadata.version("transformers"),
     }
 
 
@@ -119,13 +122,14 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | None = None, commit: str | None = None) -> dict[str, Any]:
+def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | None = None, commit: str | None = None,
+            verbose: bool = False) -> dict[str, Any]:
     """Run one spec and return its record. Never raises for a failing run: failures are data."""
     import lightning as L
 
     from modules.tasks import get_task
 
-    from .callbacks import EpochTimer, RestoreBestWeights, early_stopping
+    from .callbacks import EpochLog, EpochTimer, RestoreBestWeights, early_stopping
 
     quiet_lightning()
     started = datetime.now(timezone.utc)
@@ -159,7 +163,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
             enable_progress_bar=False,
             enable_model_summary=False,
             num_sanity_val_steps=0,
-            callbacks=[early_stopping(task.monitor, params.patience), best, timer],
+            callbacks=[early_stopping(task.monitor, params.patience), best, timer, *([EpochLog(task.monitor.name)] if verbose else [])],
         )
         trainer.fit(module, datamodule=datamodule)
         tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]

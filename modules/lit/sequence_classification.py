@@ -56,8 +56,8 @@ def task_metrics(names: Sequence[str], num_labels: int) -> MetricCollection:
 
 
 def update_metrics(metrics: MetricCollection, prediction: Tensor, labels: Tensor) -> None:
-    for name, metric in metrics.items():
-        if name == "f1":
+    for metric in metrics.values():
+        if isinstance(metric, BinaryF1Score):
             metric.update(prediction[:, 1], labels)
         else:
             metric.update(prediction, labels)
@@ -72,8 +72,8 @@ class SequenceClassifier(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(encoder.config.hidden_size, num_labels)
 
-    def forward(self, batch: dict[str, Tensor]):
-        hidden, results = encode(self.encoder, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    def forward(self, batch: dict[str, Tensor], *, need_weights: bool = False):
+        hidden, results = encode(self.encoder, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], need_weights=need_weights)
         return self.head(self.dropout(mean_pool(hidden, batch["attention_mask"]))), results
 
     def kernels(self):
@@ -132,10 +132,11 @@ class SequenceClassificationModule(L.LightningModule):
             for kernel in kernels:
                 kernel.eval()
 
-    def predict_batch(self, batch) -> tuple[Tensor, Tensor, list]:
+    def predict_batch(self, batch, *, need_weights: bool = False) -> tuple[Tensor, Tensor, list]:
         """(prediction, loss, attention results): class probabilities [B, C], averaged over `mc_samples`
-        sampled forward passes for stochastic variants, or the regression output [B]."""
-        output, results = self.model(batch)
+        sampled forward passes for stochastic variants, or the regression output [B]. `need_weights` makes
+        fused kernels form the weights, for their diagnostics."""
+        output, results = self.model(batch, need_weights=need_weights)
         if self.regression:
             prediction = output.squeeze(-1)
             return prediction, F.mse_loss(prediction, batch["labels"]), results
@@ -157,7 +158,7 @@ class SequenceClassificationModule(L.LightningModule):
         self.val_metrics.reset()
 
     def test_step(self, batch, batch_idx, dataloader_idx: int = 0):
-        prediction, loss, results = self.predict_batch(batch)
+        prediction, loss, results = self.predict_batch(batch, need_weights=dataloader_idx == 0)
         update_metrics(self.test_metrics[dataloader_idx], prediction, batch["labels"])
         batch_size = len(batch["labels"])
         prefix = self.test_prefixes[dataloader_idx]
