@@ -13,7 +13,7 @@ endif
 export ATTNBENCH_DATA
 
 .DEFAULT_GOAL := help
-.PHONY: help install bench paper-gat perf leaderboard test test-slow clean
+.PHONY: help install bench paper-gat perf probe leaderboard test test-slow clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -35,6 +35,9 @@ paper-gat: install ## the GAT paper's setup, 10 seeds (slow: hours on a 2-core C
 
 perf: install ## forward+backward time of every variant relative to softmax, dense and on Cora
 	$(BIN)/attnbench perf
+
+probe: install ## the Fenchel probe on pretrained MiniLM: writes leaderboards/probes/fenchel-minilm.*
+	$(BIN)/attnbench probe fenchel
 
 leaderboard: install ## regenerate leaderboards/SUITE.* from the run records
 	$(BIN)/attnbench leaderboard --suite $(SUITE)

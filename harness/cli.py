@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
     _common(p)
 
+    p = sub.add_parser("probe", help="probe a pretrained model's attention (fenchel: Fig. 4 of the Fenchel-duality paper on all-MiniLM-L6-v2)")
+    p.add_argument("which", choices=["fenchel"])
+    p.add_argument("--dataset", choices=["sst2", "rte"], default="sst2", help="GLUE dev set whose first examples are probed (default: sst2; rte pairs are ~3x longer and take ~8x the time)")
+    p.add_argument("--sentences", type=int, default=64, help="how many dev examples (default: 64)")
+    p.add_argument("--max-length", type=int, default=128, help="tokens per example, after truncation (default: 128)")
+    p.add_argument("--out", default="leaderboards/probes", help="folder for fenchel-minilm.{md,csv,png}")
+    p.add_argument("--data-root", default=None, help="local data folder holding glue/ (default: $ATTNBENCH_DATA)")
+
     p = sub.add_parser("leaderboard", help="regenerate a suite's leaderboard from its records")
     p.add_argument("--suite", default="quick")
     p.add_argument("--out", default="leaderboards")
@@ -165,6 +173,14 @@ def cmd_perf(args) -> int:
     return 0
 
 
+def cmd_probe(args) -> int:
+    from .probe import run_fenchel_probe
+
+    run_fenchel_probe(dataset=args.dataset, sentences=args.sentences, max_length=args.max_length, out_dir=args.out,
+                      data_root=args.data_root)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from datamodules.paths import MissingDataError
     from modules.registry import DuplicateNameError, PluginError, UnknownNameError, load_plugin_file
@@ -179,7 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.data_root = os.path.abspath(args.data_root)
         elif hasattr(args, "data_root"):
             args.data_root = os.environ.get("ATTNBENCH_DATA") or None
-        handler = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "perf": cmd_perf}[args.command]
+        handler = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "perf": cmd_perf,
+                   "probe": cmd_probe}[args.command]
         return handler(args)
     except (UnknownNameError, DuplicateNameError, PluginError, SuiteError, MissingDataError, ValueError) as exc:
         print(f"attnbench: error: {exc}", file=sys.stderr)

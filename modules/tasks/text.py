@@ -23,7 +23,9 @@ from .base import Metric, Task, TrainParams, register_task
 
 BACKBONES = ("scratch", "minilm")
 DEFAULT_LR = {"scratch": 5e-4, "minilm": 1e-4}
-"""Used when `lr` is not set (measured on RTE/MRPC here: smaller models want larger steps)."""
+DEFAULT_EPOCHS = {"scratch": 10, "minilm": 3}
+"""Used when `lr` / `max_epochs` are not set: from-scratch encoders need larger steps and more epochs;
+three epochs is the usual BERT fine-tuning budget."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,8 @@ class TextParams(TrainParams):
     max_val_examples: int = 1000
     mc_samples: int = 1
     """Predictions averaged at evaluation for stochastic variants (BAM); 1 = one deterministic pass."""
-    max_epochs: int = 10
+    max_epochs: int | None = None
+    """None = the backbone's default (DEFAULT_EPOCHS)."""
     patience: int = 3
 
     def __post_init__(self):
@@ -66,9 +69,8 @@ class TextTask(Task):
 
     def params(self, overrides: Mapping[str, Any] | None = None) -> TextParams:
         params = super().params(overrides)
-        if params.lr is None:
-            params = dataclasses.replace(params, lr=DEFAULT_LR[params.backbone])
-        return params
+        defaults = {"lr": DEFAULT_LR[params.backbone], "max_epochs": DEFAULT_EPOCHS[params.backbone]}
+        return dataclasses.replace(params, **{k: v for k, v in defaults.items() if getattr(params, k) is None})
 
     def splits(self, params: TextParams, data_root: str | None) -> TextSplits:
         raise NotImplementedError
