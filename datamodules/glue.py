@@ -133,10 +133,16 @@ def read_split(name: str, split: str, explicit_root: str | os.PathLike | None = 
     task = GLUE_TASKS[name]
     root = data_root(explicit_root)
     if root is None:
+        problem = data_problem(name, None)
+        if problem:
+            raise MissingDataError(problem)
         return _read_hub(task, split)
     path = glue_dir(root, task) / f"{split}.tsv"
     if not path.is_file():
-        raise MissingDataError(data_problem(name, explicit_root) or f"{path} is missing")
+        raise MissingDataError(
+            f"{path} is missing; put the official GLUE {task.folder} TSVs in {path.parent} "
+            f"or point --data-root / ATTNBENCH_DATA at a folder holding glue/{task.folder}/{split}.tsv"
+        )
     return read_tsv(path, task)
 
 

