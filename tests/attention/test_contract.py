@@ -69,6 +69,17 @@ def test_dense_and_segment_forms_agree(name):
 
 
 @pytest.mark.parametrize("name", VARIANTS)
+def test_fused_fast_path_gives_the_same_output(name):
+    """need_weights=False (what transformer hosts pass) may take a fused path, never other math."""
+    p = make_problem()
+    kernel = kernel_for(name).eval()
+    with_weights, _ = kernel(p.q, p.k, p.v, p.dense, scale=SCALE, need_weights=True)
+    fused, _ = kernel(p.q, p.k, p.v, p.dense, scale=SCALE, need_weights=False)
+    valid = p.key_valid[:, None, :, None].expand_as(fused)  # padded query rows are free to differ
+    torch.testing.assert_close(fused[valid], with_weights[valid], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
 def test_aux_losses_finite_scalars_and_diagnostics_detached(name):
     p = make_problem()
     kernel = kernel_for(name)

@@ -255,7 +255,15 @@ class FenchelExactAttention(FenchelAttention):
     """Fenchel-dual attention, eq. 13-16: weights from λ* of the dual, solved by differentiable steps."""
 
     Config = FenchelExactConfig
+    version: ClassVar[str] = "2"
     softmax_limit: ClassVar[dict[str, Any]] = {"prior": "uniform", "alpha": 1.0, "learn_alpha": False, "steps": 0}
+
+    def forward(self, q, k, v, groups, *, scale=None, dropout_p=0.0, need_weights=True):
+        # Version 2: the fused first-order path of `fenchel` is exact only at steps=0; version 1 took it on
+        # dense groups whenever weights were not requested, so it trained as plain `fenchel` there.
+        if self.config.steps == 0:
+            return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
+        return AttentionKernel.forward(self, q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
 
     def templates(self, k: Tensor) -> Tensor:
         """t = k·d^(-1/4): with z = q·d^(-1/4), <t, z> is the standard scaled dot product."""
