@@ -78,6 +78,8 @@ def _fmt(values: list[float], percent: bool) -> str:
     mean, std = _mean_std(values)
     scale = 100.0 if percent else 1.0
     digits = 1 if percent else 4
+    if len(values) == 1:
+        return f"{mean * scale:.{digits}f}"  # one seed has no spread to show
     return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
 
 
