@@ -19,6 +19,11 @@ def _parse_sets(pairs: Sequence[str]) -> tuple[dict, dict]:
             raise ValueError(f"--set {pair!r}: write key=value, e.g. --set max_epochs=200 or --set attention.alpha=0.5")
         key, raw = pair.split("=", 1)
         value = yaml.safe_load(raw)
+        if isinstance(value, str):
+            try:
+                value = float(value)  # YAML 1.1 reads exponents without a dot (5e-5) as strings
+            except ValueError:
+                pass
         if key.startswith("attention."):
             attention[key.removeprefix("attention.")] = value
         else:
