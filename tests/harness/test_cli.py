@@ -36,7 +36,9 @@ def test_missing_data_names_the_file_and_the_fix(shared_data, capsys, tmp_path):
 def test_run_records_and_reuses_a_finished_run(shared_data, capsys, tmp_path):
     argv = ["run", "cora", "softmax", "--seed", "1", "--set", "max_epochs=3", "--data-root", str(shared_data), "--runs-dir", str(tmp_path)]
     assert main(argv) == 0
-    first = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    out = capsys.readouterr().out
+    assert out.count("  epoch ") == 3  # one progress line per epoch, then the record summary
+    first = json.loads(out[out.index("\n{") :])
     assert first["status"] == "ok" and first["epochs"] == 3
     assert main(argv) == 0
     assert "already finished" in capsys.readouterr().out
