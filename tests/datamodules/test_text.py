@@ -1,7 +1,5 @@
 """GLUE and Amazon-review readers on the real local files, their error messages, and the token cache."""
 
-import shutil
-
 import pytest
 import torch
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.optimize import minimize
-from scipy.special import logsumexp, softmax
+from scipy.special import logsumexp
 
 from harness.cli import main
 from harness.probe import head_mapping, relative_deviation, solve_dual
