@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -90,10 +91,16 @@ class TokenizedSet(Dataset):
         return {"ids": self.ids, "types": self.types, "offsets": self.offsets, "labels": self.labels}
 
 
+@lru_cache(maxsize=4)
+def _vocabulary_digest(tokenizer) -> bytes:
+    # Once per tokenizer: every split of a run is keyed by the same 30k-token vocabulary.
+    return hashlib.sha256("\n".join(sorted(tokenizer.get_vocab())).encode()).digest()
+
+
 def _fingerprint(examples: Sequence[Example], tokenizer, max_length: int) -> str:
     digest = hashlib.sha256()
     digest.update(f"{type(tokenizer).__name__}|{tokenizer.vocab_size}|{max_length}|".encode())
-    digest.update(hashlib.sha256("\n".join(sorted(tokenizer.get_vocab())).encode()).digest())
+    digest.update(_vocabulary_digest(tokenizer))
     for e in examples:
         digest.update(f"{e.text_a}\x00{e.text_b}\x00{e.label}\x01".encode())
     return digest.hexdigest()[:24]

@@ -69,16 +69,12 @@ def self_attention_modules(bert: nn.Module) -> list[nn.Module]:
     return [layer.attention.self for layer in bert.encoder.layer]
 
 
-def install_attention(bert: nn.Module, attention: str | Mapping[str, Any]) -> list[AttentionKernel]:
+def install_attention(bert: nn.Module, attention: str | Mapping[str, Any]) -> None:
     """Give every self-attention layer of `bert` a fresh kernel of the variant and route attention to it."""
     register_with_transformers()
-    kernels = []
     for attn in self_attention_modules(bert):
-        kernel = build_attention(attention, num_heads=attn.num_attention_heads, head_dim=attn.attention_head_size)
-        attn.attnbench_kernel = kernel
-        kernels.append(kernel)
+        attn.attnbench_kernel = build_attention(attention, num_heads=attn.num_attention_heads, head_dim=attn.attention_head_size)
     bert.set_attn_implementation(IMPLEMENTATION)
-    return kernels
 
 
 def load_minilm(attention: str | Mapping[str, Any] | None = None, *, dropout: float | None = None) -> nn.Module:
