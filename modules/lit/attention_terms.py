@@ -5,7 +5,8 @@ Shared by every LightningModule so that each task adds sum_k w_k(step) * aux_k t
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -46,3 +47,24 @@ def diagnostics(results: Sequence[AttentionResult]) -> dict[str, Tensor]:
 def check_finite(loss: Tensor, epoch: int) -> None:
     if not torch.isfinite(loss):
         raise DivergedError(f"training loss became {loss.item()} at epoch {epoch}; the run diverged")
+
+
+@contextmanager
+def sampling_kernels(kernels: Sequence[AttentionKernel]) -> Iterator[None]:
+    """Put only the attention kernels in training mode, so stochastic variants sample their weights
+    while dropout stays off: one Monte-Carlo draw of the model's predictive distribution."""
+    for kernel in kernels:
+        kernel.train()
+    try:
+        yield
+    finally:
+        for kernel in kernels:
+            kernel.eval()
+
+
+def trace_aux_loss(trace, step: int) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """weighted_aux_loss over a host's trace of (kernel, result) pairs (modules/hosts/attention_layers.py)."""
+    if not trace:
+        return None, {}
+    kernels, results = zip(*trace)
+    return weighted_aux_loss(results, kernels, step)

@@ -7,7 +7,6 @@ evaluation, each drawn with the attention kernels, and nothing else, in sampling
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Sequence
 
 import lightning as L
@@ -24,7 +23,7 @@ from torchmetrics.classification import (
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
 from ..hosts.text_encoder import encode, kernels_of, mean_pool
-from .attention_terms import check_finite, diagnostics, weighted_aux_loss
+from .attention_terms import check_finite, diagnostics, sampling_kernels, weighted_aux_loss
 
 ECE_BINS = 15
 """Bins of the expected calibration error (Guo et al. 2017 use 15)."""
@@ -63,18 +62,29 @@ def update_metrics(metrics: MetricCollection, prediction: Tensor, labels: Tensor
             metric.update(prediction, labels)
 
 
-class SequenceClassifier(nn.Module):
-    """Encoder -> mean over real tokens -> dropout -> linear head (one output for regression)."""
+POOLINGS = ("mean", "cls")
 
-    def __init__(self, encoder: nn.Module, num_labels: int, dropout: float):
+
+class SequenceClassifier(nn.Module):
+    """Encoder -> pooled sentence vector -> dropout -> linear head (one output for regression).
+
+    `mean` averages real tokens (how all-MiniLM-L6-v2 was trained); `cls` takes the first token's
+    state, BERT's usual cross-encoder head for sentence pairs.
+    """
+
+    def __init__(self, encoder: nn.Module, num_labels: int, dropout: float, pooling: str = "mean"):
         super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         self.encoder = encoder
+        self.pooling = pooling
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(encoder.config.hidden_size, num_labels)
 
     def forward(self, batch: dict[str, Tensor], *, need_weights: bool = False):
         hidden, results = encode(self.encoder, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], need_weights=need_weights)
-        return self.head(self.dropout(mean_pool(hidden, batch["attention_mask"]))), results
+        pooled = hidden[:, 0] if self.pooling == "cls" else mean_pool(hidden, batch["attention_mask"])
+        return self.head(self.dropout(pooled)), results
 
     def kernels(self):
         return kernels_of(self.encoder)
@@ -121,17 +131,6 @@ class SequenceClassificationModule(L.LightningModule):
         self.log_dict({**aux_logs, **diagnostics(results)}, batch_size=batch_size)
         return loss
 
-    @contextmanager
-    def _sampling_kernels(self):
-        kernels = self.model.kernels()
-        for kernel in kernels:
-            kernel.train()
-        try:
-            yield
-        finally:
-            for kernel in kernels:
-                kernel.eval()
-
     def predict_batch(self, batch, *, need_weights: bool = False) -> tuple[Tensor, Tensor, list]:
         """(prediction, loss, attention results): class probabilities [B, C], averaged over `mc_samples`
         sampled forward passes for stochastic variants, or the regression output [B]. `need_weights` makes
@@ -142,7 +141,7 @@ class SequenceClassificationModule(L.LightningModule):
             return prediction, F.mse_loss(prediction, batch["labels"]), results
         probs = output.softmax(-1)
         if self.mc_samples > 1:
-            with self._sampling_kernels():
+            with sampling_kernels(self.model.kernels()):
                 for _ in range(self.mc_samples - 1):
                     probs = probs + self.model(batch)[0].softmax(-1)
             probs = probs / self.mc_samples
