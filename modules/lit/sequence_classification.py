@@ -62,29 +62,22 @@ def update_metrics(metrics: MetricCollection, prediction: Tensor, labels: Tensor
             metric.update(prediction, labels)
 
 
-POOLINGS = ("mean", "cls")
-
-
 class SequenceClassifier(nn.Module):
-    """Encoder -> pooled sentence vector -> dropout -> linear head (one output for regression).
+    """Encoder -> mean over real tokens -> dropout -> linear head (one output for regression).
 
-    `mean` averages real tokens (how all-MiniLM-L6-v2 was trained); `cls` takes the first token's
-    state, BERT's usual cross-encoder head for sentence pairs.
+    Mean pooling is how all-MiniLM-L6-v2 was trained; [CLS] pooling scored the same on RTE (58.8% dev
+    both, 256 tokens, seed 0), so there is one pooling and no knob.
     """
 
-    def __init__(self, encoder: nn.Module, num_labels: int, dropout: float, pooling: str = "mean"):
+    def __init__(self, encoder: nn.Module, num_labels: int, dropout: float):
         super().__init__()
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         self.encoder = encoder
-        self.pooling = pooling
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(encoder.config.hidden_size, num_labels)
 
     def forward(self, batch: dict[str, Tensor], *, need_weights: bool = False):
         hidden, results = encode(self.encoder, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], need_weights=need_weights)
-        pooled = hidden[:, 0] if self.pooling == "cls" else mean_pool(hidden, batch["attention_mask"])
-        return self.head(self.dropout(pooled)), results
+        return self.head(self.dropout(mean_pool(hidden, batch["attention_mask"]))), results
 
     def kernels(self):
         return kernels_of(self.encoder)

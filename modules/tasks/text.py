@@ -43,8 +43,6 @@ class TextParams(TrainParams):
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
     dropout: float = 0.1
-    pooling: str = "mean"
-    """How the encoder's states become one vector for the head: mean over real tokens, or the [CLS] state."""
     max_train_examples: int | None = None
     """Train on a fixed random subset of this size (None = all), for budgets that fit a CPU."""
     val_fraction: float = 0.1
@@ -90,7 +88,7 @@ class TextTask(Task):
                 attention, vocab_size=tokenizer.vocab_size, depth=params.depth, width=params.width, heads=params.heads,
                 max_length=params.max_length, dropout=params.dropout,
             )
-        model = SequenceClassifier(encoder, self.num_labels, params.dropout, pooling=params.pooling)
+        model = SequenceClassifier(encoder, self.num_labels, params.dropout)
         module = SequenceClassificationModule(
             model,
             num_labels=self.num_labels,
