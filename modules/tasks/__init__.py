@@ -3,6 +3,6 @@ entry-point group `attnbench.tasks` or --plugin FILE.py."""
 
 from .base import TASKS, Metric, Task, TrainParams, get_task, list_tasks, register_task
 
-from . import planetoid, text  # noqa: F401,E402
+from . import captioning, planetoid, text, vqa  # noqa: F401,E402
 
 __all__ = ["TASKS", "Metric", "Task", "TrainParams", "get_task", "list_tasks", "register_task"]

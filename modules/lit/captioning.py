@@ -1,0 +1,111 @@
+"""Captioning with teacher forcing; model selection on greedy CIDEr-D, test scores from beam search.
+
+Validation decodes greedily (cheap, and what selects the epoch); test decodes with beam search
+(`beam_size`, 1 = greedy). The teacher-forced loss on every reference caption is logged on both, and the
+test pass over the references also gives the attention diagnostics (entropy, support) of every layer.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from datamodules.vocab import Vocabulary
+
+from ..hosts.captioner import Captioner
+from .attention_terms import check_finite, diagnostics, trace_aux_loss
+from .caption_metrics import CaptionScores, java_available
+
+VAL_SCORERS = ("cider", "bleu4")
+TEST_SCORERS = ("cider", "bleu4", "rouge_l", "meteor")
+
+
+class CaptioningModule(L.LightningModule):
+    def __init__(self, model: Captioner, vocab: Vocabulary, *, lr: float, weight_decay: float, warmup_ratio: float,
+                 label_smoothing: float, beam_size: int, max_decode_words: int, length_penalty: float = 0.0,
+                 meteor: bool = True):
+        super().__init__()
+        self.model, self.vocab = model, vocab
+        self.lr, self.weight_decay, self.warmup_ratio = lr, weight_decay, warmup_ratio
+        self.label_smoothing = label_smoothing
+        self.beam_size, self.length_penalty = beam_size, length_penalty
+        self.max_decode_len = max_decode_words + 1  # the words and their <eos>
+        self.val_scores = CaptionScores(VAL_SCORERS)
+        # METEOR starts a JVM that loads 2 GB of paraphrase tables (about 10 s): only when asked for.
+        self.test_scores = CaptionScores(TEST_SCORERS if meteor and java_available() else TEST_SCORERS[:-1])
+
+    def _caption_loss(self, logits: Tensor, captions: Tensor, *, smoothing: float) -> Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), captions[:, 1:].flatten(), ignore_index=self.vocab.pad_id, label_smoothing=smoothing)
+
+    def training_step(self, batch, batch_idx):
+        trace = []
+        captions = batch["captions"]
+        logits = self.model(batch["features"], captions[:, :-1], trace)
+        loss = self._caption_loss(logits, captions, smoothing=self.label_smoothing)
+        aux, aux_logs = trace_aux_loss(trace, self.global_step)
+        if aux is not None:
+            loss = loss + aux
+        check_finite(loss, self.current_epoch)
+        self.log("train/loss", loss, batch_size=len(captions))
+        self.log_dict(aux_logs, batch_size=len(captions))
+        return loss
+
+    def _reference_loss(self, batch, trace=None, *, need_weights: bool = False) -> Tensor:
+        """Teacher-forced cross-entropy (no smoothing) of every reference caption of the batch's images."""
+        features = batch["features"][batch["caption_owner"]]
+        captions = batch["captions"]
+        logits = self.model(features, captions[:, :-1], trace, need_weights=need_weights)
+        return self._caption_loss(logits, captions, smoothing=0.0)
+
+    def _decode(self, features: Tensor, beam_size: int) -> list[str]:
+        if beam_size == 1:
+            tokens = self.model.greedy(features, self.max_decode_len)
+        else:
+            tokens = self.model.beam_search(features, beam_size, self.max_decode_len, self.length_penalty)[0][:, 0]
+        return [self.vocab.decode(row) for row in tokens]
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", self._reference_loss(batch), batch_size=len(batch["captions"]))
+        self.val_scores.update(batch["image_ids"], self._decode(batch["features"], 1), batch["references"])
+
+    def on_validation_epoch_end(self):
+        self.log_dict({f"val/{k}": v.float() for k, v in self.val_scores.compute().items()})
+        self.val_scores.reset()
+
+    def test_step(self, batch, batch_idx):
+        trace = []
+        loss = self._reference_loss(batch, trace, need_weights=True)
+        size = len(batch["captions"])
+        self.log("test/loss", loss, batch_size=size)
+        self.log_dict({f"test/{k}": v for k, v in diagnostics([result for _, result in trace]).items()}, batch_size=size)
+        self.test_scores.update(batch["image_ids"], self._decode(batch["features"], self.beam_size), batch["references"])
+
+    def on_test_epoch_end(self):
+        self.log_dict({f"test/{k}": v.float() for k, v in self.test_scores.compute().items()})
+        self.test_scores.reset()
+
+    def configure_optimizers(self):
+        # The recipe of sequence_classification: AdamW without decay on biases and LayerNorms, linear
+        # warm-up then linear decay to zero over the whole budget.
+        decay, no_decay = [], []
+        for param in self.parameters():
+            (no_decay if param.dim() < 2 else decay).append(param)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=self.lr
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = int(self.warmup_ratio * total)
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / (warmup + 1)
+            return max(0.0, (total - step) / max(1, total - warmup))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        # Transformers trained from scratch diverge easily without it; the runner's Trainer sets no clipping.
+        self.clip_gradients(optimizer, gradient_clip_val=1.0, gradient_clip_algorithm="norm")

@@ -1,0 +1,106 @@
+"""coco-captions: caption images from frozen timm grid features with a transformer decoder whose every
+attention (decoder self- and cross-attention, optional grid encoder) is the variant.
+
+Reports CIDEr-D (primary), BLEU-4 and ROUGE-L of beam-search captions on the test images, after selecting
+the epoch on greedy CIDEr-D on the validation images. METEOR is logged as `test/meteor` where Java runs,
+but not declared: a leaderboard must not depend on which machines had Java.
+
+The defaults are sized for the 239-image subset shipped offline (a smoke test: about 1-2 minutes on one CPU
+thread); on the full Karpathy split, raise width, depth and epochs and use `image_weights=pretrained`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from datamodules import coco
+
+from ..hosts.captioner import Captioner
+from ..hosts.image_features import WEIGHTS, ImageEncoderSpec
+from ..lit.captioning import CaptioningModule
+from .base import Metric, Task, TrainParams, register_task
+
+
+@dataclass(frozen=True)
+class CaptionParams(TrainParams):
+    backbone: str = "resnet18"
+    """timm model giving the frozen image grid (resnet18 at 224 px: 7x7 cells of 512 channels)."""
+    image_weights: str = "random"
+    """"random" (fixed seed, offline) or "pretrained" (timm's ImageNet weights; needs them downloaded)."""
+    image_size: int = 224
+    width: int = 128
+    heads: int = 4
+    depth: int = 2
+    """Decoder layers."""
+    encoder_depth: int = 0
+    """Self-attention layers over the image grid before the decoder (0 = the projected features directly)."""
+    dropout: float = 0.1
+    max_caption_words: int = 16
+    """Training captions are cut to this many words (Karpathy's preprocessing), and decoding stops after it."""
+    min_word_count: int = 2
+    """Training-caption words seen fewer times become <unk> (5 on the full COCO training set is usual)."""
+    max_vocab_size: int | None = None
+    batch_size: int = 32
+    lr: float = 5e-4
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    label_smoothing: float = 0.1
+    beam_size: int = 3
+    """Beam width of the test captions; 1 = greedy."""
+    length_penalty: float = 0.0
+    """Beam scores are log p / length**length_penalty (0 = plain log-probability)."""
+    meteor: bool = True
+    """Also log test/meteor when Java is available (its JVM start adds about 10 s to the test)."""
+    karpathy_split: str | None = None
+    """Path of Karpathy's dataset_coco.json (relative paths are tried under the data root first); None = a
+    fixed random split of the images (SPLIT_SEED in datamodules/coco.py) with the two fractions below."""
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    max_epochs: int = 15
+    patience: int = 5
+
+    def __post_init__(self):
+        if self.image_weights not in WEIGHTS:
+            raise ValueError(f"image_weights must be one of {WEIGHTS}, got {self.image_weights!r}")
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if self.max_caption_words < 1 or self.min_word_count < 1:
+            raise ValueError("max_caption_words and min_word_count must be >= 1")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+@register_task("coco-captions")
+class CocoCaptionsTask(Task):
+    Params = CaptionParams
+    version = "1"
+    metrics = (Metric("test/cider"), Metric("test/bleu4"), Metric("test/rouge_l"))
+    monitor = Metric("val/cider")
+
+    def data_problem(self, data_root):
+        return coco.data_problem(data_root)
+
+    def splits(self, params: CaptionParams, data_root) -> coco.CaptionSplits:
+        items = coco.read_captions(data_root)
+        if params.karpathy_split:
+            return coco.karpathy_split(items, params.karpathy_split, data_root)
+        return coco.random_split(items, params.val_fraction, params.test_fraction)
+
+    def build(self, params: CaptionParams, attention, *, data_root, cache_dir):
+        splits = self.splits(params, data_root)
+        vocab = coco.build_vocabulary(splits.train, min_count=params.min_word_count, max_size=params.max_vocab_size)
+        image_spec = ImageEncoderSpec(params.backbone, params.image_weights, params.image_size)
+        datamodule = coco.CocoCaptionDataModule(
+            splits, vocab, image_spec, max_words=params.max_caption_words, batch_size=params.batch_size, cache_dir=cache_dir
+        )
+        _, feature_dim = datamodule.feature_shape()
+        model = Captioner(
+            len(vocab), feature_dim, attention, pad_id=vocab.pad_id, bos_id=vocab.bos_id, eos_id=vocab.eos_id,
+            width=params.width, heads=params.heads, depth=params.depth, encoder_depth=params.encoder_depth, dropout=params.dropout,
+        )
+        module = CaptioningModule(
+            model, vocab, lr=params.lr, weight_decay=params.weight_decay, warmup_ratio=params.warmup_ratio,
+            label_smoothing=params.label_smoothing, beam_size=params.beam_size, max_decode_words=params.max_caption_words,
+            length_penalty=params.length_penalty, meteor=params.meteor,
+        )
+        return datamodule, module
