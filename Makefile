@@ -5,6 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUITE ?= quick
 WORKERS ?=
+TASK ?=
+VARIANT ?=
+TRIALS ?= 20
 # Local data: ../shared/data when it is there (offline machines), else $ATTNBENCH_DATA, else download.
 SHARED_DATA := $(abspath ../shared/data)
 ifeq ($(origin ATTNBENCH_DATA), undefined)
@@ -13,7 +16,7 @@ endif
 export ATTNBENCH_DATA
 
 .DEFAULT_GOAL := help
-.PHONY: help install bench paper-gat perf probe leaderboard test test-slow clean
+.PHONY: help install bench paper-gat perf probe tune leaderboard test test-slow clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -38,6 +41,9 @@ perf: install ## forward+backward time of every variant relative to softmax, den
 
 probe: install ## the Fenchel probe on pretrained MiniLM: writes leaderboards/probes/fenchel-minilm.*
 	$(BIN)/attnbench probe fenchel
+
+tune: install ## Optuna-tune VARIANT on TASK (TRIALS=20), or every pair of SUITE when TASK is unset
+	$(BIN)/attnbench tune $(if $(TASK),$(TASK) $(VARIANT),--suite $(SUITE)) --trials $(TRIALS)
 
 leaderboard: install ## regenerate leaderboards/SUITE.* from the run records
 	$(BIN)/attnbench leaderboard --suite $(SUITE)

@@ -63,9 +63,12 @@ def run_suite(
     retry_failed: bool = False,
     variant_filter: str | None = None,
     leaderboard_dir: str | Path | None = "leaderboards",
+    tuned_params_dir: str | Path | None = None,
 ) -> dict[str, int]:
     suite = load_suite(suite_name)
-    the_plan = plan(suite, data_root, variant_filter)
+    the_plan = plan(suite, data_root, variant_filter, tuned_dir=tuned_params_dir)
+    for pair in the_plan.untuned:
+        log(f"attnbench: {pair} has no tuned parameters in {tuned_params_dir} (run `attnbench tune`); only its default row runs")
     for task in suite.tasks:
         if task.name in the_plan.skipped_tasks:
             log(f"attnbench: skipping optional task {task.name}: {the_plan.skipped_tasks[task.name]}")
@@ -96,6 +99,6 @@ def run_suite(
     if leaderboard_dir is not None:
         from .leaderboard import write_leaderboard
 
-        paths = write_leaderboard(suite_name, runs=runs, out_dir=leaderboard_dir, data_root=data_root)
+        paths = write_leaderboard(suite_name, runs=runs, out_dir=leaderboard_dir, data_root=data_root, tuned_params_dir=tuned_params_dir)
         log("attnbench: leaderboard written to " + ", ".join(str(p) for p in paths))
     return {"planned": len(the_plan.specs), "ran": progress.done, "failed": progress.failed}

@@ -62,6 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-failed", action="store_true", help="run failed runs again instead of keeping their records")
     p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching these comma-separated globs, e.g. 'softmax,bam-*'")
     p.add_argument("--leaderboard-dir", default="leaderboards")
+    p.add_argument("--params", choices=["default", "tuned"], default="default",
+                   help="tuned: also run each variant with its tuned parameters (from --params-dir), as its own row")
+    p.add_argument("--params-dir", default="leaderboards/params")
+    _common(p)
+
+    p = sub.add_parser("tune", help="tune a variant's own knobs on a task's validation data with Optuna (or every pair of a suite)")
+    p.add_argument("task", nargs="?", help="task name (or use --suite)")
+    p.add_argument("variant", nargs="?", help="variant name (or use --suite)")
+    p.add_argument("--suite", default=None, help="tune every (task, variant) pair of this suite, each with the same budget")
+    p.add_argument("--trials", type=int, default=20, help="finished trials per study (default: 20)")
+    p.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///<runs-dir>/optuna.db; "
+                   "postgresql://... on a cluster, journal:<file> on a shared filesystem)")
+    p.add_argument("--timeout", type=float, default=None, help="stop starting trials after this many seconds")
+    p.add_argument("--tune-optimizer", action="store_true", help="also tune the task's lr and weight_decay")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter held fixed while tuning")
+    p.add_argument("--params-dir", default="leaderboards/params", help="where the best parameters are written")
     _common(p)
 
     p = sub.add_parser("perf", help="forward+backward time of every variant relative to softmax (dense and graph)")
@@ -81,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("leaderboard", help="regenerate a suite's leaderboard from its records")
     p.add_argument("--suite", default="quick")
     p.add_argument("--out", default="leaderboards")
+    p.add_argument("--params", choices=["default", "tuned"], default="default", help="tuned: list tuned rows next to the defaults")
+    p.add_argument("--params-dir", default="leaderboards/params")
     _common(p)
     return parser
 
@@ -155,14 +173,50 @@ def cmd_bench(args) -> int:
         retry_failed=args.retry_failed,
         variant_filter=args.variants,
         leaderboard_dir=args.leaderboard_dir,
+        tuned_params_dir=args.params_dir if args.params == "tuned" else None,
     )
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from .runner import configure_worker_threads
+    from .tune import export, tune
+
+    params, attention = _parse_sets(args.set)
+    if attention:
+        raise ValueError("tune searches the variant's own knobs: attention.* cannot be fixed with --set")
+    if args.suite:
+        if args.task or args.variant:
+            raise ValueError("give either TASK VARIANT or --suite, not both")
+        from .suite import load_suite, plan
+
+        pairs = sorted({(s.task, s.variant, tuple(sorted(s.params.items()))) for s in plan(load_suite(args.suite), args.data_root).specs})
+        jobs = [(task, variant, {**dict(suite_params), **params}) for task, variant, suite_params in pairs]
+    elif args.task and args.variant:
+        jobs = [(args.task, args.variant, params)]
+    else:
+        raise ValueError("name a TASK and a VARIANT (attnbench tune cora bam-weibull) or a --suite")
+    from modules.tasks import get_task
+
+    from datamodules.paths import MissingDataError
+
+    for task in sorted({job[0] for job in jobs}):
+        problem = get_task(task).data_problem(args.data_root)
+        if problem:
+            raise MissingDataError(problem)
+    configure_worker_threads(1)
+    for task, variant, job_params in jobs:
+        result = tune(task, variant, trials=args.trials, params=job_params, storage=args.storage, timeout=args.timeout,
+                      tune_optimizer=args.tune_optimizer, runs=args.runs_dir, data_root=args.data_root, cache_dir=args.cache_dir)
+        print(f"attnbench tune: best parameters written to {export(result, args.params_dir)}")
     return 0
 
 
 def cmd_leaderboard(args) -> int:
     from .leaderboard import write_leaderboard
 
-    for path in write_leaderboard(args.suite, runs=args.runs_dir, out_dir=args.out, data_root=args.data_root):
+    tuned = args.params_dir if args.params == "tuned" else None
+    for path in write_leaderboard(args.suite, runs=args.runs_dir, out_dir=args.out, data_root=args.data_root, tuned_params_dir=tuned):
         print(path)
     return 0
 
@@ -201,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif hasattr(args, "data_root"):
             args.data_root = os.environ.get("ATTNBENCH_DATA") or None
         handler = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "perf": cmd_perf,
-                   "probe": cmd_probe}[args.command]
+                   "probe": cmd_probe, "tune": cmd_tune}[args.command]
         return handler(args)
     except (UnknownNameError, DuplicateNameError, PluginError, SuiteError, MissingDataError, ValueError) as exc:
         print(f"attnbench: error: {exc}", file=sys.stderr)

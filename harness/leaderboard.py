@@ -22,9 +22,9 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return mean, std
 
 
-def collect(suite_name: str, runs: str | None = None, data_root: str | None = None):
+def collect(suite_name: str, runs: str | None = None, data_root: str | None = None, tuned_params_dir=None):
     suite = load_suite(suite_name)
-    the_plan = plan(suite, data_root)
+    the_plan = plan(suite, data_root, tuned_dir=tuned_params_dir)
     records = RecordStore(runs).read_many(s.key for s in the_plan.specs)
     return suite, the_plan, records
 
@@ -132,6 +132,13 @@ def render_markdown(suite, the_plan, records) -> str:
             out.write("\nFailures:\n")
             for variant, error in failures:
                 out.write(f"- `{variant}`: {error}\n")
+        tuned = {s.display: s.extra["tuning"] for s in the_plan.specs if s.task == task_name and s.extra.get("tuning")}
+        if tuned:
+            out.write("\nTuning cost (`attnbench tune`, validation only, one seed; rows marked (tuned) re-ran the best trial on the suite's seeds):\n")
+            for label, tuning in sorted(tuned.items()):
+                trials = tuning.get("trials", {})
+                out.write(f"- `{label}`: {sum(trials.values())} trials ({', '.join(f'{v} {k}' for k, v in sorted(trials.items()))}), "
+                          f"{_duration(tuning.get('seconds'))} of training\n")
         out.write("\n")
     return out.getvalue()
 
@@ -182,8 +189,10 @@ def _compact(mapping) -> str:
     return ";".join(f"{k}={v}" for k, v in sorted(dict(mapping).items()))
 
 
-def write_leaderboard(suite_name: str, *, runs: str | None = None, out_dir: str | Path = "leaderboards", data_root: str | None = None) -> list[Path]:
-    suite, the_plan, records = collect(suite_name, runs, data_root)
+def write_leaderboard(suite_name: str, *, runs: str | None = None, out_dir: str | Path = "leaderboards", data_root: str | None = None,
+                      tuned_params_dir: str | Path | None = None) -> list[Path]:
+    """With `tuned_params_dir`, tuned rows ("<variant> (tuned)") are listed next to the defaults."""
+    suite, the_plan, records = collect(suite_name, runs, data_root, tuned_params_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md = out / f"{suite.name}.md"

@@ -125,11 +125,9 @@ def quiet_lightning() -> None:
 def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | None = None, commit: str | None = None,
             verbose: bool = False) -> dict[str, Any]:
     """Run one spec and return its record. Never raises for a failing run: failures are data."""
-    import lightning as L
-
     from modules.tasks import get_task
 
-    from .callbacks import EpochLog, EpochTimer, RestoreBestWeights, early_stopping
+    from .callbacks import EpochLog, EpochTimer
 
     quiet_lightning()
     started = datetime.now(timezone.utc)
@@ -150,21 +148,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
     timer = EpochTimer()
     try:
         task = get_task(spec.task)
-        params = task.Params(**spec.params)
-        L.seed_everything(spec.seed, workers=True, verbose=False)
-        datamodule, module = task.build(params, spec.attention, data_root=data_root, cache_dir=cache_dir)
-        best = RestoreBestWeights(task.monitor.name, task.monitor.higher_is_better)
-        trainer = L.Trainer(
-            max_epochs=params.max_epochs,
-            accelerator="auto",
-            devices=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            callbacks=[early_stopping(task.monitor, params.patience), best, timer, *([EpochLog(task.monitor.name)] if verbose else [])],
-        )
+        trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir, [timer, *([EpochLog(task.monitor.name)] if verbose else [])])
         trainer.fit(module, datamodule=datamodule)
         tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
         metrics = {}
@@ -195,6 +179,52 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     return record
+
+
+def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callbacks: list):
+    """The seeded trainer, datamodule, module and best-epoch keeper of a run (shared by runs and tuning)."""
+    import lightning as L
+
+    from modules.tasks import get_task
+
+    from .callbacks import RestoreBestWeights, early_stopping
+
+    task = get_task(spec.task)
+    params = task.Params(**spec.params)
+    L.seed_everything(spec.seed, workers=True, verbose=False)
+    datamodule, module = task.build(params, spec.attention, data_root=data_root, cache_dir=cache_dir)
+    best = RestoreBestWeights(task.monitor.name, task.monitor.higher_is_better)
+    trainer = L.Trainer(
+        max_epochs=params.max_epochs,
+        accelerator="auto",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        # RestoreBestWeights first: it raises when the monitored metric was never logged, before any
+        # other callback (a pruner) reads it.
+        callbacks=[best, early_stopping(task.monitor, params.patience), *callbacks],
+    )
+    return trainer, datamodule, module, best
+
+
+def fit_for_validation(spec: RunSpec, *, trial=None, data_root: str | None = None, cache_dir: str | None = None) -> float:
+    """Train a spec and return the best validation value of its task's monitor; no test set is touched.
+    With an Optuna `trial`, each epoch's value is reported to it and unpromising trials are pruned."""
+    quiet_lightning()
+    callbacks = []
+    if trial is not None:
+        from modules.tasks import get_task
+        from optuna_integration import PyTorchLightningPruningCallback
+
+        callbacks.append(PyTorchLightningPruningCallback(trial, monitor=get_task(spec.task).monitor.name))
+    trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir, callbacks)
+    trainer.fit(module, datamodule=datamodule)
+    if best.best_value is None:
+        raise FloatingPointError(f"{spec.task} x {spec.variant}: the monitored validation metric was never finite")
+    return best.best_value
 
 
 def configure_worker_threads(workers: int) -> None:

@@ -65,6 +65,8 @@ class Plan:
     specs: list[RunSpec]
     skipped_tasks: dict[str, str]
     """Optional tasks left out because their data is absent -> why."""
+    untuned: list[str] = field(default_factory=list)
+    """With tuned parameters asked for: the task x variant pairs that have no tuned-parameters file."""
 
 
 def list_suites() -> list[str]:
@@ -137,12 +139,17 @@ def load_suite(name_or_path: str) -> Suite:
     )
 
 
-def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None = None) -> Plan:
-    """Every (task, variant, seed) of the suite as RunSpecs; optional tasks without data are skipped."""
+def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None = None, tuned_dir: str | Path | None = None) -> Plan:
+    """Every (task, variant, seed) of the suite as RunSpecs; optional tasks without data are skipped.
+    With `tuned_dir`, each variant that `attnbench tune` has tuned on a task also runs with its tuned
+    parameters, on the same seeds, as its own "<label> (tuned)" row."""
     import fnmatch
+
+    from .tune import load_tuned
 
     specs: list[RunSpec] = []
     skipped: dict[str, str] = {}
+    untuned: list[str] = []
     for task in suite.tasks:
         problem = get_task(task.name).data_problem(data_root)
         if problem and task.optional:
@@ -168,7 +175,22 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
                 except (ValueError, TypeError) as exc:
                     raise SuiteError(f"{where}: {exc}") from exc
                 specs.append(spec)
-    return Plan(suite, specs, skipped)
+            if tuned_dir is None:
+                continue
+            tuned = load_tuned(task.name, variant.name, tuned_dir)
+            if tuned is None:
+                untuned.append(f"{task.name} x {variant.label or variant.name}")
+                continue
+            for seed in suite.seeds:
+                specs.append(make_spec(
+                    task.name,
+                    {**variant.config, **tuned["attention"], "name": variant.name},
+                    seed,
+                    {**params, **(tuned.get("params") or {})},
+                    label=f"{variant.label or variant.name} (tuned)",
+                    extra={"suite": suite.name, "tuning": tuned.get("tuning", {})},
+                ))
+    return Plan(suite, specs, skipped, untuned)
 
 
 def _as_list(value: Any, where: str) -> list:

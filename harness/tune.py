@@ -1,0 +1,205 @@
+"""`attnbench tune`: one Optuna study per (task, variant), on validation data only.
+
+The search space is the variant's own (`AttentionConfig.suggest`), optionally with the task's optimiser
+knobs (`--tune-optimizer`: lr, weight_decay around the task's values). The first trial of every study
+is the variant's default configuration, so a study always says how much tuning bought over the
+defaults. Trials train with TUNE_SEED, which no suite uses: the tuned configuration is then re-run on
+the suite's seeds (`bench --params tuned`) for the reported test numbers, never tested on the seed that
+chose it.
+
+Storage is embedded SQLite under the runs folder unless a URL is given (PostgreSQL on a cluster, or
+`journal:<file>` on a shared filesystem). Several `tune` processes on one storage share a study: each
+stops once the study holds its budget of finished (complete or pruned) trials. With an RDB storage,
+trials send heartbeats: a trial whose process was killed is marked failed after the grace period and
+retried once by the next process (Optuna's RetryFailedTrialCallback).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .records import runs_dir
+from .runner import fit_for_validation
+from .spec import make_spec
+
+TUNE_SEED = 9973
+"""Seed of every tuning trial: outside the seeds suites run (0, 1, 2, ...)."""
+HEARTBEAT_S = 60
+GRACE_S = 180
+DEFAULTS_ATTR = "defaults"
+"""User attribute of the trial that trains the variant's default configuration."""
+
+
+def default_storage(runs: str | None = None) -> str:
+    path = runs_dir(runs) / "optuna.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def open_storage(url: str, *, heartbeat_s: int | None = None, grace_s: int | None = None):
+    """An Optuna storage for a URL; RDB storages get heartbeats (ATTNBENCH_TUNE_HEARTBEAT_S, _GRACE_S or
+    the defaults here) so that a killed worker's trial is failed and retried."""
+    heartbeat_s = heartbeat_s or int(os.environ.get("ATTNBENCH_TUNE_HEARTBEAT_S", HEARTBEAT_S))
+    grace_s = grace_s or int(os.environ.get("ATTNBENCH_TUNE_GRACE_S", GRACE_S))
+    import optuna
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    if url.startswith("journal:"):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats: experimental since 2.8
+        return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+
+
+def study_name(task: str, variant: str, params: Mapping[str, Any], tune_optimizer: bool) -> str:
+    """Deterministic: the same task, variant, task parameters and search space share one study."""
+    from modules.attention import attention_entry
+
+    identity = {"params": dict(params), "variant_version": attention_entry(variant).cls.version, "optimizer": tune_optimizer}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return f"{task}/{variant}/{digest}"
+
+
+@dataclass
+class TuneResult:
+    task: str
+    variant: str
+    study: str
+    monitor: str
+    higher_is_better: bool
+    best_value: float
+    default_value: float | None
+    attention: dict[str, Any]
+    params: dict[str, Any]
+    trials: dict[str, int]
+    seconds: float
+
+
+def _suggest_task_knobs(trial, base: Mapping[str, Any]) -> dict[str, Any]:
+    knobs = {}
+    if base.get("lr"):
+        knobs["lr"] = trial.suggest_float("task.lr", base["lr"] / 3, base["lr"] * 3, log=True)
+    if "weight_decay" in base:
+        knobs["weight_decay"] = trial.suggest_float("task.weight_decay", 1e-6, 0.1, log=True)
+    return knobs
+
+
+def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | None = None, storage: str | None = None,
+         timeout: float | None = None, tune_optimizer: bool = False, runs: str | None = None, data_root: str | None = None,
+         cache_dir: str | None = None, sampler_seed: int = 0, log=print) -> TuneResult:
+    """Bring the (task, variant) study to `trials` finished trials and return its best configuration."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from modules.attention import attention_entry, resolve_config
+    from modules.lit.attention_terms import DivergedError
+    from modules.tasks import get_task
+
+    if trials < 1:
+        raise ValueError("--trials must be at least 1")
+    task_def = get_task(task)
+    resolved = dataclasses.asdict(task_def.params(params))
+    resolve_config(variant)  # an unknown variant fails here, with the closest names
+    name = study_name(task, variant, resolved, tune_optimizer)
+    direction = "maximize" if task_def.monitor.higher_is_better else "minimize"
+    study = optuna.create_study(
+        study_name=name,
+        storage=open_storage(storage or default_storage(runs)),
+        load_if_exists=True,
+        direction=direction,
+        sampler=optuna.samplers.TPESampler(seed=sampler_seed),
+        # Pruning compares a trial's validation curve with the median of earlier trials at the same epoch;
+        # the first trials and epochs run unpruned so that the median means something.
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=max(1, resolved.get("max_epochs", 10) // 5)),
+    )
+    if not study.trials:
+        # Trial 0 trains the defaults as they are (some are None = "the variant decides", which no search
+        # range holds), so it suggests nothing; TPE models each parameter from the trials that have it.
+        study.enqueue_trial({}, user_attrs={DEFAULTS_ATTR: True})
+
+    def finished() -> int:
+        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+    def objective(trial) -> float:
+        if trial.user_attrs.get(DEFAULTS_ATTR):
+            config, overrides = {}, resolved
+        else:
+            config = attention_entry(variant).cls.Config.suggest(trial)
+            overrides = {**resolved, **(_suggest_task_knobs(trial, resolved) if tune_optimizer else {})}
+        spec = make_spec(task, {"name": variant, **config}, TUNE_SEED, overrides, extra={"command": "tune", "study": name})
+        value = fit_for_validation(spec, trial=trial, data_root=data_root, cache_dir=cache_dir)
+        log(f"attnbench tune: {name} trial {trial.number}: {task_def.monitor.name}={value:.4f} {config}")
+        return value
+
+    def enough(study_, _trial) -> None:
+        if finished() >= trials:
+            study_.stop()
+
+    started = time.perf_counter()
+    remaining = trials - finished()
+    if remaining > 0:
+        log(f"attnbench tune: study {name}: {finished()} of {trials} trials finished; running up to {remaining}")
+        # Diverged trials (NaN loss) are failures of that configuration, recorded as such; the study goes on.
+        study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(DivergedError, FloatingPointError),
+                       callbacks=[enough])
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete:
+        raise RuntimeError(f"study {name} has no completed trial (all failed or pruned): see `optuna-dashboard` on its storage")
+    best = study.best_trial
+    attention = {"name": variant, **{k: v for k, v in best.params.items() if not k.startswith("task.")}}
+    task_knobs = {k.removeprefix("task."): v for k, v in best.params.items() if k.startswith("task.")}
+    default_trial = next((t for t in complete if t.user_attrs.get(DEFAULTS_ATTR)), None)
+    counts = {state.name.lower(): len(study.get_trials(deepcopy=False, states=(state,)))
+              for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
+    seconds = sum((t.duration.total_seconds() for t in study.trials if t.duration is not None), 0.0)
+    log(f"attnbench tune: {name}: best {task_def.monitor.name}={best.value:.4f} (defaults: "
+        f"{default_trial.value if default_trial else float('nan'):.4f}) after {counts}; this call took {time.perf_counter() - started:.0f} s")
+    return TuneResult(task, variant, name, task_def.monitor.name, task_def.monitor.higher_is_better, float(best.value),
+                      float(default_trial.value) if default_trial else None, attention, task_knobs, counts, seconds)
+
+
+def tuned_path(task: str, variant: str, root: str | Path = "leaderboards/params") -> Path:
+    return Path(root) / task / f"{variant}.yaml"
+
+
+def export(result: TuneResult, root: str | Path = "leaderboards/params") -> Path:
+    """Write the best configuration where `bench --params tuned` finds it (atomic rename)."""
+    path = tuned_path(result.task, result.variant, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {
+        "task": result.task,
+        "variant": result.variant,
+        "attention": result.attention,
+        "params": result.params,
+        "validation": {"metric": result.monitor, "best": result.best_value, "defaults": result.default_value},
+        "tuning": {"study": result.study, "trials": result.trials, "seconds": round(result.seconds, 1), "seed": TUNE_SEED},
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(body, sort_keys=False))
+    tmp.replace(path)
+    return path
+
+
+def load_tuned(task: str, variant: str, root: str | Path = "leaderboards/params") -> dict[str, Any] | None:
+    path = tuned_path(task, variant, root)
+    if not path.is_file():
+        return None
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict) or data.get("variant") != variant or not isinstance(data.get("attention"), dict):
+        raise ValueError(f"{path} is not a tuned-parameters file of {task} x {variant}; re-run `attnbench tune {task} {variant}`")
+    return data

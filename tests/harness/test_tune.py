@@ -1,0 +1,135 @@
+"""attnbench tune: studies, the defaults as trial 0, resuming a study's budget, export and tuned suite rows."""
+
+import optuna
+import pytest
+import yaml
+
+from harness import tune as tuning
+from harness.cli import main
+from harness.suite import load_suite, plan
+from modules.tasks import Metric, get_task
+
+FAST = {"max_epochs": 4, "patience": 4}
+
+
+def _storage(tmp_path):
+    return f"sqlite:///{tmp_path / 'optuna.db'}"
+
+
+def test_study_names_are_deterministic_and_follow_params():
+    a = tuning.study_name("cora", "bam-weibull", {"lr": 0.005}, False)
+    assert a == tuning.study_name("cora", "bam-weibull", {"lr": 0.005}, False)
+    assert a != tuning.study_name("cora", "bam-weibull", {"lr": 0.01}, False)
+    assert a != tuning.study_name("cora", "bam-weibull", {"lr": 0.005}, True)
+    assert a.startswith("cora/bam-weibull/")
+
+
+def test_tune_runs_defaults_first_resumes_its_budget_and_exports(shared_data, tmp_path):
+    storage = _storage(tmp_path)
+    kwargs = dict(params=FAST, storage=storage, data_root=str(shared_data), log=lambda *_: None)
+    result = tuning.tune("cora", "fenchel", trials=3, **kwargs)
+    study = optuna.load_study(study_name=result.study, storage=storage)
+    assert len(study.trials) == 3
+    first = study.trials[0]
+    assert first.user_attrs == {"defaults": True} and first.params == {}
+    assert {"alpha", "prior"} <= set(study.trials[1].params)
+    assert result.default_value == pytest.approx(first.value)
+    # The monitor is val/loss (lower is better): the best trial is no worse than the defaults.
+    assert result.best_value <= result.default_value + 1e-12
+    assert result.trials["complete"] + result.trials["pruned"] == 3
+
+    # Same budget again: nothing to do. One more trial of budget: exactly one more trial runs.
+    tuning.tune("cora", "fenchel", trials=3, **kwargs)
+    assert len(optuna.load_study(study_name=result.study, storage=storage).trials) == 3
+    tuning.tune("cora", "fenchel", trials=4, **kwargs)
+    assert len(optuna.load_study(study_name=result.study, storage=storage).trials) == 4
+
+    path = tuning.export(result, tmp_path / "params")
+    assert path == tmp_path / "params" / "cora" / "fenchel.yaml"
+    data = tuning.load_tuned("cora", "fenchel", tmp_path / "params")
+    assert data["attention"]["name"] == "fenchel" and data["validation"]["metric"] == "val/loss"
+    assert data["tuning"]["trials"]["complete"] >= 1
+
+
+def test_a_monitor_that_is_never_logged_fails_loudly(shared_data, monkeypatch):
+    from harness.runner import fit_for_validation
+    from harness.spec import make_spec
+
+    task_cls = type(get_task("cora"))
+    monkeypatch.setattr(task_cls, "monitor", Metric("val/not_logged"))
+    spec = make_spec("cora", "softmax", 0, {"max_epochs": 1})
+    with pytest.raises(KeyError, match="val/not_logged.*logged metrics"):
+        fit_for_validation(spec, data_root=str(shared_data))
+
+
+def test_tuned_parameters_add_their_own_rows_to_a_suite(tmp_path, shared_data):
+    params_dir = tmp_path / "params"
+    (params_dir / "cora").mkdir(parents=True)
+    (params_dir / "cora" / "bam-weibull.yaml").write_text(yaml.safe_dump({
+        "task": "cora", "variant": "bam-weibull", "attention": {"name": "bam-weibull", "k": 123.0, "kl_weight": 0.5},
+        "params": {"lr": 0.004}, "tuning": {"trials": {"complete": 20}, "seconds": 300.0},
+    }))
+    suite = load_suite("quick")
+    the_plan = plan(suite, str(shared_data), variant_filter="softmax,bam-weibull", tuned_dir=params_dir)
+    tuned = [s for s in the_plan.specs if s.label == "bam-weibull (tuned)"]
+    assert len(tuned) == len(suite.seeds)
+    assert all(s.task == "cora" and s.attention["k"] == 123.0 and s.params["lr"] == 0.004 for s in tuned)
+    assert {"citeseer x bam-weibull", "cora x softmax", "citeseer x softmax"} <= set(the_plan.untuned)
+    defaults = [s for s in the_plan.specs if s.label == "bam-weibull" and s.task == "cora"]
+    assert len(defaults) == len(suite.seeds) and {s.key for s in defaults}.isdisjoint(s.key for s in tuned)
+
+
+def test_a_malformed_tuned_file_is_named(tmp_path):
+    path = tmp_path / "cora" / "fenchel.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text("variant: softmax\n")
+    with pytest.raises(ValueError, match="fenchel.yaml"):
+        tuning.load_tuned("cora", "fenchel", tmp_path)
+
+
+def test_cli_tune_needs_a_pair_or_a_suite(capsys):
+    assert main(["tune", "cora"]) == 2
+    assert "TASK and a VARIANT" in capsys.readouterr().err
+    assert main(["tune", "cora", "bam-weibul"]) == 2
+    assert "bam-weibull" in capsys.readouterr().err
+
+
+def test_a_killed_tuning_trial_is_failed_and_retried(shared_data, tmp_path):
+    """SIGKILL a `tune` process in the middle of a trial: the next `tune` marks that trial failed (its
+    heartbeat stopped) and runs it again, so the study still reaches its budget."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    storage = _storage(tmp_path)
+    env = {**os.environ, "ATTNBENCH_TUNE_HEARTBEAT_S": "1", "ATTNBENCH_TUNE_GRACE_S": "2", "OMP_NUM_THREADS": "1",
+           "ATTNBENCH_DATA": str(shared_data), "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "harness.cli", "tune", "cora", "fenchel", "--trials", "1", "--storage", storage,
+               "--set", "max_epochs=50", "--set", "patience=50", "--runs-dir", str(tmp_path / "runs"),
+               "--params-dir", str(tmp_path / "params")]
+    victim = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    running = False
+    while time.monotonic() < deadline and victim.poll() is None:
+        names = optuna.get_all_study_names(storage) if (tmp_path / "optuna.db").exists() else []
+        if names and any(t.state.name == "RUNNING" for t in optuna.load_study(study_name=names[0], storage=storage).trials):
+            running = True
+            break
+        time.sleep(0.2)
+    assert running, "the tune process never started a trial"
+    time.sleep(1.5)  # at least one heartbeat recorded
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    time.sleep(2.5)  # past the grace period
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
+    states = sorted(t.state.name for t in study.trials)
+    assert states == ["COMPLETE", "FAIL"]
+    retried = next(t for t in study.trials if t.state.name == "COMPLETE")
+    assert retried.user_attrs.get("defaults") is True  # the killed trial's configuration ran again
+    assert (tmp_path / "params" / "cora" / "fenchel.yaml").is_file()
