@@ -26,6 +26,8 @@ class RestoreBestWeights(Callback):
         self.higher_is_better = higher_is_better
         self.best_value: float | None = None
         self.best_epoch: int | None = None
+        self.best_metrics: dict[str, float] = {}
+        """Every validation metric logged at the best epoch (e.g. val/acc when the monitor is val/loss)."""
         self._state = None
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -41,6 +43,7 @@ class RestoreBestWeights(Callback):
         improved = self.best_value is None or (value > self.best_value if self.higher_is_better else value < self.best_value)
         if improved:
             self.best_value, self.best_epoch = value, trainer.current_epoch
+            self.best_metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/") and v.numel() == 1}
             self._state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

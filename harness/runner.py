@@ -210,8 +210,9 @@ def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callba
     return trainer, datamodule, module, best
 
 
-def fit_for_validation(spec: RunSpec, *, trial=None, data_root: str | None = None, cache_dir: str | None = None) -> float:
-    """Train a spec and return the best validation value of its task's monitor; no test set is touched.
+def fit_for_validation(spec: RunSpec, *, trial=None, data_root: str | None = None, cache_dir: str | None = None) -> tuple[float, dict[str, float]]:
+    """Train a spec and return the best validation value of its task's monitor, with every validation
+    metric at that epoch; no test set is touched.
     With an Optuna `trial`, each epoch's value is reported to it and unpromising trials are pruned."""
     quiet_lightning()
     callbacks = []
@@ -224,7 +225,7 @@ def fit_for_validation(spec: RunSpec, *, trial=None, data_root: str | None = Non
     trainer.fit(module, datamodule=datamodule)
     if best.best_value is None:
         raise FloatingPointError(f"{spec.task} x {spec.variant}: the monitored validation metric was never finite")
-    return best.best_value
+    return best.best_value, best.best_metrics
 
 
 def configure_worker_threads(workers: int) -> None:

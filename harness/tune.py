@@ -36,6 +36,8 @@ TUNE_SEED = 9973
 """Seed of every tuning trial: outside the seeds suites run (0, 1, 2, ...)."""
 HEARTBEAT_S = 60
 GRACE_S = 180
+VALIDATION_ATTR = "validation"
+"""User attribute holding every validation metric of a trial's best epoch."""
 DEFAULTS_ATTR = "defaults"
 """User attribute of the trial that trains the variant's default configuration."""
 
@@ -84,6 +86,8 @@ class TuneResult:
     higher_is_better: bool
     best_value: float
     default_value: float | None
+    best_metrics: dict[str, float]
+    default_metrics: dict[str, float]
     attention: dict[str, Any]
     params: dict[str, Any]
     trials: dict[str, int]
@@ -142,8 +146,10 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
             config = attention_entry(variant).cls.Config.suggest(trial)
             overrides = {**resolved, **(_suggest_task_knobs(trial, resolved) if tune_optimizer else {})}
         spec = make_spec(task, {"name": variant, **config}, TUNE_SEED, overrides, extra={"command": "tune", "study": name})
-        value = fit_for_validation(spec, trial=trial, data_root=data_root, cache_dir=cache_dir)
-        log(f"attnbench tune: {name} trial {trial.number}: {task_def.monitor.name}={value:.4f} {config}")
+        value, metrics = fit_for_validation(spec, trial=trial, data_root=data_root, cache_dir=cache_dir)
+        trial.set_user_attr(VALIDATION_ATTR, metrics)
+        shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
+        log(f"attnbench tune: {name} trial {trial.number}: {shown} {config}")
         return value
 
     def enough(study_, _trial) -> None:
@@ -167,10 +173,13 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
     counts = {state.name.lower(): len(study.get_trials(deepcopy=False, states=(state,)))
               for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     seconds = sum((t.duration.total_seconds() for t in study.trials if t.duration is not None), 0.0)
-    log(f"attnbench tune: {name}: best {task_def.monitor.name}={best.value:.4f} (defaults: "
-        f"{default_trial.value if default_trial else float('nan'):.4f}) after {counts}; this call took {time.perf_counter() - started:.0f} s")
+    best_metrics = best.user_attrs.get(VALIDATION_ATTR, {})
+    default_metrics = default_trial.user_attrs.get(VALIDATION_ATTR, {}) if default_trial else {}
+    log(f"attnbench tune: {name}: best trial {best.number}: {best_metrics or best.value}; defaults (trial 0): "
+        f"{default_metrics or 'not finished'}; trials {counts}; this call took {time.perf_counter() - started:.0f} s")
     return TuneResult(task, variant, name, task_def.monitor.name, task_def.monitor.higher_is_better, float(best.value),
-                      float(default_trial.value) if default_trial else None, attention, task_knobs, counts, seconds)
+                      float(default_trial.value) if default_trial else None, best_metrics, default_metrics, attention, task_knobs,
+                      counts, seconds)
 
 
 def tuned_path(task: str, variant: str, root: str | Path = "leaderboards/params") -> Path:
@@ -186,7 +195,8 @@ def export(result: TuneResult, root: str | Path = "leaderboards/params") -> Path
         "variant": result.variant,
         "attention": result.attention,
         "params": result.params,
-        "validation": {"metric": result.monitor, "best": result.best_value, "defaults": result.default_value},
+        "validation": {"metric": result.monitor, "best": result.best_value, "defaults": result.default_value,
+                       "best_metrics": result.best_metrics, "default_metrics": result.default_metrics},
         "tuning": {"study": result.study, "trials": result.trials, "seconds": round(result.seconds, 1), "seed": TUNE_SEED},
     }
     tmp = path.with_suffix(".tmp")

@@ -31,12 +31,15 @@ def test_tune_runs_defaults_first_resumes_its_budget_and_exports(shared_data, tm
     study = optuna.load_study(study_name=result.study, storage=storage)
     assert len(study.trials) == 3
     first = study.trials[0]
-    assert first.user_attrs == {"defaults": True} and first.params == {}
+    assert first.user_attrs["defaults"] is True and first.params == {}
     assert {"alpha", "prior"} <= set(study.trials[1].params)
     assert result.default_value == pytest.approx(first.value)
     # The monitor is val/loss (lower is better): the best trial is no worse than the defaults.
     assert result.best_value <= result.default_value + 1e-12
     assert result.trials["complete"] + result.trials["pruned"] == 3
+    # Every validation metric of the best epoch comes along: cora monitors val/loss, people read val/acc.
+    assert set(result.default_metrics) >= {"val/loss", "val/acc"}
+    assert result.default_metrics["val/loss"] == pytest.approx(result.default_value)
 
     # Same budget again: nothing to do. One more trial of budget: exactly one more trial runs.
     tuning.tune("cora", "fenchel", trials=3, **kwargs)
