@@ -1,0 +1,24 @@
+"""attnbench scaling: every worker count runs the whole plan from scratch, in its own records folder."""
+
+import pytest
+
+from harness.scaling import measure_scaling
+
+
+@pytest.mark.slow  # starts three executors (warm-up, 1 and 2 workers): about a minute of process start-up
+def test_scaling_runs_every_worker_count_on_the_whole_plan(shared_data, tmp_path, monkeypatch, capsys):
+    suite = tmp_path / "tiny.yaml"
+    suite.write_text("name: tiny\ntasks: [cora]\nvariants: [softmax, fenchel]\nseeds: 1\nparams: {max_epochs: 2, patience: 2}\n")
+    monkeypatch.setenv("ATTNBENCH_RUNS", str(tmp_path / "real-runs"))
+    results = measure_scaling(str(suite), [1, 2], data_root=str(shared_data))
+    assert [r["workers"] for r in results] == [1, 2]
+    assert all(r["runs"] == 2 and r["seconds"] > 0 for r in results)
+    assert results[0]["speedup"] == 1.0 and results[1]["speedup"] == pytest.approx(results[0]["seconds"] / results[1]["seconds"])
+    assert not (tmp_path / "real-runs").exists()  # the suite's own records are untouched
+    out = capsys.readouterr().out
+    assert "| 2 | 2 |" in out and "speed-up vs 1" in out
+
+
+def test_scaling_rejects_bad_worker_counts():
+    with pytest.raises(ValueError, match="positive"):
+        measure_scaling("quick", [0, 2])
