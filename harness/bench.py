@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from datamodules.paths import MissingDataError
 from modules.tasks import get_task
@@ -14,6 +14,9 @@ from .records import RecordStore, runs_dir
 from .runner import git_commit
 from .spec import RunSpec
 from .suite import load_suite, plan
+
+if TYPE_CHECKING:
+    from .launchers import SubmititOptions
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -64,7 +67,11 @@ def run_suite(
     variant_filter: str | None = None,
     leaderboard_dir: str | Path | None = "leaderboards",
     tuned_params_dir: str | Path | None = None,
+    launcher: str = "workers",
+    submitit_options: "SubmititOptions | None" = None,
 ) -> dict[str, int]:
+    """launcher "workers": processes on this machine; "slurm"/"local": a submitit job array (needs
+    `submitit_options`, see harness/launchers.py). Planning and the data check are the same for all."""
     suite = load_suite(suite_name)
     the_plan = plan(suite, data_root, variant_filter, tuned_dir=tuned_params_dir)
     for pair in the_plan.untuned:
@@ -82,10 +89,24 @@ def run_suite(
     log(
         f"attnbench: suite {suite.name}: {len(the_plan.specs)} runs "
         f"({len(suite.tasks) - len(the_plan.skipped_tasks)} tasks x {len(suite.variants)} variants x {len(suite.seeds)} seeds); "
-        f"{finished} already finished, {len(todo)} to run on {workers} worker(s); records in {store.root}"
+        f"{finished} already finished, {len(todo)} to run on {f'{workers} worker(s)' if launcher == 'workers' else launcher + ' through submitit'}; "
+        f"records in {store.root}"
     )
     progress = Progress(len(todo), workers)
-    if todo:
+    if todo and launcher != "workers":
+        from .launchers import SubmititOptions, submit_runs
+
+        outcome = submit_runs(todo, submitit_options or SubmititOptions(launcher=launcher), suite_name=suite.name, runs=runs_dir(runs), data_root=data_root, cache_dir=cache_dir,
+                              plugin_files=plugin_files, retry_failed=retry_failed, commit=git_commit())
+        if not outcome.waited:
+            tuned = f" --params tuned --params-dir {tuned_params_dir}" if tuned_params_dir else ""
+            log(f"attnbench: not waiting; once the jobs finish, write the leaderboard with `attnbench leaderboard --suite {suite_name} "
+                f"--runs-dir {store.root.parent} --out {leaderboard_dir or 'leaderboards'}{tuned}`")
+            return {"planned": len(the_plan.specs), "ran": 0, "failed": 0, "submitted": len(todo)}
+        progress.done, progress.failed = outcome.ran, outcome.failed
+        log(f"attnbench: suite {suite.name}: ran {progress.done} runs in {_fmt_duration(time.perf_counter() - progress.start)}, {progress.failed} failed"
+            + (f"; shard(s) {outcome.lost_shards} died, their unrecorded runs run on the next bench" if outcome.lost_shards else ""))
+    elif todo:
         options = WorkerOptions(
             runs_dir=str(runs_dir(runs)),
             data_root=data_root,

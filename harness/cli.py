@@ -40,6 +40,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from .executor import default_workers
+    from .launchers import add_launcher_arguments
 
     parser = argparse.ArgumentParser(prog="attnbench", description="Benchmark attention variants on the same tasks, seeds and budgets.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", choices=["default", "tuned"], default="default",
                    help="tuned: also run each variant with its tuned parameters (from --params-dir), as its own row")
     p.add_argument("--params-dir", default="leaderboards/params")
+    add_launcher_arguments(p)
     _common(p)
 
     p = sub.add_parser("tune", help="tune a variant's own knobs on a task's validation data with Optuna (or every pair of a suite)")
@@ -84,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching this glob")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
+    _common(p)
+
+    p = sub.add_parser("scaling", help="run a suite with 1, 2, ... workers in one command and print the speed-up")
+    p.add_argument("--suite", default="quick")
+    p.add_argument("--workers", default="1,2", help="comma-separated worker counts, the first is the baseline (default: 1,2)")
+    p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching these comma-separated globs")
+    p.add_argument("--seeds", type=int, default=None, help="run this many seeds instead of the suite's")
     _common(p)
 
     p = sub.add_parser("probe", help="probe a pretrained model's attention (fenchel: Fig. 4 of the Fenchel-duality paper on all-MiniLM-L6-v2)")
@@ -160,6 +169,7 @@ def cmd_run(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import run_suite
+    from .launchers import options_from_args
 
     if args.workers < 1:
         raise ValueError("--workers must be at least 1")
@@ -174,6 +184,8 @@ def cmd_bench(args) -> int:
         variant_filter=args.variants,
         leaderboard_dir=args.leaderboard_dir,
         tuned_params_dir=args.params_dir if args.params == "tuned" else None,
+        launcher=args.launcher,
+        submitit_options=options_from_args(args),
     )
     return 0
 
@@ -232,6 +244,17 @@ def cmd_perf(args) -> int:
     return 0
 
 
+def cmd_scaling(args) -> int:
+    from .scaling import measure_scaling
+
+    try:
+        counts = [int(n) for n in args.workers.split(",")]
+    except ValueError:
+        raise ValueError(f"--workers takes comma-separated integers, e.g. 1,2; got {args.workers!r}") from None
+    measure_scaling(args.suite, counts, variant_filter=args.variants, seeds=args.seeds, data_root=args.data_root, cache_dir=args.cache_dir)
+    return 0
+
+
 def cmd_probe(args) -> int:
     from .probe import run_fenchel_probe
 
@@ -255,7 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif hasattr(args, "data_root"):
             args.data_root = os.environ.get("ATTNBENCH_DATA") or None
         handler = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "perf": cmd_perf,
-                   "probe": cmd_probe, "tune": cmd_tune}[args.command]
+                   "probe": cmd_probe, "tune": cmd_tune,
+                   "scaling": cmd_scaling}[args.command]
         return handler(args)
     except (UnknownNameError, DuplicateNameError, PluginError, SuiteError, MissingDataError, ValueError) as exc:
         print(f"attnbench: error: {exc}", file=sys.stderr)

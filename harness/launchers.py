@@ -1,0 +1,395 @@
+"""`attnbench bench --launcher slurm|local`: a suite's unfinished runs as one job array, through submitit.
+
+The runs still to do are dealt round-robin into `--shards` array tasks (`executor.map_array`). Each task
+runs its shard's runs one after another and writes each record itself (atomic rename, as the worker
+launcher does), skipping runs already recorded. So a task never needs the submitter alive, a shard that
+times out is requeued by submitit and picks up where it stopped, and submitting again (after a crash,
+a cancelled job, a node failure) runs exactly the runs that have no record yet.
+
+    attnbench bench --suite paper-gat --launcher slurm --slurm-partition gpu --slurm-time-min 240
+    attnbench bench --suite paper-gat --launcher slurm --no-wait     # submit, print job ids, exit
+    attnbench leaderboard --suite paper-gat                           # later, from the records
+
+`--launcher local` is the same path through submitit's LocalExecutor (processes on this machine, all
+shards at once), for laptops and tests. The runs dir, data root, cache dir and the submitit folder must
+be on a filesystem the compute nodes share; the jobs run this interpreter (`sys.executable`).
+
+One large run on several nodes (DDP) is a single sbatch script, not an array:
+
+    #!/bin/bash
+    #SBATCH --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --time=08:00:00
+    srun python -m harness.cli run glue-rte softmax --set backbone=minilm --set max_epochs=10
+
+srun starts one process per GPU and Lightning's SLURMEnvironment reads SLURM_NTASKS, SLURM_PROCID,
+SLURM_NODELIST, ... to form the process group, checking that the Trainer's `devices` and `num_nodes`
+equal --ntasks-per-node and --nodes. Caveat: `harness.runner` builds its Trainer with devices=1 and no
+num_nodes (one run per GPU is what benchmarking wants), so until it takes them from the allocation
+each srun task trains its own single-GPU copy of the run; use --ntasks-per-node=1 --gpus-per-node=1.
+
+Tuning on a cluster: every `attnbench tune` process must reach the same Optuna storage, and SQLite on a
+network filesystem does not lock reliably, so give `attnbench tune --storage postgresql://user@host/db`
+(or `journal:/shared/path/journal.log`) and start as many tune jobs as you like; they share the study.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from submitit.helpers import Checkpointable
+
+if TYPE_CHECKING:
+    from .spec import RunSpec
+
+LAUNCHERS = ("workers", "local", "slurm")
+MAX_DEFAULT_SHARDS = 64
+
+
+class LauncherError(ValueError):
+    """The launcher cannot submit (no SLURM here, a bad option); the message names the fix."""
+
+
+@dataclass(frozen=True)
+class SubmititOptions:
+    launcher: str = "slurm"
+    """"slurm" (sbatch job array) or "local" (submitit's LocalExecutor: processes on this machine)."""
+    folder: str | None = None
+    """submitit's folder for pickles and logs, `%j` the job id (default: <runs-dir>/submitit/%j)."""
+    shards: int | None = None
+    """Array tasks (default: min(runs, 64) on SLURM; locally min(runs, GPUs or CPU cores), as they all start at once)."""
+    wait: bool = True
+    """Wait for the array, print a line per finished shard and write the leaderboard; False: submit and exit."""
+    partition: str | None = None
+    """SLURM partition (default: the cluster's default)."""
+    time_min: int = 240
+    """Time limit of one array task in minutes; a task that reaches it is requeued and resumes."""
+    gpus_per_task: int | None = None
+    """GPUs per array task, 0 = CPU only (default: 1 on SLURM; locally each shard takes one visible GPU in turn)."""
+    cpus_per_task: int | None = None
+    """CPUs per array task; the runs use that many torch threads (default: the cluster's default)."""
+    array_parallelism: int | None = None
+    """At most this many array tasks run at once (SLURM only; default: submitit's 256)."""
+    account: str | None = None
+    """SLURM account to charge."""
+    poll_s: float | None = None
+    """Seconds between checks of the jobs while waiting (default: 2 locally, 30 on SLURM)."""
+
+    def __post_init__(self) -> None:
+        if self.launcher not in ("slurm", "local"):
+            raise LauncherError(f"launcher {self.launcher!r}: submitit launches 'slurm' or 'local'")
+        for flag, value, least in (("--shards", self.shards, 1), ("--slurm-time-min", self.time_min, 1),
+                                   ("--slurm-gpus-per-task", self.gpus_per_task, 0), ("--slurm-cpus-per-task", self.cpus_per_task, 1),
+                                   ("--slurm-array-parallelism", self.array_parallelism, 1)):
+            if value is not None and value < least:
+                raise LauncherError(f"{flag} must be at least {least}, got {value}")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One array task's runs and everything they need, passed explicitly: a job on a compute node sees
+    neither the submitter's environment variables nor its working directory's defaults."""
+
+    index: int
+    specs: tuple[dict[str, Any], ...]
+    runs_dir: str
+    data_root: str | None
+    cache_dir: str | None
+    plugin_files: tuple[str, ...] = ()
+    commit: str | None = None
+    retry_failed: bool = False
+    threads: int | None = None
+    """torch threads; None: every CPU the scheduler gave this task."""
+    gpu: str | None = None
+    """Local launcher: the GPU this shard runs on; None: whatever the scheduler gave (or CPU)."""
+
+
+def shard_runs(specs: Sequence[Any], shards: int) -> list[list[Any]]:
+    """Deal runs round-robin into at most `shards` non-empty shards. Round-robin rather than contiguous
+    chunks because plans are ordered task by task: chunks would give one shard all of the slow task."""
+    if shards < 1:
+        raise LauncherError(f"--shards must be at least 1, got {shards}")
+    count = min(shards, len(specs))
+    return [list(specs[i::count]) for i in range(count)]
+
+
+def _summary(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: record.get(k) for k in ("key", "status", "error", "metrics", "wall_time_s", "epochs")}
+
+
+class ShardRunner(Checkpointable):
+    """The array task. Checkpointable, so that submitit requeues a task that reaches its time limit with
+    this same object: runs it finished are recorded, and `completed` keeps it from repeating a failed run
+    under --retry-failed."""
+
+    def __init__(self) -> None:
+        self.completed: set[str] = set()
+
+    def __call__(self, shard: Shard) -> list[dict[str, Any]]:
+        if shard.gpu is not None:  # before anything initialises CUDA
+            os.environ["CUDA_VISIBLE_DEVICES"] = shard.gpu
+        import torch
+
+        from modules.registry import load_plugin_file
+
+        from .records import RecordStore
+        from .runner import execute
+        from .spec import RunSpec
+
+        affinity = getattr(os, "sched_getaffinity", None)
+        torch.set_num_threads(shard.threads or (len(affinity(0)) if affinity else os.cpu_count() or 1))
+        for plugin in shard.plugin_files:
+            load_plugin_file(plugin)
+        store = RecordStore(shard.runs_dir)
+        summaries = []
+        for data in shard.specs:
+            spec = RunSpec.from_dict(data)
+            if spec.key in self.completed or store.finished(spec.key, shard.retry_failed):
+                summaries.append({"key": spec.key, "status": "skipped"})
+                continue
+            record = execute(spec, data_root=shard.data_root, cache_dir=shard.cache_dir, commit=shard.commit)
+            store.write(record)
+            self.completed.add(spec.key)
+            summaries.append(_summary(record))
+        return summaries
+
+
+@dataclass
+class LaunchOutcome:
+    job_ids: list[str]
+    waited: bool
+    ran: int = 0
+    failed: int = 0
+    lost_shards: list[int] = field(default_factory=list)
+    """Shards whose job died (time limit after the last requeue, node failure, cancelled); their
+    unrecorded runs run on the next submission."""
+
+
+def make_executor(options: SubmititOptions, folder: str | Path, job_name: str):
+    import submitit
+
+    if options.launcher == "slurm":
+        missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+        if missing:
+            raise LauncherError(
+                f"--launcher slurm needs SLURM's {' and '.join(missing)} on PATH and found none: run `attnbench bench` on a "
+                "login node of the cluster, or use --launcher local (submitit's local executor) or --launcher workers "
+                "(processes on this machine)"
+            )
+    try:
+        executor = submitit.AutoExecutor(folder=folder, cluster=options.launcher)
+    except RuntimeError as exc:  # submitit's "Could not detect srun": a PATH that has sbatch but a broken srun
+        raise LauncherError(f"--launcher {options.launcher}: submitit cannot use this machine ({exc}); "
+                            "run on a login node of the cluster, or use --launcher local or --launcher workers") from exc
+    gpus = options.gpus_per_task
+    executor.update_parameters(
+        name=job_name,
+        timeout_min=options.time_min,
+        nodes=1,
+        tasks_per_node=1,
+        cpus_per_task=options.cpus_per_task,
+        # The local launcher pins each shard to one GPU itself (Shard.gpu); submitit's own local GPU option
+        # would give every shard the same first GPUs. On SLURM, 0 GPUs is no GPU request at all: clusters
+        # without GPU gres reject --gpus-per-node=0.
+        gpus_per_node=(1 if gpus is None else gpus or None) if options.launcher == "slurm" else 0,
+        slurm_partition=options.partition,
+        slurm_account=options.account,
+        slurm_array_parallelism=options.array_parallelism,
+    )
+    return executor
+
+
+def submit_runs(
+    todo: Sequence["RunSpec"],
+    options: SubmititOptions,
+    *,
+    suite_name: str,
+    runs: str | os.PathLike,
+    data_root: str | None,
+    cache_dir: str | None,
+    plugin_files: Sequence[str] = (),
+    retry_failed: bool = False,
+    commit: str | None = None,
+) -> LaunchOutcome:
+    """Submit `todo` as a job array; with options.wait, wait for it and report each finished shard."""
+    from datamodules.paths import cache_dir as resolve_cache_dir
+
+    from .bench import _fmt_duration
+    from .executor import log, visible_gpus
+
+    runs_root = Path(runs).expanduser().resolve()
+    folder = options.folder or str(runs_root / "submitit" / "%j")
+    executor = make_executor(options, folder, f"attnbench-{suite_name}")  # first: no SLURM here stops before anything else
+    local_gpus = visible_gpus() if options.launcher == "local" and options.gpus_per_task != 0 else []
+    cpus = os.cpu_count() or 1
+    default_shards = MAX_DEFAULT_SHARDS if options.launcher == "slurm" else (len(local_gpus) or cpus)
+    shards = shard_runs(list(todo), options.shards or default_shards)
+    local_threads = max(1, cpus // len(shards))
+    payload = [
+        Shard(
+            index=i,
+            specs=tuple(spec.to_dict() for spec in specs),
+            runs_dir=str(runs_root),
+            data_root=str(Path(data_root).expanduser().resolve()) if data_root else None,
+            cache_dir=str(resolve_cache_dir(cache_dir)),
+            plugin_files=tuple(str(Path(p).expanduser().resolve()) for p in plugin_files),
+            commit=commit,
+            retry_failed=retry_failed,
+            threads=options.cpus_per_task if options.launcher == "slurm" else local_threads,
+            gpu=local_gpus[i % len(local_gpus)] if local_gpus else None,
+        )
+        for i, specs in enumerate(shards)
+    ]
+    jobs = executor.map_array(ShardRunner(), payload)
+    job_ids = [job.job_id for job in jobs]
+    log(f"attnbench: submitted {len(todo)} runs as {len(jobs)} {options.launcher} job(s) "
+        f"{_compact_ids(job_ids)}; logs in {Path(folder).parent if '%j' in Path(folder).name else folder}")
+    if not options.wait:
+        return LaunchOutcome(job_ids, waited=False)
+    return _wait(jobs, payload, options, job_ids, _fmt_duration, log)
+
+
+def _compact_ids(job_ids: list[str]) -> str:
+    """SLURM array tasks share one array id (1234_0, 1234_1, ...): name it once."""
+    arrays = {job_id.split("_")[0] for job_id in job_ids}
+    if len(arrays) == 1 and all("_" in job_id for job_id in job_ids):
+        return f"{arrays.pop()}_[0-{len(job_ids) - 1}]"
+    return ", ".join(job_ids)
+
+
+def _wait(jobs, payload: list[Shard], options: SubmititOptions, job_ids: list[str], fmt_duration, log) -> LaunchOutcome:
+    outcome = LaunchOutcome(job_ids, waited=True)
+    poll_s = options.poll_s if options.poll_s is not None else (30.0 if options.launcher == "slurm" else 2.0)
+    total_runs = sum(len(shard.specs) for shard in payload)
+    pending = list(zip(jobs, payload))
+    start, runs_done = time.perf_counter(), 0
+    width = len(str(len(pending)))
+    try:
+        while pending:
+            finished = [(job, shard) for job, shard in pending if job.done()]
+            if not finished:
+                time.sleep(poll_s)
+                continue
+            for job, shard in finished:
+                pending.remove((job, shard))
+                done = len(payload) - len(pending)
+                runs_done += len(shard.specs)
+                elapsed = time.perf_counter() - start
+                eta = elapsed / runs_done * (total_runs - runs_done)
+                clock = f"| shards with {runs_done}/{total_runs} runs done, elapsed {fmt_duration(elapsed)}, ETA {fmt_duration(eta)}"
+                try:
+                    summaries = job.result()
+                except Exception as exc:  # noqa: BLE001 - a dead shard is reported, the others go on
+                    outcome.lost_shards.append(shard.index)
+                    reason = _job_failure(job, exc)
+                    blamed = _record_dead_shard(shard, f"job {job.job_id} {reason}; log {job.paths.stderr}")
+                    outcome.ran += blamed is not None
+                    outcome.failed += blamed is not None
+                    log(f"[{done:>{width}}/{len(payload)} shards] job {job.job_id} FAILED: {reason} (log {job.paths.stderr})"
+                        f"{f'; run {blamed} recorded as failed' if blamed else ''}; its unrecorded runs run on the next bench {clock}")
+                    continue
+                ran = [s for s in summaries if s["status"] != "skipped"]
+                failed = [s for s in ran if s["status"] != "ok"]
+                outcome.ran += len(ran)
+                outcome.failed += len(failed)
+                results = ", ".join(_primary(s) for s in ran)
+                log(f"[{done:>{width}}/{len(payload)} shards] job {job.job_id}: {len(ran)} ran ({len(ran) - len(failed)} ok, "
+                    f"{len(failed)} failed), {len(summaries) - len(ran)} already recorded; {results} "
+                    f"{sum(s.get('wall_time_s') or 0 for s in ran):.1f}s {clock}")
+    except KeyboardInterrupt:
+        log(f"attnbench: stopped waiting; job(s) {_compact_ids(job_ids)} keep running and write their records "
+            f"(cancel with scancel on SLURM). Run bench again once they are done to fill any gaps.")
+        raise
+    return outcome
+
+
+def _record_dead_shard(shard: Shard, why: str) -> str | None:
+    """A shard runs its specs in order, so when its job dies the first one without a record (or with a
+    retryable one from an earlier death) is the run it was in, or about to start. Record that run as failed but retryable, as the worker launcher does for a
+    dead worker: the leaderboard shows why, and the next bench runs it again. Returns its key."""
+    from datetime import datetime, timezone
+
+    from .records import RecordStore
+    from .spec import RunSpec
+
+    if shard.retry_failed:  # a failed record may be the old one or the re-run's: which run died is not knowable
+        return None
+    store = RecordStore(shard.runs_dir)
+    for data in shard.specs:
+        key = RunSpec.from_dict(data).key
+        record = store.read(key)
+        if record is not None and not record.get("retryable"):
+            continue
+        store.write({
+            "key": key,
+            "spec": data,
+            "status": "failed",
+            "error": f"ArrayTaskDied: {why}; this is the run it was on (or about to start)",
+            "retryable": True,
+            "metrics": {},
+            "commit": shard.commit,
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        })
+        return key
+    return None
+
+
+def _job_failure(job, exc: Exception) -> str:
+    from submitit.core.utils import UncompletedJobError
+
+    if isinstance(exc, UncompletedJobError):
+        return f"ended without a result (state {job.state}: time limit after its requeues, out of memory, killed or cancelled)"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]  # a traceback: its last line is the error
+    return (lines[-1] if lines else type(exc).__name__)[:200]
+
+
+def _primary(summary: dict[str, Any]) -> str:
+    if summary["status"] != "ok":
+        return f"{summary['status']}: {(summary.get('error') or '')[:80]}"
+    name, metric = next(iter(summary["metrics"].items()), (None, None))
+    return f"{name}={metric['value']:.4f}" if name else "ok"
+
+
+def add_launcher_arguments(parser) -> None:
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="workers",
+                        help="workers: processes on this machine (default); slurm: a SLURM job array through submitit; "
+                             "local: the same through submitit's local executor")
+    parser.add_argument("--shards", type=int, default=None,
+                        help="array tasks the runs are dealt into (default: min(runs, 64) on slurm, min(runs, GPUs or cores) locally)")
+    parser.add_argument("--no-wait", action="store_true", help="submit the array and exit (print the job ids); "
+                        "`attnbench leaderboard` later")
+    parser.add_argument("--submitit-folder", default=None, help="submitit's pickles and logs, %%j = job id (default: <runs-dir>/submitit/%%j)")
+    parser.add_argument("--slurm-partition", default=None)
+    parser.add_argument("--slurm-time-min", type=int, default=None, help="time limit per array task (default: 240); a task that hits it is requeued and resumes")
+    parser.add_argument("--slurm-gpus-per-task", type=int, default=None, help="GPUs per array task, 0 = CPU (default: 1 on slurm)")
+    parser.add_argument("--slurm-cpus-per-task", type=int, default=None)
+    parser.add_argument("--slurm-array-parallelism", type=int, default=None, help="at most this many array tasks at once")
+    parser.add_argument("--slurm-account", default=None)
+
+
+def options_from_args(args) -> SubmititOptions | None:
+    """None for --launcher workers, which takes none of the submitit flags (a stray one is an error)."""
+    given = {flag: value for flag, value in (
+        ("--shards", args.shards), ("--submitit-folder", args.submitit_folder), ("--slurm-partition", args.slurm_partition),
+        ("--slurm-time-min", args.slurm_time_min), ("--slurm-gpus-per-task", args.slurm_gpus_per_task),
+        ("--slurm-cpus-per-task", args.slurm_cpus_per_task), ("--slurm-array-parallelism", args.slurm_array_parallelism),
+        ("--slurm-account", args.slurm_account), ("--no-wait", args.no_wait or None)) if value is not None}
+    if args.launcher == "workers":
+        if given:
+            raise LauncherError(f"{', '.join(given)} apply to --launcher slurm or local, not to the default --launcher workers")
+        return None
+    return SubmititOptions(
+        launcher=args.launcher,
+        folder=args.submitit_folder,
+        shards=args.shards,
+        wait=not args.no_wait,
+        partition=args.slurm_partition,
+        time_min=args.slurm_time_min if args.slurm_time_min is not None else SubmititOptions.time_min,
+        gpus_per_task=args.slurm_gpus_per_task,
+        cpus_per_task=args.slurm_cpus_per_task,
+        array_parallelism=args.slurm_array_parallelism,
+        account=args.slurm_account,
+    )
