@@ -39,7 +39,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .executor import default_workers
     from .launchers import add_launcher_arguments
 
     parser = argparse.ArgumentParser(prog="attnbench", description="Benchmark attention variants on the same tasks, seeds and budgets.")
@@ -59,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="run a suite (skipping finished runs) and write its leaderboard")
     p.add_argument("--suite", default="quick", help="built-in suite name or a suite .yaml path (default: quick)")
-    p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: one per GPU, else one per CPU core)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per GPU, else one per CPU core)")
+    p.add_argument("--devices", type=int, default=None, help="N GPUs: N workers, each seeing one GPU (CUDA_VISIBLE_DEVICES); "
+                   "on a machine without GPUs, N CPU workers")
     p.add_argument("--retry-failed", action="store_true", help="run failed runs again instead of keeping their records")
     p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching these comma-separated globs, e.g. 'softmax,bam-*'")
     p.add_argument("--leaderboard-dir", default="leaderboards")
@@ -169,10 +170,16 @@ def cmd_run(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import run_suite
+    from .executor import default_workers
     from .launchers import options_from_args
 
+    if args.workers is not None and args.devices is not None and args.workers != args.devices:
+        raise ValueError("--workers and --devices both set the number of workers; give one of them")
+    args.workers = next((n for n in (args.devices, args.workers) if n is not None), None)
+    if args.workers is None:
+        args.workers = default_workers()
     if args.workers < 1:
-        raise ValueError("--workers must be at least 1")
+        raise ValueError("--workers/--devices must be at least 1")
     run_suite(
         args.suite,
         workers=args.workers,

@@ -50,3 +50,10 @@ def test_set_values_parse_as_yaml_and_exponents_as_numbers():
     params, attention = _parse_sets(["lr=5e-5", "backbone=minilm", "max_train_examples=null", "attention.alpha=2"])
     assert params == {"lr": 5e-5, "backbone": "minilm", "max_train_examples": None}
     assert attention == {"alpha": 2}
+
+
+def test_bench_devices_and_workers_must_agree(capsys):
+    assert main(["bench", "--suite", "quick", "--workers", "1", "--devices", "2"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+    assert main(["bench", "--suite", "quick", "--devices", "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err
