@@ -80,7 +80,8 @@ def run_suite(
         if task.name in the_plan.skipped_tasks:
             log(f"attnbench: skipping optional task {task.name}: {the_plan.skipped_tasks[task.name]}")
             continue
-        problem = get_task(task.name).data_problem(data_root)
+        task_def = get_task(task.name)
+        problem = task_def.check_data(data_root, task_def.params({**suite.params, **task.params}))
         if problem:
             raise MissingDataError(problem)
     store = RecordStore(runs)

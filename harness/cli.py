@@ -149,7 +149,8 @@ def cmd_run(args) -> int:
 
     from datamodules.paths import MissingDataError
 
-    problem = get_task(args.task).data_problem(args.data_root)
+    task_def = get_task(args.task)
+    problem = task_def.check_data(args.data_root, task_def.params(params))
     if problem:
         raise MissingDataError(problem)
     store = RecordStore(args.runs_dir)
@@ -220,7 +221,8 @@ def cmd_tune(args) -> int:
     from datamodules.paths import MissingDataError
 
     for task in sorted({job[0] for job in jobs}):
-        problem = get_task(task).data_problem(args.data_root)
+        task_def = get_task(task)
+        problem = task_def.check_data(args.data_root, task_def.params(next(p for t, _, p in jobs if t == task)))
         if problem:
             raise MissingDataError(problem)
     configure_worker_threads(1)

@@ -151,7 +151,8 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
     skipped: dict[str, str] = {}
     untuned: list[str] = []
     for task in suite.tasks:
-        problem = get_task(task.name).data_problem(data_root)
+        task_def = get_task(task.name)
+        problem = task_def.check_data(data_root, task_def.params({**suite.params, **task.params}))
         if problem and task.optional:
             skipped[task.name] = problem
             continue

@@ -55,9 +55,18 @@ class Task:
             raise ValueError(f"task {self.name!r} has no parameter(s) {sorted(unknown)}; its parameters are {sorted(known)}")
         return self.Params(**{**self.preset, **overrides})
 
-    def data_problem(self, data_root: str | None) -> str | None:
-        """None when the task's data can be loaded; otherwise what is missing and how to fix it."""
+    def data_problem(self, data_root: str | None, params: TrainParams | None = None) -> str | None:
+        """None when the task's data can be loaded with these params (None = the defaults); otherwise what
+        is missing and how to fix it. Checked before any run starts."""
         return None
+
+    def check_data(self, data_root: str | None, params: TrainParams | None = None) -> str | None:
+        """data_problem, also for plugin tasks written before it took `params`."""
+        import inspect
+
+        if "params" in inspect.signature(self.data_problem).parameters:
+            return self.data_problem(data_root, params=params)
+        return self.data_problem(data_root)
 
     def build(self, params: TrainParams, attention: Mapping[str, Any], *, data_root: str | None, cache_dir: str | None) -> tuple[L.LightningDataModule, L.LightningModule]:
         raise NotImplementedError

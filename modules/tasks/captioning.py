@@ -77,8 +77,14 @@ class CocoCaptionsTask(Task):
     metrics = (Metric("test/cider"), Metric("test/bleu4"), Metric("test/rouge_l"))
     monitor = Metric("val/cider")
 
-    def data_problem(self, data_root):
-        return coco.data_problem(data_root)
+    def data_problem(self, data_root, params=None):
+        problem = coco.data_problem(data_root)
+        if problem is None and params is not None and params.karpathy_split:
+            try:
+                coco.karpathy_split(coco.read_captions(data_root), params.karpathy_split, data_root)
+            except coco.MissingDataError as exc:
+                return str(exc)
+        return problem
 
     def splits(self, params: CaptionParams, data_root) -> coco.CaptionSplits:
         items = coco.read_captions(data_root)

@@ -96,10 +96,11 @@ class VQATask(Task):
                Metric("test/pavpu"))
     monitor = Metric("val/vqa_acc")
 
-    def data_problem(self, data_root):
+    def data_problem(self, data_root, params=None):
         if self.preset["dataset"] == "easy-vqa":
             return easy_vqa_problem()
-        return vqa_problem(data_root, self.preset.get("vqa_dir", VQAParams.vqa_dir))
+        vqa_dir = params.vqa_dir if params is not None else self.preset.get("vqa_dir", VQAParams.vqa_dir)
+        return vqa_problem(data_root, vqa_dir)
 
     def build(self, params: VQAParams, attention, *, data_root, cache_dir):
         if params.dataset == "easy-vqa":

@@ -57,3 +57,9 @@ def test_bench_devices_and_workers_must_agree(capsys):
     assert "give one of them" in capsys.readouterr().err
     assert main(["bench", "--suite", "quick", "--devices", "0"]) == 2
     assert "at least 1" in capsys.readouterr().err
+
+
+def test_run_checks_the_data_its_params_point_to(shared_data, tmp_path, capsys):
+    assert main(["run", "vqa", "softmax", "--set", "vqa_dir=no-such-vqa", "--data-root", str(shared_data),
+                 "--runs-dir", str(tmp_path)]) == 2
+    assert "no-such-vqa" in capsys.readouterr().err

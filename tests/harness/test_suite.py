@@ -63,3 +63,15 @@ def test_unknown_suite_name_suggests():
 def test_variant_filter_takes_comma_separated_globs():
     specs = plan(load_suite("quick"), variant_filter="softmax, bam-*").specs
     assert {s.variant for s in specs} == {"softmax", "bam-weibull", "bam-lognormal"}
+
+
+def test_a_suites_own_params_decide_whether_its_data_is_there(shared_data, tmp_path, capsys):
+    """vl-paper points coco-captions at a Karpathy split file and vqa at vqa2/: neither is here, and the
+    bench must stop before any run instead of recording every run as failed."""
+    from harness.cli import main
+
+    code = main(["bench", "--suite", "vl-paper", "--data-root", str(shared_data), "--runs-dir", str(tmp_path / "runs"),
+                 "--leaderboard-dir", str(tmp_path / "lb")])
+    assert code == 2
+    assert "dataset_coco.json" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "records").exists() or not any((tmp_path / "runs" / "records").iterdir())
