@@ -112,7 +112,7 @@ def test_a_killed_tuning_trial_is_failed_and_retried(shared_data, tmp_path):
     env = {**os.environ, "ATTNBENCH_TUNE_HEARTBEAT_S": "1", "ATTNBENCH_TUNE_GRACE_S": "2", "OMP_NUM_THREADS": "1",
            "ATTNBENCH_DATA": str(shared_data), "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "harness.cli", "tune", "cora", "fenchel", "--trials", "1", "--storage", storage,
-               "--set", "max_epochs=50", "--set", "patience=50", "--runs-dir", str(tmp_path / "runs"),
+               "--set", "max_epochs=150", "--set", "patience=150", "--runs-dir", str(tmp_path / "runs"),
                "--params-dir", str(tmp_path / "params")]
     victim = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 90
@@ -125,6 +125,8 @@ def test_a_killed_tuning_trial_is_failed_and_retried(shared_data, tmp_path):
         time.sleep(0.2)
     assert running, "the tune process never started a trial"
     time.sleep(1.5)  # at least one heartbeat recorded
+    # 150 epochs take several seconds even on an idle machine: the trial must still be running here.
+    assert victim.poll() is None, "the trial finished before it could be killed; make it longer"
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     time.sleep(2.5)  # past the grace period
