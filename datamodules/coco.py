@@ -24,7 +24,6 @@ from typing import Sequence
 
 import lightning as L
 import torch
-from filelock import FileLock
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
@@ -32,6 +31,7 @@ from modules.hosts.image_features import ImageEncoderSpec, cached_grid_features
 
 from .paths import MissingDataError
 from .paths import cache_dir as resolve_cache_dir
+from .paths import load_or_build
 from .paths import data_root as resolve_data_root
 from .vocab import Vocabulary, pad_sequences
 
@@ -202,15 +202,12 @@ def _caption_fingerprint(items: Sequence[CaptionedImage], vocab: Vocabulary, max
 def encode_cached(items: Sequence[CaptionedImage], vocab: Vocabulary, max_words: int, cache_root: Path) -> EncodedCaptions:
     """EncodedCaptions from the cache dir, keyed by the captions, the vocabulary and the length cut."""
     path = cache_root / "coco_captions" / f"{_caption_fingerprint(items, vocab, max_words)}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        if path.is_file():
-            return EncodedCaptions(**torch.load(path, weights_only=True))
+
+    def build() -> dict:
         encoded = EncodedCaptions.build(items, vocab, max_words)
-        tmp = path.with_suffix(".tmp")
-        torch.save({"ids": encoded.ids, "offsets": encoded.offsets, "owner": encoded.owner}, tmp)
-        tmp.replace(path)
-        return encoded
+        return {"ids": encoded.ids, "offsets": encoded.offsets, "owner": encoded.owner}
+
+    return EncodedCaptions(**load_or_build(path, build))
 
 
 class CaptionPairs(Dataset):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any, Callable
 
 from platformdirs import user_cache_dir
 
@@ -42,3 +43,21 @@ def sha256_of(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def load_or_build(path: Path, build: Callable[[], Any]) -> Any:
+    """torch.load(path), or build() once and save it there by atomic rename. Parallel workers asking for
+    the same file wait on a lock for the one that builds it, and nobody ever reads a half-written file.
+    `build` returns what torch.save can store under weights_only loading (tensors, dicts, lists)."""
+    import torch
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        if path.is_file():
+            return torch.load(path, weights_only=True)
+        value = build()
+        tmp = path.with_suffix(".tmp")
+        torch.save(value, tmp)
+        tmp.replace(path)
+        return value

@@ -16,12 +16,12 @@ from typing import Sequence
 
 import lightning as L
 import torch
-from filelock import FileLock
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from .glue import Example
 from .paths import cache_dir as resolve_cache_dir
+from .paths import load_or_build
 
 SPLIT_SEED = 20240229
 """Held-out and subsampled parts are drawn with this fixed seed, not the run seed, so every variant and
@@ -110,16 +110,7 @@ def tokenize_cached(examples: Sequence[Example], tokenizer, max_length: int, cac
     if not examples:
         raise ValueError("cannot tokenise an empty split")
     path = cache_root / "text" / f"{_fingerprint(examples, tokenizer, max_length)}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Parallel workers tokenising the same split wait for one another instead of writing twice.
-    with FileLock(str(path) + ".lock"):
-        if path.is_file():
-            return TokenizedSet(**torch.load(path, weights_only=True))
-        tokenized = TokenizedSet.build(examples, tokenizer, max_length)
-        tmp = path.with_suffix(".tmp")
-        torch.save(tokenized.state(), tmp)
-        tmp.replace(path)
-        return tokenized
+    return TokenizedSet(**load_or_build(path, lambda: TokenizedSet.build(examples, tokenizer, max_length).state()))
 
 
 def pad_batch(items: list[tuple[Tensor, Tensor, Tensor]], pad_id: int = 0) -> dict[str, Tensor]:

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from filelock import FileLock
 from PIL import Image
 from torch import Tensor, nn
+
+from datamodules.paths import MissingDataError, load_or_build
 
 WEIGHTS = ("random", "pretrained")
 ENCODER_SEED = 0
@@ -105,22 +106,16 @@ def cached_grid_features(paths: Sequence[str | Path], spec: ImageEncoderSpec, ca
     paths = [Path(p) for p in paths]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        from datamodules.paths import MissingDataError
-
         raise MissingDataError(f"{len(missing)} image file(s) are missing, e.g. {missing[:3]}")
     path = cache_root / "image_features" / f"{spec.backbone}-{_fingerprint(paths, spec)}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        if path.is_file():
-            return torch.load(path, weights_only=True)
+
+    def build() -> Tensor:
         encoder = create_image_encoder(spec)
         transform = image_transform(encoder, spec)
         chunks = []
         for start in range(0, len(paths), batch_size):
             batch = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths[start : start + batch_size]])
             chunks.append(grid_features(encoder, batch).to(torch.float16))
-        features = torch.cat(chunks)
-        tmp = path.with_suffix(".tmp")
-        torch.save(features, tmp)
-        tmp.replace(path)
-        return features
+        return torch.cat(chunks)
+
+    return load_or_build(path, build)

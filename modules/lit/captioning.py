@@ -8,7 +8,6 @@ test pass over the references also gives the attention diagnostics (entropy, sup
 from __future__ import annotations
 
 import lightning as L
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -16,13 +15,14 @@ from datamodules.vocab import Vocabulary
 
 from ..hosts.captioner import Captioner
 from .attention_terms import check_finite, diagnostics, trace_aux_loss
+from .optimization import WarmupAdamW
 from .caption_metrics import CaptionScores, java_available
 
 VAL_SCORERS = ("cider", "bleu4")
 TEST_SCORERS = ("cider", "bleu4", "rouge_l", "meteor")
 
 
-class CaptioningModule(L.LightningModule):
+class CaptioningModule(WarmupAdamW, L.LightningModule):
     def __init__(self, model: Captioner, vocab: Vocabulary, *, lr: float, weight_decay: float, warmup_ratio: float,
                  label_smoothing: float, beam_size: int, max_decode_words: int, length_penalty: float = 0.0,
                  meteor: bool = True):
@@ -85,27 +85,3 @@ class CaptioningModule(L.LightningModule):
     def on_test_epoch_end(self):
         self.log_dict({f"test/{k}": v.float() for k, v in self.test_scores.compute().items()})
         self.test_scores.reset()
-
-    def configure_optimizers(self):
-        # The recipe of sequence_classification: AdamW without decay on biases and LayerNorms, linear
-        # warm-up then linear decay to zero over the whole budget.
-        decay, no_decay = [], []
-        for param in self.parameters():
-            (no_decay if param.dim() < 2 else decay).append(param)
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=self.lr
-        )
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup = int(self.warmup_ratio * total)
-
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / (warmup + 1)
-            return max(0.0, (total - step) / max(1, total - warmup))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        # Transformers trained from scratch diverge easily without it; the runner's Trainer sets no clipping.
-        self.clip_gradients(optimizer, gradient_clip_val=1.0, gradient_clip_algorithm="norm")

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import lightning as L
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, MetricCollection
@@ -24,6 +23,7 @@ from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
 from ..hosts.text_encoder import encode, kernels_of, mean_pool
 from .attention_terms import check_finite, diagnostics, sampling_kernels, weighted_aux_loss
+from .optimization import WarmupAdamW
 
 ECE_BINS = 15
 """Bins of the expected calibration error (Guo et al. 2017 use 15)."""
@@ -83,7 +83,7 @@ class SequenceClassifier(nn.Module):
         return kernels_of(self.encoder)
 
 
-class SequenceClassificationModule(L.LightningModule):
+class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
     def __init__(
         self,
         model: SequenceClassifier,
@@ -162,27 +162,3 @@ class SequenceClassificationModule(L.LightningModule):
         for metrics in self.test_metrics:
             self.log_dict(metrics.compute(), add_dataloader_idx=False)
             metrics.reset()
-
-    def configure_optimizers(self):
-        # The usual BERT fine-tuning recipe: AdamW without decay on biases and LayerNorms, linear warm-up
-        # then linear decay to zero over the whole budget.
-        decay, no_decay = [], []
-        for param in self.parameters():
-            (no_decay if param.dim() < 2 else decay).append(param)
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=self.lr
-        )
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup = int(self.warmup_ratio * total)
-
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / (warmup + 1)
-            return max(0.0, (total - step) / max(1, total - warmup))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        # Transformers diverge easily from scratch without it; the runner's Trainer sets no clipping.
-        self.clip_gradients(optimizer, gradient_clip_val=1.0, gradient_clip_algorithm="norm")

@@ -20,6 +20,7 @@ from torchmetrics.classification import MulticlassCalibrationError
 
 from ..hosts.mcan import MCAN
 from .attention_terms import check_finite, diagnostics, sampling_kernels, trace_aux_loss
+from .optimization import WarmupAdamW
 
 ECE_BINS = 15
 """Bins of the expected calibration error (Guo et al. 2017 use 15)."""
@@ -127,7 +128,7 @@ def vqa_metrics(num_answers: int, pavpu_threshold: float, *, full: bool) -> Metr
     return MetricCollection(metrics)
 
 
-class VQAModule(L.LightningModule):
+class VQAModule(WarmupAdamW, L.LightningModule):
     def __init__(self, model: MCAN, *, num_answers: int, lr: float, weight_decay: float, warmup_ratio: float,
                  mc_samples: int = 1, pavpu_threshold: float = 0.5):
         super().__init__()
@@ -188,27 +189,3 @@ class VQAModule(L.LightningModule):
     def on_test_epoch_end(self):
         self.log_dict(self.test_metrics.compute())
         self.test_metrics.reset()
-
-    def configure_optimizers(self):
-        # AdamW without decay on biases and LayerNorms; linear warm-up (MCAN warms up
-        # too) then linear decay to zero over the whole budget.
-        decay, no_decay = [], []
-        for param in self.parameters():
-            (no_decay if param.dim() < 2 else decay).append(param)
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=self.lr
-        )
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup = int(self.warmup_ratio * total)
-
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / (warmup + 1)
-            return max(0.0, (total - step) / max(1, total - warmup))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        # Transformers diverge easily from scratch without it; the runner's Trainer sets no clipping.
-        self.clip_gradients(optimizer, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
