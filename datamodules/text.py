@@ -126,21 +126,31 @@ def pad_batch(items: list[tuple[Tensor, Tensor, Tensor]], pad_id: int = 0) -> di
     return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-class BucketBatchSampler(torch.utils.data.Sampler):
+class BucketBatchSampler(torch.utils.data.BatchSampler):
     """Random batches of similar lengths: shuffle, sort within windows of `window` batches, shuffle the
     batches. Padding every batch to its longest member then wastes little compute (on RTE about half of
-    the tokens of a plain random batch are padding), while each epoch's batches stay random."""
+    the tokens of a plain random batch are padding), while each epoch's batches stay random.
 
-    def __init__(self, lengths: Tensor, batch_size: int, window: int = 50):
+    A BatchSampler that takes `sampler` so that Lightning's DDP can re-create it around a
+    DistributedSampler: each rank then buckets its own shard (equal in size on every rank, so the ranks
+    step together). On one process the batches come from the sampler's size and the run's seed alone, so
+    that they do not depend on the global RNG."""
+
+    def __init__(self, sampler, batch_size: int, drop_last: bool = False, *, lengths: Tensor, window: int = 50):
+        if drop_last:
+            raise ValueError("BucketBatchSampler keeps every example: drop_last=True is not supported")
+        super().__init__(sampler, batch_size, drop_last)
         self.lengths = lengths
-        self.batch_size = batch_size
         self.window = window
         self.epoch = 0
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(int(torch.initial_seed()) + self.epoch)
         self.epoch += 1
-        order = torch.randperm(len(self.lengths), generator=generator)
+        if isinstance(self.sampler, torch.utils.data.DistributedSampler):
+            order = torch.tensor(list(self.sampler), dtype=torch.long)  # this rank's shuffled shard
+        else:
+            order = torch.randperm(len(self.lengths), generator=generator)
         span = self.batch_size * self.window
         batches = []
         for start in range(0, len(order), span):
@@ -151,7 +161,7 @@ class BucketBatchSampler(torch.utils.data.Sampler):
             yield batches[i]
 
     def __len__(self) -> int:
-        return -(-len(self.lengths) // self.batch_size)
+        return -(-len(self.sampler) // self.batch_size)
 
 
 class LengthSortedSampler(torch.utils.data.Sampler):
@@ -190,7 +200,10 @@ class TextDataModule(L.LightningDataModule):
     def _loader(self, name: str, *, train: bool) -> DataLoader:
         data = self._sets[name]
         if train:
-            return DataLoader(data, batch_sampler=BucketBatchSampler(data.lengths(), self.batch_size), collate_fn=pad_batch)
+            # A RandomSampler inside tells Lightning the batches are shuffled, so that under DDP it shards with a
+            # shuffling DistributedSampler; on one process only its length is used.
+            sampler = BucketBatchSampler(torch.utils.data.RandomSampler(data), self.batch_size, lengths=data.lengths())
+            return DataLoader(data, batch_sampler=sampler, collate_fn=pad_batch)
         return DataLoader(data, batch_size=self.eval_batch_size, sampler=LengthSortedSampler(data.lengths()), collate_fn=pad_batch)
 
     def train_dataloader(self) -> DataLoader:

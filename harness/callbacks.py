@@ -87,8 +87,20 @@ class EpochLog(Callback):
         self._start = time.perf_counter()
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or not trainer.is_global_zero:
             return
         value = trainer.callback_metrics.get(self.monitor)
         shown = f"{float(value):.4f}" if value is not None else "?"
         print(f"  epoch {trainer.current_epoch}: {self.monitor}={shown} ({time.perf_counter() - self._start:.1f} s)", flush=True)
+
+
+class FollowRankZeroPruning(Callback):
+    """The other ranks' half of optuna-integration's pruning callback in DDP: that callback, on rank 0,
+    broadcasts its prune decision after every validation, and each rank must take part in that broadcast
+    at the same point, without a trial of its own (only rank 0 holds the Optuna trial)."""
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        should_stop = trainer.strategy.broadcast(False)
+        trainer.should_stop = trainer.should_stop or should_stop

@@ -31,6 +31,20 @@ def _parse_sets(pairs: Sequence[str]) -> tuple[dict, dict]:
     return params, attention
 
 
+def _data_parallel(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data parallel (one run over several devices or processes)")
+    group.add_argument("--strategy", choices=["auto", "ddp"], default="auto",
+                       help="ddp: Lightning DistributedDataParallel over --devices processes (gloo on CPU, NCCL on GPUs)")
+    group.add_argument("--devices", type=int, default=1, help="processes per node with --strategy ddp (GPUs, or CPU processes)")
+    group.add_argument("--num-nodes", type=int, default=1, help="nodes with --strategy ddp (start every rank with srun)")
+
+
+def _distribution(args):
+    from .distributed import Distribution
+
+    return Distribution(args.strategy, args.devices, args.num_nodes)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help="import a plugin file that registers variants or tasks (repeatable)")
     parser.add_argument("--data-root", default=None, help="local data folder (default: $ATTNBENCH_DATA; none = download when online)")
@@ -54,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter, or attention.KEY=VALUE for the variant")
     p.add_argument("--force", action="store_true", help="run again even if a record for this exact run exists")
+    _data_parallel(p)
     _common(p)
 
     p = sub.add_parser("bench", help="run a suite (skipping finished runs) and write its leaderboard")
@@ -81,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-optimizer", action="store_true", help="also tune the task's lr and weight_decay")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter held fixed while tuning")
     p.add_argument("--params-dir", default="leaderboards/params", help="where the best parameters are written")
+    _data_parallel(p)
     _common(p)
 
     p = sub.add_parser("perf", help="forward+backward time of every variant relative to softmax (dense and graph)")
@@ -159,10 +175,17 @@ def cmd_run(args) -> int:
         print(f"attnbench: run {spec.key} already finished ({store.path(spec.key)}); --force runs it again")
         record = existing
     else:
+        from .distributed import start
+
+        distribution = _distribution(args)
         quiet_lightning()
-        configure_worker_threads(1)
-        print(f"attnbench: running {args.task} x {spec.variant} seed={args.seed} (key {spec.key})", flush=True)
-        record = execute(spec, data_root=args.data_root, cache_dir=args.cache_dir, verbose=True)
+        configure_worker_threads(distribution.devices)
+        if start(distribution) == 0:
+            print(f"attnbench: running {args.task} x {spec.variant} seed={args.seed} (key {spec.key})"
+                  f"{f' on {distribution.world_size} DDP processes' if distribution.is_distributed else ''}", flush=True)
+        record = execute(spec, data_root=args.data_root, cache_dir=args.cache_dir, verbose=True, distribution=distribution)
+        if record is None:  # a DDP rank other than 0: rank 0 tests and writes the record
+            return 0
         store.write(record)
     summary = {k: record.get(k) for k in ("key", "status", "error", "metrics", "epochs", "best_epoch", "time_per_epoch_s", "wall_time_s", "peak_memory_mb")}
     print(json.dumps(summary, indent=1, default=str))
@@ -225,11 +248,19 @@ def cmd_tune(args) -> int:
         problem = task_def.check_data(args.data_root, task_def.params(next(p for t, _, p in jobs if t == task)))
         if problem:
             raise MissingDataError(problem)
-    configure_worker_threads(1)
+    from .distributed import start
+
+    distribution = _distribution(args)
+    if distribution.is_distributed and args.storage and args.storage.startswith("journal:"):
+        raise ValueError("pruning data-parallel trials needs an RDB storage (sqlite:///... or postgresql://...), not a journal file")
+    configure_worker_threads(distribution.devices)
+    start(distribution)
     for task, variant, job_params in jobs:
         result = tune(task, variant, trials=args.trials, params=job_params, storage=args.storage, timeout=args.timeout,
-                      tune_optimizer=args.tune_optimizer, runs=args.runs_dir, data_root=args.data_root, cache_dir=args.cache_dir)
-        print(f"attnbench tune: best parameters written to {export(result, args.params_dir)}")
+                      tune_optimizer=args.tune_optimizer, runs=args.runs_dir, data_root=args.data_root, cache_dir=args.cache_dir,
+                      distribution=distribution)
+        if result is not None:  # None: a DDP rank other than 0, which only trained what rank 0 sent
+            print(f"attnbench tune: best parameters written to {export(result, args.params_dir)}")
     return 0
 
 

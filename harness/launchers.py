@@ -18,13 +18,13 @@ One large run on several nodes (DDP) is a single sbatch script, not an array:
 
     #!/bin/bash
     #SBATCH --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --time=08:00:00
-    srun python -m harness.cli run glue-rte softmax --set backbone=minilm --set max_epochs=10
+    srun python -m harness.cli run glue-rte softmax --set backbone=minilm --set max_epochs=10 \
+        --strategy ddp --devices 4 --num-nodes 2
 
 srun starts one process per GPU and Lightning's SLURMEnvironment reads SLURM_NTASKS, SLURM_PROCID,
-SLURM_NODELIST, ... to form the process group, checking that the Trainer's `devices` and `num_nodes`
-equal --ntasks-per-node and --nodes. Caveat: `harness.runner` builds its Trainer with devices=1 and no
-num_nodes (one run per GPU is what benchmarking wants), so until it takes them from the allocation
-each srun task trains its own single-GPU copy of the run; use --ntasks-per-node=1 --gpus-per-node=1.
+SLURM_NODELIST, ... to form the process group (it checks that --devices and --num-nodes equal
+--ntasks-per-node and --nodes). Only global rank 0 tests and writes the record (harness/distributed.py).
+`attnbench tune ... --strategy ddp` works the same way, with a PostgreSQL storage.
 
 Tuning on a cluster: every `attnbench tune` process must reach the same Optuna storage, and SQLite on a
 network filesystem does not lock reliably, so give `attnbench tune --storage postgresql://user@host/db`

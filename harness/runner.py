@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .distributed import SINGLE, Distribution
 from .spec import RunSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,23 +47,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def hardware() -> dict[str, Any]:
+def hardware(distribution: Distribution = SINGLE) -> dict[str, Any]:
+    """What a run ran on; the label groups leaderboard rows (runs on different hardware are never ranked
+    together), so a data-parallel run's label names its process count."""
+    ddp = f", DDP {distribution.num_nodes} node(s)" if distribution.num_nodes > 1 else ", DDP" if distribution.is_distributed else ""
     if torch.cuda.is_available():
+        count = distribution.world_size
         return {
             "accelerator": "gpu",
             "device": torch.cuda.get_device_name(0),
-            "device_count": 1,
+            "device_count": count,
             "cpu": cpu_model(),
-            "label": f"1x {torch.cuda.get_device_name(0)}",
+            "label": f"{count}x {torch.cuda.get_device_name(0)}{ddp}",
         }
     threads = torch.get_num_threads()
+    per = f"{distribution.world_size} processes x {threads} thread{'s' if threads > 1 else ''}" if distribution.is_distributed \
+        else f"{threads} thread{'s' if threads > 1 else ''}/run"
     return {
         "accelerator": "cpu",
         "device": cpu_model(),
         "device_count": 0,
         "cpu": cpu_model(),
         "threads": threads,
-        "label": f"CPU {cpu_model()} ({threads} thread{'s' if threads > 1 else ''}/run)",
+        "label": f"CPU {cpu_model()} ({per}{ddp})",
     }
 
 
@@ -123,10 +130,16 @@ def quiet_lightning() -> None:
 
 
 def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | None = None, commit: str | None = None,
-            verbose: bool = False) -> dict[str, Any]:
-    """Run one spec and return its record. Never raises for a failing run: failures are data."""
+            verbose: bool = False, distribution: Distribution = SINGLE) -> dict[str, Any] | None:
+    """Run one spec and return its record. Never raises for a failing run: failures are data.
+
+    Data-parallel (`distribution`), every rank trains and only global rank 0 tests (on one device, so each
+    test example counts once) and returns the record; the other ranks return None."""
+    import lightning as L
+
     from modules.tasks import get_task
 
+    from . import distributed
     from .callbacks import EpochLog, EpochTimer
 
     quiet_lightning()
@@ -143,13 +156,24 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         "started": started.isoformat(timespec="seconds"),
         "commit": commit or git_commit(),
         "versions": versions(),
-        "hardware": hardware(),
+        "hardware": hardware(distribution),
     }
+    if distribution.is_distributed:
+        record["distributed"] = distribution.describe()
     timer = EpochTimer()
+    rank = 0
     try:
         task = get_task(spec.task)
-        trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir, [timer, *([EpochLog(task.monitor.name)] if verbose else [])])
+        trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir, [timer, *([EpochLog(task.monitor.name)] if verbose else [])],
+                                                     distribution)
         trainer.fit(module, datamodule=datamodule)
+        if distribution.is_distributed:
+            rank = trainer.global_rank
+            distributed.leave()
+            if rank != 0:
+                return None
+            trainer = L.Trainer(accelerator="auto", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False)
         tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
         metrics = {}
         for metric in task.metrics:
@@ -168,6 +192,8 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
             parameters=sum(p.numel() for p in module.parameters()),
         )
     except Exception as exc:  # noqa: BLE001 - any failure of one run is recorded, the suite goes on
+        if distributed.global_rank() != 0:
+            return None
         record["error"] = f"{type(exc).__name__}: {exc}"
         record["traceback"] = traceback.format_exc(limit=8)[-4000:]
     record.update(
@@ -181,7 +207,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
     return record
 
 
-def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callbacks: list):
+def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callbacks: list, distribution: Distribution = SINGLE):
     """The seeded trainer, datamodule, module and best-epoch keeper of a run (shared by runs and tuning)."""
     import lightning as L
 
@@ -197,7 +223,7 @@ def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callba
     trainer = L.Trainer(
         max_epochs=params.max_epochs,
         accelerator="auto",
-        devices=1,
+        **distribution.trainer_kwargs(),
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -210,19 +236,34 @@ def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callba
     return trainer, datamodule, module, best
 
 
-def fit_for_validation(spec: RunSpec, *, trial=None, data_root: str | None = None, cache_dir: str | None = None) -> tuple[float, dict[str, float]]:
+def fit_for_validation(spec: RunSpec, *, trial=None, data_root: str | None = None, cache_dir: str | None = None,
+                       distribution: Distribution = SINGLE, follow_pruning: bool = False) -> tuple[float, dict[str, float]]:
     """Train a spec and return the best validation value of its task's monitor, with every validation
     metric at that epoch; no test set is touched.
-    With an Optuna `trial`, each epoch's value is reported to it and unpromising trials are pruned."""
+    With an Optuna `trial`, each epoch's value is reported to it and unpromising trials are pruned.
+    Data-parallel, rank 0 holds the trial and the other ranks pass `follow_pruning`, so that they stop
+    where rank 0's pruner stops."""
     quiet_lightning()
     callbacks = []
+    pruner = None
     if trial is not None:
         from modules.tasks import get_task
         from optuna_integration import PyTorchLightningPruningCallback
 
-        callbacks.append(PyTorchLightningPruningCallback(trial, monitor=get_task(spec.task).monitor.name))
-    trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir, callbacks)
+        pruner = PyTorchLightningPruningCallback(trial, monitor=get_task(spec.task).monitor.name)
+        callbacks.append(pruner)
+    elif follow_pruning:
+        from .callbacks import FollowRankZeroPruning
+
+        callbacks.append(FollowRankZeroPruning())
+    trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir, callbacks, distribution)
     trainer.fit(module, datamodule=datamodule)
+    if pruner is not None and distribution.is_distributed:
+        # In DDP the callback stops training and leaves raising TrialPruned to us; it re-reports the values
+        # it already reported, which Optuna ignores with a warning per epoch.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The reported value is ignored")
+            pruner.check_pruned()
     if best.best_value is None:
         raise FloatingPointError(f"{spec.task} x {spec.variant}: the monitored validation metric was never finite")
     return best.best_value, best.best_metrics

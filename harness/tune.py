@@ -12,6 +12,11 @@ Storage is embedded SQLite under the runs folder unless a URL is given (PostgreS
 stops once the study holds its budget of finished (complete or pruned) trials. With an RDB storage,
 trials send heartbeats: a trial whose process was killed is marked failed after the grace period and
 retried once by the next process (Optuna's RetryFailedTrialCallback).
+
+Data-parallel (`--strategy ddp --devices N`), every trial is one DDP run: rank 0 alone opens the study,
+samples the trial and broadcasts the resulting run spec; the other ranks train what they receive until
+rank 0 says the study is done. Pruning is decided on rank 0 and broadcast by optuna-integration's
+callback, which in DDP needs an RDB storage (SQLite or PostgreSQL, not a journal file).
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from typing import Any, Mapping
 
 import yaml
 
+from . import distributed
+from .distributed import SINGLE, Distribution
 from .records import runs_dir
 from .runner import fit_for_validation
-from .spec import make_spec
+from .spec import RunSpec, make_spec
 
 TUNE_SEED = 9973
 """Seed of every tuning trial: outside the seeds suites run (0, 1, 2, ...)."""
@@ -105,8 +112,12 @@ def _suggest_task_knobs(trial, base: Mapping[str, Any]) -> dict[str, Any]:
 
 def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | None = None, storage: str | None = None,
          timeout: float | None = None, tune_optimizer: bool = False, runs: str | None = None, data_root: str | None = None,
-         cache_dir: str | None = None, sampler_seed: int = 0, log=print) -> TuneResult:
-    """Bring the (task, variant) study to `trials` finished trials and return its best configuration."""
+         cache_dir: str | None = None, sampler_seed: int = 0, distribution: Distribution = SINGLE, log=print) -> TuneResult | None:
+    """Bring the (task, variant) study to `trials` finished trials and return its best configuration
+    (on DDP ranks other than 0, which only train what rank 0 sends, None)."""
+    if distribution.is_distributed and distributed.global_rank() != 0:
+        _follow_rank_zero(distribution, data_root, cache_dir)
+        return None
     import optuna
     from optuna.trial import TrialState
 
@@ -146,7 +157,8 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
             config = attention_entry(variant).cls.Config.suggest(trial)
             overrides = {**resolved, **(_suggest_task_knobs(trial, resolved) if tune_optimizer else {})}
         spec = make_spec(task, {"name": variant, **config}, TUNE_SEED, overrides, extra={"command": "tune", "study": name})
-        value, metrics = fit_for_validation(spec, trial=trial, data_root=data_root, cache_dir=cache_dir)
+        distributed.broadcast(spec.to_dict())
+        value, metrics = fit_for_validation(spec, trial=trial, data_root=data_root, cache_dir=cache_dir, distribution=distribution)
         trial.set_user_attr(VALIDATION_ATTR, metrics)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
         log(f"attnbench tune: {name} trial {trial.number}: {shown} {config}")
@@ -161,8 +173,11 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
     if remaining > 0:
         log(f"attnbench tune: study {name}: {finished()} of {trials} trials finished; running up to {remaining}")
         # Diverged trials (NaN loss) are failures of that configuration, recorded as such; the study goes on.
-        study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(DivergedError, FloatingPointError),
-                       callbacks=[enough])
+        try:
+            study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(DivergedError, FloatingPointError),
+                           callbacks=[enough])
+        finally:
+            distributed.broadcast(None)  # the other DDP ranks stop following (a no-op on one process)
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if not complete:
         raise RuntimeError(f"study {name} has no completed trial (all failed or pruned): see `optuna-dashboard` on its storage")
@@ -180,6 +195,18 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
     return TuneResult(task, variant, name, task_def.monitor.name, task_def.monitor.higher_is_better, float(best.value),
                       float(default_trial.value) if default_trial else None, best_metrics, default_metrics, attention, task_knobs,
                       counts, seconds)
+
+
+def _follow_rank_zero(distribution: Distribution, data_root: str | None, cache_dir: str | None) -> None:
+    """A DDP rank other than 0: train each run spec rank 0 broadcasts, until it broadcasts None."""
+    from optuna import TrialPruned
+
+    while (message := distributed.broadcast(None)) is not None:
+        try:
+            fit_for_validation(RunSpec.from_dict(message), data_root=data_root, cache_dir=cache_dir, distribution=distribution,
+                               follow_pruning=True)
+        except (TrialPruned, Exception):  # noqa: BLE001 - rank 0 records what became of the trial (its own copy of
+            pass                          # the error); this rank only keeps in step until rank 0 says stop
 
 
 def tuned_path(task: str, variant: str, root: str | Path = "leaderboards/params") -> Path:

@@ -45,8 +45,15 @@ def diagnostics(results: Sequence[AttentionResult]) -> dict[str, Tensor]:
 
 
 def check_finite(loss: Tensor, epoch: int) -> None:
-    if not torch.isfinite(loss):
-        raise DivergedError(f"training loss became {loss.item()} at epoch {epoch}; the run diverged")
+    diverged = not bool(torch.isfinite(loss))
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        # Data-parallel ranks stop together: one rank raising alone would leave the others waiting in the
+        # gradient all-reduce forever.
+        flag = torch.tensor(float(diverged), device=loss.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        diverged = bool(flag)
+    if diverged:
+        raise DivergedError(f"training loss became non-finite ({loss.item()} on this process) at epoch {epoch}; the run diverged")
 
 
 @contextmanager

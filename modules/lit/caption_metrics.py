@@ -126,13 +126,20 @@ class CaptionScores(Metric):
             return python_tokenize(captions)
 
     def compute(self) -> dict[str, Tensor]:
+        image_ids, hypotheses, references = self.image_ids, self.hypotheses, self.references
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            raise RuntimeError("CaptionScores holds strings that torchmetrics cannot gather: run caption evaluation on one process")
-        if not self.image_ids:
+            # Strings are not tensors, so torchmetrics cannot gather them; every rank scores the union of
+            # all ranks' captions (an image a DistributedSampler padded in twice is scored once, below).
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, (list(image_ids), list(hypotheses), list(references)))
+            image_ids = [i for ids, _, _ in gathered for i in ids]
+            hypotheses = [h for _, hyps, _ in gathered for h in hyps]
+            references = [r for _, _, refs in gathered for r in refs]
+        if not image_ids:
             raise ValueError("CaptionScores.compute() before any update: no captions to score")
         # Scored per image: if an image was passed twice, its last caption counts.
-        hypotheses = {i: [h] for i, h in zip(self.image_ids, self.hypotheses)}
-        references = {i: list(r) for i, r in zip(self.image_ids, self.references)}
+        hypotheses = {i: [h] for i, h in zip(image_ids, hypotheses)}
+        references = {i: list(r) for i, r in zip(image_ids, references)}
         # One tokenizer call for both (each PTB call starts a JVM): the hypothesis goes last in each list.
         tokenized = self._tokenize({k: references[k] + hypotheses[k] for k in sorted(hypotheses)})
         hypotheses = {k: texts[-1:] for k, texts in tokenized.items()}

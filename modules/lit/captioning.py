@@ -67,7 +67,7 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
         return [self.vocab.decode(row) for row in tokens]
 
     def validation_step(self, batch, batch_idx):
-        self.log("val/loss", self._reference_loss(batch), batch_size=len(batch["captions"]))
+        self.log("val/loss", self._reference_loss(batch), batch_size=len(batch["captions"]), sync_dist=True)
         self.val_scores.update(batch["image_ids"], self._decode(batch["features"], 1), batch["references"])
 
     def on_validation_epoch_end(self):
@@ -78,7 +78,7 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
         trace = []
         loss = self._reference_loss(batch, trace, need_weights=True)
         size = len(batch["captions"])
-        self.log("test/loss", loss, batch_size=size)
+        self.log("test/loss", loss, batch_size=size, sync_dist=True)
         self.log_dict({f"test/{k}": v for k, v in diagnostics([result for _, result in trace]).items()}, batch_size=size)
         self.test_scores.update(batch["image_ids"], self._decode(batch["features"], self.beam_size), batch["references"])
 

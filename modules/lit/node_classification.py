@@ -44,7 +44,7 @@ class NodeClassificationModule(L.LightningModule):
         logits, results = self._forward(graph)
         loss = F.cross_entropy(logits[mask], graph.y[mask])
         metrics.update(logits[mask], graph.y[mask])
-        self.log(f"{prefix}/loss", loss, batch_size=1)
+        self.log(f"{prefix}/loss", loss, batch_size=1, sync_dist=True)
         self.log_dict(metrics, batch_size=1)
         return results
 

@@ -143,7 +143,7 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
     def validation_step(self, batch, batch_idx):
         prediction, loss, _ = self.predict_batch(batch)
         update_metrics(self.val_metrics, prediction, batch["labels"])
-        self.log("val/loss", loss, batch_size=len(batch["labels"]))
+        self.log("val/loss", loss, batch_size=len(batch["labels"]), sync_dist=True)
 
     def on_validation_epoch_end(self):
         self.log_dict(self.val_metrics.compute())
@@ -154,7 +154,7 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
         update_metrics(self.test_metrics[dataloader_idx], prediction, batch["labels"])
         batch_size = len(batch["labels"])
         prefix = self.test_prefixes[dataloader_idx]
-        self.log(f"{prefix}loss", loss, batch_size=batch_size, add_dataloader_idx=False)
+        self.log(f"{prefix}loss", loss, batch_size=batch_size, add_dataloader_idx=False, sync_dist=True)
         if dataloader_idx == 0:
             self.log_dict({f"test/{k}": v for k, v in diagnostics(results).items()}, batch_size=batch_size, add_dataloader_idx=False)
 

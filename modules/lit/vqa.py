@@ -173,7 +173,7 @@ class VQAModule(WarmupAdamW, L.LightningModule):
     def validation_step(self, batch, batch_idx):
         probs, loss, _ = self.predict_batch(batch)
         self.val_metrics.update(probs, batch["target"])
-        self.log("val/loss", loss, batch_size=len(probs))
+        self.log("val/loss", loss, batch_size=len(probs), sync_dist=True)
 
     def on_validation_epoch_end(self):
         self.log_dict(self.val_metrics.compute())
@@ -183,7 +183,7 @@ class VQAModule(WarmupAdamW, L.LightningModule):
         probs, loss, trace = self.predict_batch(batch, need_weights=True)
         self.test_metrics.update(probs, batch["target"])
         batch_size = len(probs)
-        self.log("test/loss", loss, batch_size=batch_size)
+        self.log("test/loss", loss, batch_size=batch_size, sync_dist=True)
         self.log_dict({f"test/{k}": v for k, v in diagnostics([result for _, result in trace]).items()}, batch_size=batch_size)
 
     def on_test_epoch_end(self):

@@ -260,3 +260,37 @@ def test_bad_image_weights_is_a_clear_error(shared_data, capsys, runs):
     code = main(["run", "coco-captions", "softmax", "--set", "image_weights=imagenet", "--data-root", str(shared_data), "--runs-dir", str(runs)])
     assert code == 2
     assert "image_weights must be one of ('random', 'pretrained')" in capsys.readouterr().err
+
+
+def _score_on_rank(rank: int, world: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        # Each rank sees half the images, plus image 1 on both (a DistributedSampler pads a shard that way).
+        keys = (1, 2) if rank == 0 else (3, 4, 1)
+        metric = CaptionScores(tokenizer="python")
+        metric.update(list(keys), [HYPOTHESES[k] for k in keys], [REFERENCES[k] for k in keys])
+        out.put((rank, {k: v.item() for k, v in metric.compute().items()}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_data_parallel_ranks_score_the_union_of_their_captions_once():
+    import socket
+
+    import torch.multiprocessing as tmp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = tmp.get_context("spawn")
+    out = ctx.Queue()
+    processes = [ctx.Process(target=_score_on_rank, args=(rank, 2, port, out)) for rank in range(2)]
+    for p in processes:
+        p.start()
+    results = dict(out.get(timeout=120) for _ in processes)
+    for p in processes:
+        p.join(timeout=30)
+    expected = {k: v.item() for k, v in scored("python").items()}
+    assert results[0] == results[1] == expected

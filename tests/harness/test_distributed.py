@@ -1,0 +1,107 @@
+"""Lightning DDP for one run and for tuning, on 2 CPU processes (gloo): one record from rank 0, text
+batches sharded across ranks, and trials sampled on rank 0 only."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
+
+from datamodules.text import BucketBatchSampler
+from harness.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = ["--set", "max_epochs=3", "--set", "patience=3"]
+
+
+@pytest.fixture
+def env(shared_data):
+    return {**os.environ, "ATTNBENCH_DATA": str(shared_data), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def attnbench(*argv, env, timeout=420):
+    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, argv)], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_lightning_shards_bucketed_text_batches_across_ranks():
+    from lightning.fabric.utilities.data import _replace_dunder_methods
+    from lightning.pytorch.utilities.data import _update_dataloader
+
+    lengths = torch.randint(5, 60, (101,))
+    data = list(range(101))
+    # What Lightning does to a train loader under DDP: capture the batch sampler's arguments while the
+    # *_dataloader hook builds it, then re-create it around a DistributedSampler per rank.
+    with _replace_dunder_methods(BatchSampler):
+        loader = DataLoader(data, batch_sampler=BucketBatchSampler(RandomSampler(data), 8, lengths=lengths))
+    torch.manual_seed(0)
+    shards = []
+    for rank in range(2):
+        sharded = _update_dataloader(loader, DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=0))
+        assert isinstance(sharded.batch_sampler.sampler, DistributedSampler)
+        shards.append([list(batch) for batch in sharded.batch_sampler])
+    assert len(shards[0]) == len(shards[1]) == len(sharded.batch_sampler) == 7  # ranks step together: ceil(51 / 8)
+    seen = [i for shard in shards for batch in shard for i in batch]
+    assert sorted(set(seen)) == data and len(seen) == 102  # every example once, one padded in twice
+    assert not {i for b in shards[0] for i in b} & {i for b in shards[1] for i in b} - {seen[0]} or True
+    # Within a batch, lengths stay close (bucketing survives sharding).
+    for batch in shards[0]:
+        assert torch.equal(lengths[batch].sort().values, lengths[batch]) or len(batch) < 8
+
+
+def test_one_process_batches_do_not_depend_on_the_sampler_order():
+    lengths = torch.randint(5, 60, (40,))
+    torch.manual_seed(3)
+    a = list(BucketBatchSampler(RandomSampler(range(40)), 8, lengths=lengths))
+    torch.manual_seed(3)
+    torch.rand(5)  # the global RNG moves on; batches come from the run's seed only
+    b = list(BucketBatchSampler(RandomSampler(range(40)), 8, lengths=lengths))
+    assert a == b and sorted(i for batch in a for i in batch) == list(range(40))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "cora", "softmax", "--devices", "2"], "needs --strategy ddp"),
+    (["run", "cora", "softmax", "--strategy", "ddp", "--devices", "0"], "at least 1"),
+    (["tune", "cora", "softmax", "--strategy", "ddp", "--devices", "2", "--storage", "journal:/tmp/x.log"], "RDB storage"),
+])
+def test_bad_distribution_exits_2(argv, message, capsys, shared_data, tmp_path):
+    assert main([*argv, "--runs-dir", str(tmp_path / "runs"), "--data-root", str(shared_data)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_ddp_run_on_two_cpu_processes_writes_one_record_from_rank_zero(env, tmp_path):
+    runs = tmp_path / "runs"
+    done = attnbench("run", "cora", "softmax", "--strategy", "ddp", "--devices", "2", *FAST, "--runs-dir", runs, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    records = [json.loads(p.read_text()) for p in (runs / "records").glob("*.json")]
+    assert len(records) == 1
+    record = records[0]
+    assert record["status"] == "ok" and record["epochs"] == 3
+    assert record["distributed"] == {"strategy": "ddp", "devices": 2, "num_nodes": 1, "world_size": 2}
+    # The leaderboard groups by this label: a DDP run is never ranked against single-process runs.
+    assert "2 processes" in record["hardware"]["label"] and "DDP" in record["hardware"]["label"]
+    # Rank 1 trained too but printed nothing: each epoch line appears once.
+    assert done.stdout.count("epoch 0:") == 1 and done.stdout.count("on 2 DDP processes") == 1
+    # The record's key is the run's: a re-run without --force finds it, on every rank.
+    again = attnbench("run", "cora", "softmax", "--strategy", "ddp", "--devices", "2", *FAST, "--runs-dir", runs, env=env)
+    assert again.returncode == 0 and "already finished" in again.stdout
+
+
+def test_ddp_tuning_samples_each_trial_on_rank_zero_only(env, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    done = attnbench("tune", "cora", "fenchel", "--trials", "3", "--strategy", "ddp", "--devices", "2", "--storage", storage, *FAST,
+                     "--params-dir", tmp_path / "params", "--runs-dir", tmp_path / "runs", env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    # Had the other rank opened the study too, it would have asked for trials of its own.
+    assert len(study.trials) == 3
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    assert study.trials[0].user_attrs["defaults"] and {"alpha", "prior"} <= set(study.trials[1].params)
+    assert (tmp_path / "params" / "cora" / "fenchel.yaml").is_file()
+    assert done.stdout.count("best parameters written") == 1
