@@ -16,7 +16,7 @@ endif
 export ATTNBENCH_DATA
 
 .DEFAULT_GOAL := help
-.PHONY: help install bench paper-gat perf scaling probe tune leaderboard test test-slow clean
+.PHONY: help install browser bench paper-gat perf scaling probe tune leaderboard test test-slow clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -48,10 +48,20 @@ probe: install ## the Fenchel probe on pretrained MiniLM: writes leaderboards/pr
 tune: install ## Optuna-tune VARIANT on TASK (TRIALS=20), or every pair of SUITE when TASK is unset
 	$(BIN)/attnbench tune $(if $(TASK),$(TASK) $(VARIANT),--suite $(SUITE)) --trials $(TRIALS)
 
-leaderboard: install ## regenerate leaderboards/SUITE.* from the run records
-	$(BIN)/attnbench leaderboard --suite $(SUITE)
+# Every committed board unless SUITE is given on the command line.
+BOARDS := $(if $(filter command line environment,$(origin SUITE)),$(SUITE),$(basename $(notdir $(wildcard leaderboards/*.md))))
+leaderboard: install ## regenerate every leaderboards/<suite>.{md,csv,html} (or SUITE=name) from the run records
+	@for suite in $(BOARDS); do $(BIN)/attnbench leaderboard --suite $$suite || exit 1; done
 
-test: install ## run the test suite (CPU, minutes)
+# Debian's package, not `playwright install`: offline machines reach the Debian mirror but not Playwright's CDN.
+browser: ## install Debian's chromium for the headless leaderboard page test, when /usr/bin/chromium is missing
+	@if [ -x /usr/bin/chromium ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else SUDO=none; fi; \
+	if [ "$$SUDO" = none ] || ! $$SUDO apt-get install -y chromium; then \
+	  echo "make browser: could not install chromium; run 'sudo apt-get install -y chromium' (Debian/Ubuntu). Until then the browser test is skipped."; \
+	fi
+
+test: install browser ## run the test suite (CPU, minutes)
 	$(BIN)/python -m pytest -q
 
 test-slow: install ## also the slow reproduction tests

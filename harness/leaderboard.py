@@ -1,25 +1,23 @@
-"""Records -> leaderboards/<suite>.md and .csv.
+"""Records -> leaderboards/<suite>.md, .csv and .html.
 
-Generated, never hand-edited: the same records give byte-identical files (no clock, sorted keys)."""
+The Markdown and HTML are renderings of one board (harness/board.py), so they cannot disagree; the CSV
+lists every planned run's record, flattened. Generated, never hand-edited: the same records give
+byte-identical files (no clock, everything sorted, fixed float formats)."""
 
 from __future__ import annotations
 
 import csv
 import io
 import math
-import statistics
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from .board import build_board
+from .leaderboard_html import render_html
 from .records import RecordStore
 from .suite import load_suite, plan
 
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    mean = statistics.fmean(values)
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return mean, std
+MARKS = {"better": "▲", "worse": "▼"}
 
 
 def collect(suite_name: str, runs: str | None = None, data_root: str | None = None, tuned_params_dir=None):
@@ -29,118 +27,135 @@ def collect(suite_name: str, runs: str | None = None, data_root: str | None = No
     return suite, the_plan, records
 
 
-def task_rows(specs, records, task: str) -> list[dict[str, Any]]:
-    by_label: dict[str, list] = defaultdict(list)
-    for spec in specs:
-        if spec.task == task:
-            by_label[spec.display].append((spec, records.get(spec.key)))
-    rows = []
-    for label, entries in by_label.items():
-        ok = [r for _, r in entries if r and r["status"] == "ok"]
-        row: dict[str, Any] = {
-            "variant": label,
-            "planned": len(entries),
-            "n": len(ok),
-            "failed": sum(1 for _, r in entries if r and r["status"] == "failed"),
-            "pruned": sum(1 for _, r in entries if r and r["status"] == "pruned"),
-            "missing": sum(1 for _, r in entries if r is None),
-            "errors": sorted({r["error"].split("\n")[0][:120] for _, r in entries if r and r["status"] == "failed" and r.get("error")}),
-            "metrics": {},
-        }
-        for r in ok:
-            for name, m in r["metrics"].items():
-                row["metrics"].setdefault(name, {"values": [], "higher_is_better": m["higher_is_better"]})["values"].append(m["value"])
-        epoch_times = [r["time_per_epoch_s"] for r in ok if r.get("time_per_epoch_s")]
-        row["time_per_epoch_s"] = statistics.fmean(epoch_times) if epoch_times else None
-        row["epochs"] = statistics.fmean([r["epochs"] for r in ok]) if ok else None
-        memory = [r["peak_memory_mb"] for r in ok if r.get("peak_memory_mb")]
-        row["peak_memory_mb"] = max(memory) if memory else None
-        params = [r["parameters"] for r in ok if r.get("parameters")]
-        row["parameters"] = params[0] if params else None
-        rows.append(row)
-    return rows
-
-
-def _sort_rows(rows: list[dict[str, Any]], primary: str, higher: bool) -> list[dict[str, Any]]:
-    def key(row):
-        values = row["metrics"].get(primary, {}).get("values")
-        if not values:
-            return (1, 0.0, row["variant"])
-        mean = statistics.fmean(values)
-        return (0, -mean if higher else mean, row["variant"])
-
-    return sorted(rows, key=key)
-
-
-def _fmt(values: list[float], percent: bool) -> str:
-    if not values:
-        return "—"
-    mean, std = _mean_std(values)
-    scale = 100.0 if percent else 1.0
-    digits = 1 if percent else 4
-    if len(values) == 1:
-        return f"{mean * scale:.{digits}f}"  # one seed has no spread to show
-    return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
-
-
-def render_markdown(suite, the_plan, records) -> str:
-    from modules.tasks import get_task
-
+def render_markdown(board: dict[str, Any]) -> str:
     out = io.StringIO()
-    finished = [r for r in records.values()]
-    commits = sorted({r.get("commit", "unknown") for r in finished})
-    dates = sorted(r.get("finished", "") for r in finished if r.get("finished"))
-    hardware = sorted({(r.get("hardware") or {}).get("label", "unknown") for r in finished if r.get("hardware")})
-    out.write(f"# Leaderboard: `{suite.name}`\n\n")
-    if suite.description:
-        out.write(f"{' '.join(suite.description.split())}\n\n")
-    out.write(f"- Records: {len(finished)} of {len(the_plan.specs)} planned runs; seeds {', '.join(map(str, suite.seeds))}\n")
-    out.write(f"- Commit(s): {', '.join(commits) or '—'}; runs finished {dates[0][:10] if dates else '—'} to {dates[-1][:10] if dates else '—'}\n")
-    out.write(f"- Hardware: {'; '.join(hardware) or '—'}\n")
+    counts = board["status_counts"]
+    out.write(f"# Leaderboard: `{board['suite']}`\n\n")
+    if board["description"]:
+        out.write(f"{board['description']}\n\n")
+    out.write(f"- Records: {board['recorded']} of {board['planned']} planned runs "
+              f"({', '.join(f'{status} {n}' for status, n in counts.items())}); seeds {', '.join(map(str, board['seeds']))}\n")
+    out.write(f"- Commit(s): {', '.join(board['commits']) or '—'}; runs finished {_date_range(board['finished_range'])}\n")
+    hardware = [f"{g['hardware']}: {g['records']} record{'s' if g['records'] != 1 else ''}" for g in board["groups"]]
+    out.write(f"- Hardware: {'; '.join(hardware)}\n")
+    out.write(f"- Significance: {board['test']}; α = {board['alpha']:g}\n")
     out.write("- Generated by `attnbench leaderboard` from the run records; do not edit by hand.\n\n")
-    for task_name, why in sorted(the_plan.skipped_tasks.items()):
+    for task_name, why in board["skipped_tasks"].items():
         out.write(f"> `{task_name}` skipped: {why}\n\n")
-    tasks = sorted({s.task for s in the_plan.specs}, key=[t.name for t in suite.tasks].index)
-    for task_name in tasks:
-        task = get_task(task_name)
-        primary = task.primary
-        rows = _sort_rows(task_rows(the_plan.specs, records, task_name), primary.name, primary.higher_is_better)
-        metric_names = [m.name for m in task.metrics]
-        percent = {m: is_fraction_metric(m) for m in metric_names}
-        out.write(f"## {task_name}\n\n")
-        arrow = "higher is better" if primary.higher_is_better else "lower is better"
-        out.write(f"Ranked by `{primary.name}` ({arrow}); mean ± std over seeds{' (in %)' if percent[primary.name] else ''}.\n\n")
-        header = ["#", "variant", *[f"`{m}`" for m in metric_names], "n", "failed", "missing", "epochs", "time/epoch", "peak mem", "params"]
-        out.write("| " + " | ".join(header) + " |\n")
-        out.write("|" + "|".join(["---:", "---", *["---:"] * (len(header) - 2)]) + "|\n")
-        for rank, row in enumerate(rows, 1):
-            cells = [
-                str(rank) if row["n"] else "—",
-                f"`{row['variant']}`",
-                *[_fmt(row["metrics"].get(m, {}).get("values", []), percent[m]) for m in metric_names],
-                f"{row['n']}/{row['planned']}",
-                str(row["failed"]),
-                str(row["missing"]),
-                f"{row['epochs']:.0f}" if row["epochs"] else "—",
-                _duration(row["time_per_epoch_s"]),
-                f"{row['peak_memory_mb']:.0f} MB" if row["peak_memory_mb"] else "—",
-                f"{row['parameters']:,}" if row["parameters"] else "—",
-            ]
-            out.write("| " + " | ".join(cells) + " |\n")
-        failures = [(row["variant"], e) for row in rows for e in row["errors"]]
-        if failures:
-            out.write("\nFailures:\n")
-            for variant, error in failures:
-                out.write(f"- `{variant}`: {error}\n")
-        tuned = {s.display: s.extra["tuning"] for s in the_plan.specs if s.task == task_name and s.extra.get("tuning")}
-        if tuned:
-            out.write("\nTuning cost (`attnbench tune`, validation only, one seed; rows marked (tuned) re-ran the best trial on the suite's seeds):\n")
-            for label, tuning in sorted(tuned.items()):
-                trials = tuning.get("trials", {})
-                out.write(f"- `{label}`: {sum(trials.values())} trials ({', '.join(f'{v} {k}' for k, v in sorted(trials.items()))}), "
-                          f"{_duration(tuning.get('seconds'))} of training\n")
-        out.write("\n")
+    out.write(
+        f"Cells: mean ± std [{board['confidence']:.0%} CI] over the seeds that finished (Student t; a single seed shows its value). "
+        f"▲ / ▼: significantly better / worse than `softmax` of the same table: paired t-test over the seeds both finished, "
+        f"p Holm-corrected across the table's variants (one family per metric), Holm p < {board['alpha']:g}. "
+        "Δ: mean paired difference from `softmax` on the primary metric, with its Holm p. "
+        "Equal means share the better rank (1, 2, 2, 4); rows on different hardware are never ranked together.\n\n"
+    )
+    several = len(board["groups"]) > 1
+    for group in board["groups"]:
+        _write_group(out, group, several)
     return out.getvalue()
+
+
+def _write_group(out: io.StringIO, group: dict[str, Any], several_groups: bool) -> None:
+    out.write(f"## Hardware: {group['hardware']}\n\n")
+    versions = "; ".join(f"{name} {', '.join(v)}" for name, v in group["versions"].items() if v)
+    out.write(f"{group['records']} record{'s' if group['records'] != 1 else ''}{'; ' + versions if versions else ''}; "
+              f"commit(s) {', '.join(group['commits']) or '—'}; finished {_date_range(group['finished_range'])}.\n\n")
+
+    out.write("### Overall\n\n")
+    out.write("Mean rank over the tasks where the variant has finished runs; ▲ / ▼ count the tasks whose primary metric is "
+              "significantly better / worse than `softmax`.\n\n")
+    out.write("| variant | mean rank | tasks | ▲ better | ▼ worse |\n|---|---:|---:|---:|---:|\n")
+    for o in group["overall"]:
+        mean_rank = f"{o['mean_rank']:.2f}" if o["mean_rank"] is not None else "—"
+        out.write(f"| `{o['variant']}` | {mean_rank} | {o['tasks_covered']}/{o['tasks_total']} | {o['better']} | {o['worse']} |\n")
+    out.write("\n")
+    for table in group["tasks"]:
+        _write_task(out, table, several_groups)
+
+
+def _write_task(out: io.StringIO, table: dict[str, Any], several_groups: bool) -> None:
+    metrics = table["metrics"]
+    primary = metrics[0]
+    out.write(f"### {table['task']}\n\n")
+    arrow = "higher is better" if primary["higher_is_better"] else "lower is better"
+    percent = [f"`{m['name']}`" for m in metrics if m["percent"]]
+    lower = [f"`{m['name']}`" for m in metrics[1:] if not m["higher_is_better"]]
+    notes = [f"Ranked by `{primary['name']}` ({arrow})"]
+    if percent:
+        notes.append(f"{', '.join(percent)} in %")
+    if lower:
+        notes.append(f"lower is better for {', '.join(lower)}")
+    if table["baseline"] is None:
+        notes.append("no finished `softmax` runs to compare with")
+    notes.append(f"records from commit(s) {', '.join(table['commits']) or '—'}, finished {_date_range(table['finished_range'])}")
+    out.write("; ".join(notes) + ".\n\n")
+
+    header = ["#", "variant", *[f"`{m['name']}`" for m in metrics], f"Δ `{primary['name']}` (Holm p)",
+              "n", "failed", "pruned", "missing", *(["other hw"] if several_groups else []),
+              "epochs", "time/epoch", "total time", "peak mem", "params"]
+    out.write("| " + " | ".join(header) + " |\n")
+    out.write("|" + "|".join(["---:", "---", *["---:"] * (len(header) - 2)]) + "|\n")
+    for row in table["rows"]:
+        cost = row["cost"]
+        cells = [
+            str(row["rank"]) if row["rank"] is not None else "—",
+            f"`{row['variant']}`",
+            *[_metric_cell(row["metrics"][m["name"]], m["percent"]) for m in metrics],
+            _delta_cell(row, table, primary),
+            f"{row['n']}/{row['planned']}",
+            str(row["failed"]),
+            str(row["pruned"]),
+            str(row["missing"]),
+            *([str(row["other_hardware"])] if several_groups else []),
+            f"{cost['epochs']:.0f}" if cost["epochs"] is not None else "—",
+            _duration(cost["time_per_epoch_s"]),
+            _duration(cost["total_time_s"]),
+            f"{cost['peak_memory_mb']:.0f} MB" if cost["peak_memory_mb"] else "—",
+            f"{cost['parameters']:,}" if cost["parameters"] else "—",
+        ]
+        out.write("| " + " | ".join(cells) + " |\n")
+    failures = [(row["variant"], e) for row in table["rows"] for e in row["errors"]]
+    if failures:
+        out.write("\nFailures:\n")
+        for variant, error in failures:
+            out.write(f"- `{variant}`: {error}\n")
+    if table["tuning"]:
+        out.write("\nTuning cost (`attnbench tune`, validation only, one seed; rows marked (tuned) re-ran the best trial on the suite's seeds):\n")
+        for label, tuning in table["tuning"].items():
+            trials = tuning.get("trials", {})
+            out.write(f"- `{label}`: {sum(trials.values())} trials ({', '.join(f'{v} {k}' for k, v in sorted(trials.items()))}), "
+                      f"{_duration(tuning.get('seconds'))} of training\n")
+    out.write("\n")
+
+
+def _metric_cell(cell: dict[str, Any], percent: bool) -> str:
+    if not cell["n"]:
+        return "—"
+    scale, digits = (100.0, 1) if percent else (1.0, 4)
+    text = f"{cell['mean'] * scale:.{digits}f}"
+    if cell["std"] is not None:
+        text += f" ± {cell['std'] * scale:.{digits}f} [{cell['ci_low'] * scale:.{digits}f}, {cell['ci_high'] * scale:.{digits}f}]"
+    mark = MARKS.get((cell["vs_baseline"] or {}).get("mark"))
+    return f"{text} {mark}" if mark else text
+
+
+def _delta_cell(row: dict[str, Any], table: dict[str, Any], primary: dict[str, Any]) -> str:
+    if row["variant"] == table["baseline"]:
+        return "baseline"
+    comparison = row["metrics"][primary["name"]]["vs_baseline"]
+    if comparison is None:
+        return "—"
+    # One digit more than the cells: a difference smaller than their rounding must not read as "+0.0".
+    scale, digits = (100.0, 2) if primary["percent"] else (1.0, 5)
+    return f"{comparison['diff'] * scale:+.{digits}f} ({_p(comparison['p_holm'])})"
+
+
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _date_range(dates: list[str | None]) -> str:
+    return f"{dates[0]} to {dates[1]}" if dates[0] else "—"
 
 
 def _duration(seconds: float | None) -> str:
@@ -149,31 +164,34 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
-def is_fraction_metric(metric: str) -> bool:
-    return any(metric.endswith(s) for s in ("acc", "accuracy", "f1", "macro_f1"))
-
-
 CSV_FIELDS = ["key", "suite", "task", "variant", "label", "seed", "status", "error", "epochs", "best_epoch", "time_per_epoch_s",
-              "fit_time_s", "wall_time_s", "peak_memory_mb", "parameters", "hardware", "torch", "commit", "finished"]
+              "fit_time_s", "wall_time_s", "peak_memory_mb", "parameters", "hardware", "accelerator", "device", "device_count",
+              "threads", "torch", "python", "lightning", "commit", "finished"]
+HARDWARE_FIELDS = ("accelerator", "device", "device_count", "threads")
+VERSION_FIELDS = ("torch", "python", "lightning")
 
 
 def render_csv(suite, the_plan, records) -> str:
-    metric_names = sorted({name for r in records.values() for name in r.get("metrics", {})})
+    """One row per planned run, missing ones included: the per-seed data behind the board's statistics."""
+    metric_names = sorted({name for s in the_plan.specs if s.key in records for name in records[s.key].get("metrics", {})})
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_FIELDS + metric_names + ["attention", "params"])
-    for spec in sorted(the_plan.specs, key=lambda s: (s.task, s.display, s.seed)):
+    for spec in sorted(the_plan.specs, key=lambda s: (s.task, s.display, s.seed, s.key)):
         r = records.get(spec.key)
         if r is None:
             row = [spec.key, suite.name, spec.task, spec.variant, spec.display, spec.seed, "missing"] + [""] * (len(CSV_FIELDS) - 7)
             writer.writerow(row + [""] * len(metric_names) + [_compact(spec.attention), _compact(spec.params)])
             continue
+        hardware, versions = r.get("hardware") or {}, r.get("versions") or {}
         values = {
             "key": spec.key, "suite": suite.name, "task": spec.task, "variant": spec.variant, "label": spec.display,
             "seed": spec.seed, "status": r.get("status"), "error": (r.get("error") or "").split("\n")[0],
-            "hardware": (r.get("hardware") or {}).get("label", ""), "torch": (r.get("versions") or {}).get("torch", ""),
+            "hardware": hardware.get("label", ""),
+            **{f: _num(hardware.get(f)) for f in HARDWARE_FIELDS},
+            **{f: versions.get(f, "") for f in VERSION_FIELDS},
         }
-        row = [values.get(f, _num(r.get(f))) for f in CSV_FIELDS]
+        row = [values[f] if f in values else _num(r.get(f)) for f in CSV_FIELDS]
         row += [_num(r.get("metrics", {}).get(m, {}).get("value")) for m in metric_names]
         writer.writerow(row + [_compact(spec.attention), _compact(spec.params)])
     return out.getvalue()
@@ -193,10 +211,13 @@ def write_leaderboard(suite_name: str, *, runs: str | None = None, out_dir: str 
                       tuned_params_dir: str | Path | None = None) -> list[Path]:
     """With `tuned_params_dir`, tuned rows ("<variant> (tuned)") are listed next to the defaults."""
     suite, the_plan, records = collect(suite_name, runs, data_root, tuned_params_dir)
+    board = build_board(suite, the_plan, records)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md = out / f"{suite.name}.md"
-    md.write_text(render_markdown(suite, the_plan, records))
+    md.write_text(render_markdown(board))
     table = out / f"{suite.name}.csv"
     table.write_text(render_csv(suite, the_plan, records))
-    return [md, table]
+    page = out / f"{suite.name}.html"
+    page.write_text(render_html(board))
+    return [md, table, page]

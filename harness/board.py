@@ -1,0 +1,307 @@
+"""Records -> the leaderboard "board": per hardware group, per task, per variant, statistics over seeds.
+
+The board is a plain, JSON-serialisable dict (its shape is documented in `build_board`) from which the
+Markdown, CSV and HTML leaderboards are rendered, so that every rendering shows the same numbers.
+Everything in it is in a deterministic order (no clock, no set order, ties broken by name): the same
+records always give the same board.
+
+Statistics, per (hardware group, task, variant, metric):
+- mean, sample standard deviation (ddof 1) and a 95% Student-t confidence interval over the seeds that
+  finished;
+- against the `softmax` row of the same table: a paired t-test over the seeds that finished in both,
+  Holm-corrected across the variants of the table (one family per table and metric). A cell is marked
+  "better" or "worse" only when its Holm-adjusted p is below `ALPHA`.
+Rows are ranked by the mean of the task's primary metric with competition ranking: equal means share
+the better rank and the next rank is skipped (1, 2, 2, 4), so a rank always says how many rows beat it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from typing import Any, Iterable, Mapping
+
+from scipy import stats
+
+ALPHA = 0.05
+CONFIDENCE = 0.95
+BASELINE = "softmax"
+TEST_DESCRIPTION = "paired t-test over seeds vs softmax, Holm-corrected across the variants of a task"
+UNKNOWN_HARDWARE = "unknown"
+NO_RECORDS = "no records yet"
+"""The one group's label when nothing has run: the planned rows are still shown, all missing."""
+
+
+def is_fraction_metric(metric: str) -> bool:
+    """Metrics shown in percent (accuracies and F1 scores in [0, 1])."""
+    return any(metric.endswith(s) for s in ("acc", "accuracy", "f1", "macro_f1"))
+
+
+def build_board(suite, the_plan, records: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """`suite` and `the_plan` from harness.suite, `records` run key -> record (missing keys = not run yet)."""
+    from modules.tasks import get_task
+
+    specs = sorted(the_plan.specs, key=lambda s: (s.task, s.display, s.seed, s.key))
+    task_order = [t.name for t in suite.tasks]
+    tasks = sorted({s.task for s in specs}, key=lambda name: (task_order.index(name) if name in task_order else len(task_order), name))
+    found = [records[s.key] for s in specs if s.key in records]
+    unique = _unique_records(found)
+
+    by_label: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in unique:
+        by_label[hardware_label(record)].append(record)
+    labels = sorted(by_label) or [NO_RECORDS]
+
+    groups = []
+    for label in labels:
+        group_records = by_label.get(label, [])
+        hw = _group_hardware(group_records)
+        tables = [_task_table(get_task(name), [s for s in specs if s.task == name], records, label) for name in tasks]
+        groups.append({
+            "hardware": label,
+            **hw,
+            "torch": _versions(group_records, "torch"),
+            "versions": {name: _versions(group_records, name) for name in ("python", "torch", "lightning")},
+            "records": len(group_records),
+            "commits": _commits(group_records),
+            "finished_range": _finished_range(group_records),
+            "tasks": tables,
+            "overall": _overall(tables),
+        })
+
+    counts = Counter("missing" if s.key not in records else records[s.key].get("status", "unknown") for s in specs)
+    return {
+        "suite": suite.name,
+        "description": " ".join(str(suite.description or "").split()),
+        "seeds": list(suite.seeds),
+        "planned": len(specs),
+        "recorded": sum(1 for s in specs if s.key in records),
+        "status_counts": {status: counts.get(status, 0) for status in ("ok", "failed", "pruned", "missing")}
+        | {status: n for status, n in sorted(counts.items()) if status not in ("ok", "failed", "pruned", "missing")},
+        "commits": _commits(unique),
+        "finished_range": _finished_range(unique),
+        "skipped_tasks": dict(sorted(the_plan.skipped_tasks.items())),
+        "alpha": ALPHA,
+        "confidence": CONFIDENCE,
+        "test": TEST_DESCRIPTION,
+        "ranking": "competition ranking by the primary metric's mean: equal means share the better rank (1, 2, 2, 4)",
+        "groups": groups,
+    }
+
+
+def hardware_label(record: Mapping[str, Any]) -> str:
+    return (record.get("hardware") or {}).get("label") or UNKNOWN_HARDWARE
+
+
+def _unique_records(found: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A tuned row whose best parameters are the defaults shares its runs (keys) with the default row."""
+    by_key = {r["key"]: r for r in found}
+    return [by_key[k] for k in sorted(by_key)]
+
+
+def _group_hardware(group_records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The label names the device; the first record (by key) gives the details, which the label fixes."""
+    hw = (group_records[0].get("hardware") or {}) if group_records else {}
+    return {name: hw.get(name) for name in ("accelerator", "device", "device_count", "cpu", "threads")}
+
+
+def _versions(group_records: list[dict[str, Any]], name: str) -> list[str]:
+    return sorted({(r.get("versions") or {}).get(name) for r in group_records} - {None})
+
+
+def _commits(found: Iterable[dict[str, Any]]) -> list[str]:
+    return sorted({r.get("commit") or "unknown" for r in found})
+
+
+def _finished_range(found: Iterable[dict[str, Any]]) -> list[str | None]:
+    dates = sorted(r["finished"][:10] for r in found if r.get("finished"))
+    return [dates[0], dates[-1]] if dates else [None, None]
+
+
+def _task_table(task, task_specs, records: Mapping[str, dict[str, Any]], group: str) -> dict[str, Any]:
+    metrics = [{"name": m.name, "higher_is_better": m.higher_is_better, "percent": is_fraction_metric(m.name)} for m in task.metrics]
+    by_label: dict[str, list] = defaultdict(list)
+    for spec in task_specs:
+        by_label[spec.display].append(spec)
+    rows = {label: _row(label, entries, records, group, metrics) for label, entries in sorted(by_label.items())}
+
+    baseline = _baseline_label(by_label, rows)
+    for metric in metrics:
+        _compare(rows, baseline, metric)
+
+    primary = metrics[0]["name"]
+    ordered = _rank(list(rows.values()), primary, metrics[0]["higher_is_better"])
+    table_records = _unique_records(records[s.key] for s in task_specs if s.key in records and hardware_label(records[s.key]) == group)
+    tuning = {s.display: _plain(s.extra["tuning"]) for s in task_specs if s.extra.get("tuning")}
+    return {
+        "task": task.name,
+        "primary": primary,
+        "higher_is_better": metrics[0]["higher_is_better"],
+        "metrics": metrics,
+        "commits": _commits(table_records),
+        "finished_range": _finished_range(table_records),
+        "baseline": baseline,
+        "rows": ordered,
+        "tuning": dict(sorted(tuning.items())),
+    }
+
+
+def _baseline_label(by_label: Mapping[str, list], rows: Mapping[str, dict[str, Any]]) -> str | None:
+    """The default-parameters softmax row: not a tuned one, and only if it has finished runs to compare with."""
+    candidates = [label for label, entries in by_label.items()
+                  if all(s.variant == BASELINE and not s.extra.get("tuning") for s in entries)]
+    candidates.sort(key=lambda label: (label != BASELINE, label))
+    for label in candidates:
+        if rows[label]["n"]:
+            return label
+    return None
+
+
+def _row(label: str, entries, records: Mapping[str, dict[str, Any]], group: str, metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    entries = sorted(entries, key=lambda s: (s.seed, s.key))
+    here = [(s, records[s.key]) for s in entries if s.key in records and hardware_label(records[s.key]) == group]
+    ok = [(s, r) for s, r in here if r.get("status") == "ok"]
+    row: dict[str, Any] = {
+        "variant": label,
+        "rank": None,
+        "planned": len(entries),
+        "n": len(ok),
+        "failed": sum(1 for _, r in here if r.get("status") == "failed"),
+        "pruned": sum(1 for _, r in here if r.get("status") == "pruned"),
+        "missing": sum(1 for s in entries if s.key not in records),
+        "other_hardware": sum(1 for s in entries if s.key in records and hardware_label(records[s.key]) != group),
+        "errors": sorted({r["error"].split("\n")[0][:120] for _, r in here if r.get("status") == "failed" and r.get("error")}),
+        "metrics": {},
+        "cost": _cost(here, ok),
+    }
+    for metric in metrics:
+        pairs = [(s.seed, r["metrics"][metric["name"]]["value"]) for s, r in ok if metric["name"] in (r.get("metrics") or {})]
+        pairs = [(seed, float(v)) for seed, v in pairs if v is not None and math.isfinite(float(v))]
+        row["metrics"][metric["name"]] = {"values": [v for _, v in pairs], "seeds": [seed for seed, _ in pairs],
+                                          **summarize([v for _, v in pairs]), "vs_baseline": None}
+    return row
+
+
+def summarize(values: list[float]) -> dict[str, Any]:
+    """n, mean, sample std and the Student-t confidence interval of the mean; spread is None below 2 values."""
+    n = len(values)
+    if n == 0:
+        return {"n": 0, "mean": None, "std": None, "ci_low": None, "ci_high": None}
+    mean = statistics.fmean(values)
+    if n == 1:
+        return {"n": 1, "mean": mean, "std": None, "ci_low": None, "ci_high": None}
+    std = statistics.stdev(values)
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * std / math.sqrt(n)
+    return {"n": n, "mean": mean, "std": std, "ci_low": mean - half, "ci_high": mean + half}
+
+
+def paired_p(diffs: list[float]) -> float:
+    """Two-sided paired t-test p of variant - baseline over seeds. A t-test is undefined when the
+    differences do not vary: equal everywhere is no evidence (p = 1), a constant non-zero shift on every
+    seed is as strong as evidence gets (p = 0). Float noise in the subtraction (1e-17) must not turn a
+    constant shift into a huge but arbitrary t, hence the tolerance."""
+    scale = max(1.0, max(abs(d) for d in diffs))
+    if max(diffs) - min(diffs) <= 1e-12 * scale:
+        return 1.0 if all(abs(d) <= 1e-12 * scale for d in diffs) else 0.0
+    return float(stats.ttest_rel(diffs, [0.0] * len(diffs)).pvalue)
+
+
+def holm(p_values: Mapping[str, float]) -> dict[str, float]:
+    """Holm's step-down adjustment (controls the family-wise error rate without assuming independence).
+    Written here because scipy has none (`false_discovery_control` is Benjamini-Hochberg/Yekutieli, which
+    controls the false discovery rate instead) and statsmodels would be a heavy dependency for five lines."""
+    ordered = sorted(p_values.items(), key=lambda item: (item[1], item[0]))
+    m = len(ordered)
+    adjusted, running = {}, 0.0
+    for i, (name, p) in enumerate(ordered):
+        running = max(running, min(1.0, (m - i) * p))
+        adjusted[name] = running
+    return adjusted
+
+
+def _compare(rows: dict[str, dict[str, Any]], baseline: str | None, metric: dict[str, Any]) -> None:
+    if baseline is None:
+        return
+    name = metric["name"]
+    base = dict(zip(rows[baseline]["metrics"][name]["seeds"], rows[baseline]["metrics"][name]["values"]))
+    tests = {}
+    for label, row in rows.items():
+        if label == baseline:
+            continue
+        cell = row["metrics"][name]
+        diffs = [v - base[seed] for seed, v in zip(cell["seeds"], cell["values"]) if seed in base]
+        if len(diffs) < 2:
+            continue
+        cell["vs_baseline"] = {"diff": statistics.fmean(diffs), "n_pairs": len(diffs), "p": paired_p(diffs), "p_holm": None, "mark": None}
+        tests[label] = cell["vs_baseline"]["p"]
+    for label, p_holm in holm(tests).items():
+        comparison = rows[label]["metrics"][name]["vs_baseline"]
+        comparison["p_holm"] = p_holm
+        if p_holm < ALPHA and comparison["diff"] != 0:
+            comparison["mark"] = "better" if (comparison["diff"] > 0) == metric["higher_is_better"] else "worse"
+
+
+def _rank(rows: list[dict[str, Any]], primary: str, higher: bool) -> list[dict[str, Any]]:
+    # Exact equality is safe for ties: fmean sums with fsum (correctly rounded), so the same values in
+    # any order give the same mean.
+    ranked = [r for r in rows if r["metrics"][primary]["n"]]
+    ranked.sort(key=lambda r: (-r["metrics"][primary]["mean"] if higher else r["metrics"][primary]["mean"], r["variant"]))
+    for position, row in enumerate(ranked, 1):
+        previous = ranked[position - 2] if position > 1 else None
+        same = previous is not None and previous["metrics"][primary]["mean"] == row["metrics"][primary]["mean"]
+        row["rank"] = previous["rank"] if same else position
+    unranked = sorted((r for r in rows if not r["metrics"][primary]["n"]), key=lambda r: r["variant"])
+    return ranked + unranked
+
+
+def _cost(here: list, ok: list) -> dict[str, Any]:
+    def mean_of(field: str) -> float | None:
+        values = [float(r[field]) for _, r in ok if r.get(field) is not None]
+        return statistics.fmean(values) if values else None
+
+    totals = [float(r.get("fit_time_s") or r.get("wall_time_s")) for _, r in ok if r.get("fit_time_s") or r.get("wall_time_s")]
+    memory = [float(r["peak_memory_mb"]) for _, r in ok if r.get("peak_memory_mb")]
+    parameters = [r["parameters"] for _, r in ok if r.get("parameters")]
+    # What the row cost on the accelerator, failed runs included: every run held its GPUs for its wall time.
+    gpu_seconds = [float(r.get("wall_time_s") or 0.0) * int((r.get("hardware") or {}).get("device_count") or 0)
+                   for _, r in here if (r.get("hardware") or {}).get("accelerator") == "gpu"]
+    return {
+        "epochs": mean_of("epochs"),
+        "time_per_epoch_s": mean_of("time_per_epoch_s"),
+        "total_time_s": statistics.fmean(totals) if totals else None,
+        "gpu_hours": sum(gpu_seconds) / 3600 if gpu_seconds else None,
+        "peak_memory_mb": max(memory) if memory else None,
+        "parameters": parameters[0] if parameters else None,
+    }
+
+
+def _overall(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean rank over the tasks where a variant has a ranked row: a variant that skipped a task is neither
+    helped nor hurt by it, which is why `tasks_covered` sits next to the mean rank."""
+    labels = sorted({row["variant"] for table in tables for row in table["rows"]})
+    overall = []
+    for label in labels:
+        ranks, better, worse = [], 0, 0
+        for table in tables:
+            for row in table["rows"]:
+                if row["variant"] != label:
+                    continue
+                if row["rank"] is not None:
+                    ranks.append(row["rank"])
+                mark = (row["metrics"][table["primary"]]["vs_baseline"] or {}).get("mark")
+                better += mark == "better"
+                worse += mark == "worse"
+        overall.append({"variant": label, "mean_rank": statistics.fmean(ranks) if ranks else None,
+                        "tasks_covered": len(ranks), "tasks_total": len(tables), "better": better, "worse": worse})
+    overall.sort(key=lambda o: (-o["tasks_covered"], o["mean_rank"] if o["mean_rank"] is not None else math.inf, o["variant"]))
+    return overall
+
+
+def _plain(value: Any) -> Any:
+    """Tuning info comes from YAML: keep it JSON-serialisable and in a fixed key order."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda item: str(item[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

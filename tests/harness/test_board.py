@@ -1,0 +1,253 @@
+"""The board's statistics on synthetic records: marks, Holm, confidence intervals, ranks, hardware groups."""
+
+import json
+import math
+import statistics
+import textwrap
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from harness.board import build_board, holm, paired_p
+from harness.suite import load_suite, plan
+from modules.tasks import get_task
+
+CPU = {"accelerator": "cpu", "device": "AMD EPYC", "device_count": 0, "cpu": "AMD EPYC", "threads": 1, "label": "CPU AMD EPYC (1 thread/run)"}
+GPU = {"accelerator": "gpu", "device": "NVIDIA H100", "device_count": 1, "cpu": "Intel Xeon", "label": "1x NVIDIA H100"}
+BASE = [0.801, 0.815, 0.808, 0.822, 0.797]
+"""Softmax's test accuracy on seeds 0..4; other variants are built as BASE + chosen differences."""
+
+
+def suite_and_plan(tmp_path, variants, tasks=("cora",), seeds=5):
+    path = tmp_path / "s.yaml"
+    path.write_text(textwrap.dedent(f"""
+        name: synthetic
+        description: made up records
+        tasks: [{', '.join(tasks)}]
+        variants: [{', '.join(variants)}]
+        seeds: {seeds}
+    """))
+    suite = load_suite(str(path))
+    return suite, plan(suite)
+
+
+def record(spec, values, status="ok", hardware=CPU, finished="2026-01-02T10:00:00+00:00", commit="abc123", **fields):
+    """`values`: metric name -> value; undeclared metrics of the task get 0.5 so every record is complete."""
+    task = get_task(spec.task)
+    metrics = {m.name: {"value": float(values.get(m.name, 0.5)), "higher_is_better": m.higher_is_better} for m in task.metrics}
+    return {
+        "key": spec.key, "spec": spec.to_dict(), "status": status, "error": "RuntimeError: boom\nmore" if status == "failed" else None,
+        "metrics": metrics if status == "ok" else {}, "commit": commit, "finished": finished, "hardware": dict(hardware),
+        "versions": {"python": "3.11.7", "torch": "2.14.1", "lightning": "2.6.6"},
+        "epochs": 100, "time_per_epoch_s": 0.05, "fit_time_s": 5.0, "wall_time_s": 6.0, "peak_memory_mb": 900.0, "parameters": 1234,
+        **fields,
+    }
+
+
+def records_for(the_plan, accuracy_by_variant, task="cora", **kwargs):
+    """accuracy_by_variant: label -> list of test/acc per seed (None = no record for that seed)."""
+    found = {}
+    for spec in the_plan.specs:
+        values = accuracy_by_variant.get(spec.display)
+        if spec.task != task or values is None or values[spec.seed] is None:
+            continue
+        found[spec.key] = record(spec, {"test/acc": values[spec.seed]}, **kwargs)
+    return found
+
+
+def table(board, task="cora", group=0):
+    return next(t for t in board["groups"][group]["tasks"] if t["task"] == task)
+
+
+def row(tbl, variant):
+    return next(r for r in tbl["rows"] if r["variant"] == variant)
+
+
+def shifted(diffs):
+    return [b + d for b, d in zip(BASE, diffs)]
+
+
+def test_better_tie_and_worse_are_marked_by_a_paired_test(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm", "fenchel", "sparsemax"])
+    accuracies = {
+        "softmax": BASE,
+        "gmm": shifted([0.020, 0.022, 0.018, 0.021, 0.019]),
+        "fenchel": shifted([0.004, -0.003, 0.002, -0.004, 0.002]),  # noise around softmax
+        "sparsemax": shifted([-0.020, -0.017, -0.023, -0.019, -0.021]),
+    }
+    board = build_board(suite, the_plan, records_for(the_plan, accuracies))
+    cora = table(board)
+    assert cora["baseline"] == "softmax"
+    marks = {r["variant"]: (r["metrics"]["test/acc"]["vs_baseline"] or {}).get("mark") for r in cora["rows"]}
+    assert marks == {"gmm": "better", "fenchel": None, "sparsemax": "worse", "softmax": None}
+    assert row(cora, "softmax")["metrics"]["test/acc"]["vs_baseline"] is None
+    gmm = row(cora, "gmm")["metrics"]["test/acc"]["vs_baseline"]
+    assert gmm["p"] == pytest.approx(stats.ttest_rel(accuracies["gmm"], BASE).pvalue)
+    assert gmm["diff"] == pytest.approx(0.02) and gmm["n_pairs"] == 5
+    assert [r["variant"] for r in cora["rows"]] == ["gmm", "fenchel", "softmax", "sparsemax"]
+    assert [r["rank"] for r in cora["rows"]] == [1, 2, 3, 4]
+    overall = {o["variant"]: o for o in board["groups"][0]["overall"]}
+    assert (overall["gmm"]["better"], overall["gmm"]["worse"]) == (1, 0)
+    assert (overall["sparsemax"]["better"], overall["sparsemax"]["worse"]) == (0, 1)
+
+
+def test_a_lower_is_better_metric_flips_the_direction(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"], tasks=("easy-vqa",))
+    found = {}
+    for spec in the_plan.specs:
+        shift = 1 if spec.variant == "gmm" else 0
+        ece = BASE[spec.seed] / 10 - shift * (0.01 + 0.001 * spec.seed)  # gmm: lower calibration error
+        found[spec.key] = record(spec, {"test/vqa_acc": BASE[spec.seed] - shift * 0.03, "test/ece": ece})
+    vqa = table(build_board(suite, the_plan, found), task="easy-vqa")
+    assert vqa["primary"] == "test/vqa_acc" and vqa["higher_is_better"]
+    assert {m["name"]: m["higher_is_better"] for m in vqa["metrics"]}["test/ece"] is False
+    gmm = row(vqa, "gmm")["metrics"]
+    assert gmm["test/ece"]["vs_baseline"]["diff"] < 0 and gmm["test/ece"]["vs_baseline"]["mark"] == "better"
+    assert gmm["test/vqa_acc"]["vs_baseline"]["mark"] == "worse"
+
+
+def test_holm_adjusts_like_the_hand_computation():
+    adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.02, "d": 0.5})
+    # sorted 0.01, 0.02, 0.04, 0.5 -> 4*0.01, max(0.04, 3*0.02), max(0.06, 2*0.04), max(0.08, 1*0.5)
+    assert adjusted == pytest.approx({"a": 0.04, "c": 0.06, "b": 0.08, "d": 0.5})
+    assert holm({"a": 0.3, "b": 0.9}) == pytest.approx({"a": 0.6, "b": 0.9})  # 2 * 0.3, then max(0.6, 1 * 0.9)
+    assert holm({"a": 0.4, "b": 0.45, "c": 0.9}) == pytest.approx({"a": 1.0, "b": 1.0, "c": 1.0})  # 3 * 0.4 capped at 1
+    assert holm({}) == {}
+
+
+def diffs_with_p(p, n=5, width=0.004):
+    """Paired differences whose two-sided t-test has exactly p: spread fixed, mean solved for."""
+    spread = np.linspace(-width, width, n)
+    t = stats.t.isf(p / 2, n - 1)
+    return list(spread + t * spread.std(ddof=1) / math.sqrt(n))
+
+
+def test_holm_unmarks_a_borderline_difference(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm", "fenchel", "sparsemax"])
+    wanted = {"gmm": 0.02, "fenchel": 0.03, "sparsemax": 0.04}
+    accuracies = {"softmax": BASE, **{name: shifted(diffs_with_p(p)) for name, p in wanted.items()}}
+    cora = table(build_board(suite, the_plan, records_for(the_plan, accuracies)))
+    comparisons = {name: row(cora, name)["metrics"]["test/acc"]["vs_baseline"] for name in wanted}
+    for name, p in wanted.items():
+        assert comparisons[name]["p"] == pytest.approx(p, rel=1e-6)
+        assert comparisons[name]["p"] < 0.05
+    # Holm by hand: 3 * 0.02 = 0.06; max(0.06, 2 * 0.03) = 0.06; max(0.06, 0.04) = 0.06.
+    assert {n: c["p_holm"] for n, c in comparisons.items()} == pytest.approx({"gmm": 0.06, "fenchel": 0.06, "sparsemax": 0.06}, rel=1e-6)
+    assert all(c["mark"] is None for c in comparisons.values())
+
+    # The same gmm alone against softmax is one test: no correction, and it is marked.
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"])
+    alone = row(table(build_board(suite, the_plan, records_for(the_plan, accuracies))), "gmm")["metrics"]["test/acc"]["vs_baseline"]
+    assert alone["p_holm"] == pytest.approx(0.02, rel=1e-6) and alone["mark"] == "better"
+
+
+def test_mean_std_and_confidence_interval_match_scipy(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax"])
+    cell = row(table(build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE}))), "softmax")["metrics"]["test/acc"]
+    mean, std = np.mean(BASE), np.std(BASE, ddof=1)
+    low, high = stats.t.interval(0.95, len(BASE) - 1, loc=mean, scale=stats.sem(BASE))
+    assert cell["values"] == BASE and cell["seeds"] == [0, 1, 2, 3, 4] and cell["n"] == 5
+    assert (cell["mean"], cell["std"], cell["ci_low"], cell["ci_high"]) == pytest.approx((mean, std, low, high))
+    assert high - low == pytest.approx(2 * 2.776445 * std / math.sqrt(5), rel=1e-6)  # t(0.975, 4) from the tables
+
+
+def test_one_seed_has_a_mean_but_no_spread_and_no_test(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"], seeds=2)
+    found = records_for(the_plan, {"softmax": BASE[:2], "gmm": [None, 0.9]})
+    gmm = row(table(build_board(suite, the_plan, found)), "gmm")
+    cell = gmm["metrics"]["test/acc"]
+    assert (cell["n"], cell["mean"], cell["std"], cell["ci_low"], cell["ci_high"]) == (1, 0.9, None, None, None)
+    assert cell["vs_baseline"] is None  # one paired seed is not a test
+    assert gmm["missing"] == 1
+
+
+def test_zero_variance_differences_give_p_1_or_0_never_nan(tmp_path):
+    assert paired_p([0.0, 0.0, 0.0]) == 1.0
+    assert paired_p([0.01, 0.01, 0.01]) == 0.0
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm", "fenchel", "sparsemax"])
+    accuracies = {"softmax": BASE, "gmm": list(BASE), "fenchel": shifted([0.01] * 5), "sparsemax": shifted([-0.01] * 5)}
+    board = build_board(suite, the_plan, records_for(the_plan, accuracies))
+    json.dumps(board, allow_nan=False)  # raises on NaN or inf anywhere
+    cora = table(board)
+    same, up, down = (row(cora, n)["metrics"]["test/acc"]["vs_baseline"] for n in ("gmm", "fenchel", "sparsemax"))
+    assert (same["p"], same["p_holm"], same["mark"]) == (1.0, 1.0, None)
+    assert (up["p"], up["p_holm"], up["mark"]) == (0.0, 0.0, "better")
+    assert (down["p"], down["mark"]) == (0.0, "worse")
+    # The tied means share a rank and the next rank is skipped (competition ranking).
+    assert [(r["variant"], r["rank"]) for r in cora["rows"]] == [("fenchel", 1), ("gmm", 2), ("softmax", 2), ("sparsemax", 4)]
+
+
+def test_pairs_use_only_seeds_ok_in_both(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"])
+    found = records_for(the_plan, {"softmax": [*BASE[:4], None], "gmm": [None, *shifted([0.01, 0.012, 0.009, 0.011, 0.010])[1:]]})
+    comparison = row(table(build_board(suite, the_plan, found)), "gmm")["metrics"]["test/acc"]["vs_baseline"]
+    assert comparison["n_pairs"] == 3 and comparison["diff"] == pytest.approx(statistics.fmean([0.012, 0.009, 0.011]))
+
+
+def test_two_hardware_labels_make_two_groups_that_are_never_ranked_together(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"], seeds=4)
+    found = {}
+    for spec in the_plan.specs:
+        on_gpu = spec.seed >= 2
+        # On the GPU gmm is far ahead of everything; on the CPU it trails softmax.
+        value = (0.95 if spec.variant == "gmm" else 0.80) if on_gpu else (0.70 if spec.variant == "gmm" else 0.80)
+        found[spec.key] = record(spec, {"test/acc": value + 0.001 * spec.seed}, hardware=GPU if on_gpu else CPU)
+    board = build_board(suite, the_plan, found)
+    assert [g["hardware"] for g in board["groups"]] == [GPU["label"], CPU["label"]]
+    gpu, cpu = table(board, group=0), table(board, group=1)
+    assert [(r["variant"], r["rank"], r["n"], r["other_hardware"]) for r in cpu["rows"]] == [("softmax", 1, 2, 2), ("gmm", 2, 2, 2)]
+    assert [(r["variant"], r["rank"], r["n"], r["other_hardware"]) for r in gpu["rows"]] == [("gmm", 1, 2, 2), ("softmax", 2, 2, 2)]
+    assert row(cpu, "gmm")["metrics"]["test/acc"]["seeds"] == [0, 1]
+    assert row(cpu, "gmm")["cost"]["gpu_hours"] is None
+    assert row(gpu, "gmm")["cost"]["gpu_hours"] == pytest.approx(2 * 6.0 / 3600)
+    assert board["groups"][0]["device_count"] == 1 and board["groups"][1]["threads"] == 1
+
+
+def test_overall_mean_rank_and_coverage(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm", "fenchel"], tasks=("cora", "citeseer"))
+    found = {
+        # cora: gmm 1 (clearly better), softmax 2, fenchel 3
+        **records_for(the_plan, {"softmax": BASE, "gmm": shifted([0.05, 0.051, 0.049, 0.052, 0.048]),
+                                 "fenchel": shifted([-0.001, 0.002, -0.003, 0.001, -0.004])}, task="cora"),
+        # citeseer: softmax 1, gmm 2, fenchel never ran
+        **records_for(the_plan, {"softmax": BASE, "gmm": shifted([-0.01, 0.002, -0.003, 0.001, -0.004])}, task="citeseer"),
+    }
+    group = build_board(suite, the_plan, found)["groups"][0]
+    assert [t["task"] for t in group["tasks"]] == ["cora", "citeseer"]
+    assert group["overall"] == [
+        {"variant": "gmm", "mean_rank": 1.5, "tasks_covered": 2, "tasks_total": 2, "better": 1, "worse": 0},
+        {"variant": "softmax", "mean_rank": 1.5, "tasks_covered": 2, "tasks_total": 2, "better": 0, "worse": 0},
+        {"variant": "fenchel", "mean_rank": 3.0, "tasks_covered": 1, "tasks_total": 2, "better": 0, "worse": 0},
+    ]
+    citeseer = group["tasks"][1]
+    assert row(citeseer, "fenchel")["rank"] is None and row(citeseer, "fenchel")["missing"] == 5
+    assert citeseer["rows"][-1]["variant"] == "fenchel"
+
+
+def test_status_counts_and_no_baseline_without_softmax_runs(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"], seeds=3)
+    found = {}
+    for spec in the_plan.specs:
+        if spec.variant == "softmax":
+            found[spec.key] = record(spec, {}, status="failed" if spec.seed < 2 else "pruned")
+        elif spec.seed < 2:
+            found[spec.key] = record(spec, {"test/acc": 0.8})
+    board = build_board(suite, the_plan, found)
+    assert board["status_counts"] == {"ok": 2, "failed": 2, "pruned": 1, "missing": 1}
+    assert (board["planned"], board["recorded"]) == (6, 5)
+    cora = table(board)
+    assert cora["baseline"] is None
+    softmax = row(cora, "softmax")
+    assert (softmax["n"], softmax["failed"], softmax["pruned"], softmax["rank"]) == (0, 2, 1, None)
+    assert softmax["errors"] == ["RuntimeError: boom"]
+
+
+def test_no_records_yet_still_shows_every_planned_row_as_missing(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"], seeds=2)
+    board = build_board(suite, the_plan, {})
+    assert board["status_counts"] == {"ok": 0, "failed": 0, "pruned": 0, "missing": 4} and board["finished_range"] == [None, None]
+    (group,) = board["groups"]
+    assert group["hardware"] == "no records yet" and group["records"] == 0
+    assert [(r["variant"], r["rank"], r["missing"]) for r in group["tasks"][0]["rows"]] == [("gmm", None, 2), ("softmax", None, 2)]
+    assert [(o["variant"], o["mean_rank"], o["tasks_covered"]) for o in group["overall"]] == [("gmm", None, 0), ("softmax", None, 0)]
