@@ -38,6 +38,22 @@ def is_fraction_metric(metric: str) -> bool:
     return any(metric.endswith(s) for s in ("acc", "accuracy", "f1", "macro_f1"))
 
 
+def format_duration(seconds: float | None) -> str:
+    """How every rendering of a board shows a time."""
+    if not seconds:
+        return "—"
+    if seconds < 10:
+        return f"{seconds * 1000:.1f} ms"
+    return f"{seconds:.1f} s" if seconds < 600 else f"{seconds / 60:.1f} min"
+
+
+def format_p(p: float | None) -> str:
+    """How every rendering of a board shows a p-value."""
+    if p is None:
+        return "—"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def build_board(suite, the_plan, records: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     """`suite` and `the_plan` from harness.suite, `records` run key -> record (missing keys = not run yet)."""
     from modules.tasks import get_task

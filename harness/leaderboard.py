@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .board import build_board
+from .board import build_board, format_duration, format_p
 from .leaderboard_html import render_html
 from .records import RecordStore
 from .suite import load_suite, plan
@@ -108,8 +108,8 @@ def _write_task(out: io.StringIO, table: dict[str, Any], several_groups: bool) -
             str(row["missing"]),
             *([str(row["other_hardware"])] if several_groups else []),
             f"{cost['epochs']:.0f}" if cost["epochs"] is not None else "—",
-            _duration(cost["time_per_epoch_s"]),
-            _duration(cost["total_time_s"]),
+            format_duration(cost["time_per_epoch_s"]),
+            format_duration(cost["total_time_s"]),
             f"{cost['peak_memory_mb']:.0f} MB" if cost["peak_memory_mb"] else "—",
             f"{cost['parameters']:,}" if cost["parameters"] else "—",
         ]
@@ -124,7 +124,7 @@ def _write_task(out: io.StringIO, table: dict[str, Any], several_groups: bool) -
         for label, tuning in table["tuning"].items():
             trials = tuning.get("trials", {})
             out.write(f"- `{label}`: {sum(trials.values())} trials ({', '.join(f'{v} {k}' for k, v in sorted(trials.items()))}), "
-                      f"{_duration(tuning.get('seconds'))} of training\n")
+                      f"{format_duration(tuning.get('seconds'))} of training\n")
     out.write("\n")
 
 
@@ -147,21 +147,15 @@ def _delta_cell(row: dict[str, Any], table: dict[str, Any], primary: dict[str, A
         return "—"
     # One digit more than the cells: a difference smaller than their rounding must not read as "+0.0".
     scale, digits = (100.0, 2) if primary["percent"] else (1.0, 5)
-    return f"{comparison['diff'] * scale:+.{digits}f} ({_p(comparison['p_holm'])})"
+    return f"{comparison['diff'] * scale:+.{digits}f} ({format_p(comparison['p_holm'])})"
 
 
-def _p(p: float) -> str:
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def _date_range(dates: list[str | None]) -> str:
     return f"{dates[0]} to {dates[1]}" if dates[0] else "—"
 
 
-def _duration(seconds: float | None) -> str:
-    if not seconds:
-        return "—"
-    return f"{seconds * 1000:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
 CSV_FIELDS = ["key", "suite", "task", "variant", "label", "seed", "status", "error", "epochs", "best_epoch", "time_per_epoch_s",

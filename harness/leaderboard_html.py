@@ -16,6 +16,8 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
+from .board import format_duration, format_p
+
 MARKS = {"better": "▲", "worse": "▼"}
 BAR_COLOR = "#9db4cf"
 BASELINE_COLOR = "#d9822b"
@@ -184,8 +186,8 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
             _cell(_count(row["pruned"]), row["pruned"]),
             _cell(_count(row["missing"]), row["missing"]),
             _cell(_e(_fixed(cost.get("epochs"), 0)), cost.get("epochs")),
-            _cell(_e(_duration(cost.get("time_per_epoch_s"))), cost.get("time_per_epoch_s")),
-            _cell(_e(_duration(cost.get("total_time_s"))), cost.get("total_time_s")),
+            _cell(_e(format_duration(cost.get("time_per_epoch_s"))), cost.get("time_per_epoch_s")),
+            _cell(_e(format_duration(cost.get("total_time_s"))), cost.get("total_time_s")),
             _cell(_e(_unit(cost.get("peak_memory_mb"), "MB")), cost.get("peak_memory_mb")),
             _cell(_e(f"{cost['parameters']:,}" if cost.get("parameters") else "—"), cost.get("parameters")),
         ]
@@ -203,7 +205,7 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
             trials = tuning.get("trials", {})
             detail = ", ".join(f"{v} {k}" for k, v in sorted(trials.items()))
             parts.append(f"<li><code>{_e(label)}</code>: {sum(trials.values())} trials ({_e(detail)}), "
-                         f"{_e(_duration(tuning.get('seconds')))} of training</li>\n")
+                         f"{_e(format_duration(tuning.get('seconds')))} of training</li>\n")
         parts.append("</ul>\n")
     parts.append(_plots(task, board["alpha"], plot_ids))
     return "".join(parts)
@@ -221,10 +223,10 @@ def _metric_cell(metric: dict[str, Any] | None, spec: dict[str, Any], baseline: 
     if versus:
         unit = " pts" if spec.get("percent") else ""
         title = (f"vs {baseline}: diff {_signed(versus['diff'] * scale, digits)}{unit} over {versus['n_pairs']} paired seeds, "
-                 f"p = {_p(versus['p'])}, Holm p = {_p(versus['p_holm'])}")
+                 f"p = {format_p(versus['p'])}, Holm p = {format_p(versus['p_holm'])}")
         if versus.get("mark") in MARKS:
             text += (f" <span class=\"mark {versus['mark']}\" title=\"{_e(versus['mark'])} than {_e(baseline or '')}: "
-                     f"Holm p = {_e(_p(versus['p_holm']))}\">{MARKS[versus['mark']]}</span>")
+                     f"Holm p = {_e(format_p(versus['p_holm']))}\">{MARKS[versus['mark']]}</span>")
     if metric.get("ci_low") is not None and metric.get("ci_high") is not None:
         text += f"<span class=\"ci\">[{_e(_fixed(metric['ci_low'] * scale, digits))}, {_e(_fixed(metric['ci_high'] * scale, digits))}]</span>"
     return _cell(text, metric["mean"], title=title)
@@ -379,10 +381,6 @@ def _signed(value: float, digits: int) -> str:
     return f"{value:+.{digits}f}"
 
 
-def _p(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return f"{value:.2g}" if value >= 0.001 else f"{value:.1e}"
 
 
 def _num(value: float) -> str:
@@ -393,12 +391,6 @@ def _unit(value: float | None, unit: str) -> str:
     return f"{value:,.0f} {unit}" if value else "—"
 
 
-def _duration(seconds: float | None) -> str:
-    if not seconds:
-        return "—"
-    if seconds < 10:
-        return f"{seconds * 1000:.1f} ms"
-    return f"{seconds:.1f} s" if seconds < 600 else f"{seconds / 60:.1f} min"
 
 
 def _slug(text: str) -> str:
