@@ -68,11 +68,21 @@ def open_storage(url: str, *, heartbeat_s: int | None = None, grace_s: int | Non
         from optuna.storages.journal import JournalFileBackend
 
         return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats: experimental since 2.8
-        return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
-                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+    for attempt in range(3):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats: experimental since 2.8
+                return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+        except (IntegrityError, OperationalError):
+            # Processes creating a fresh storage's schema at once collide ("table studies already exists",
+            # or both inserting its version row; seen with SQLite); the losers find it complete on a retry.
+            if attempt == 2:
+                raise
+            time.sleep(0.5)
 
 
 def study_name(task: str, variant: str, params: Mapping[str, Any], tune_optimizer: bool) -> str:
