@@ -161,16 +161,15 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
     if distribution.is_distributed:
         record["distributed"] = distribution.describe()
     timer = EpochTimer()
-    rank = 0
     try:
         task = get_task(spec.task)
         trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir, [timer, *([EpochLog(task.monitor.name)] if verbose else [])],
                                                      distribution)
         trainer.fit(module, datamodule=datamodule)
         if distribution.is_distributed:
-            rank = trainer.global_rank
+            is_rank_zero = trainer.is_global_zero
             distributed.leave()
-            if rank != 0:
+            if not is_rank_zero:
                 return None
             trainer = L.Trainer(accelerator="auto", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                                 enable_model_summary=False)
