@@ -22,10 +22,12 @@ from ..lit.sequence_classification import SequenceClassificationModule, Sequence
 from .base import Metric, Task, TrainParams, register_task
 
 BACKBONES = ("scratch", "minilm")
-DEFAULT_LR = {"scratch": 5e-4, "minilm": 1e-4}
-DEFAULT_EPOCHS = {"scratch": 10, "minilm": 3}
-"""Used when `lr` / `max_epochs` are not set: from-scratch encoders need larger steps and more epochs;
-three epochs is the usual BERT fine-tuning budget."""
+DEFAULT_LR = {"scratch": 5e-4, "minilm": 5e-5}
+DEFAULT_EPOCHS = {"scratch": 10, "minilm": 6}
+"""Used when `lr` / `max_epochs` are not set: from-scratch encoders need larger steps and more epochs.
+The MiniLM recipe was chosen on RTE by mean held-out-train accuracy over seeds 0 and 1 (never dev):
+lr 5e-5 for 6 epochs 63.9%, lr 1e-4 for 3 epochs 63.5%, lr 1e-4 for 6 epochs 62.4%. The margin is
+within seed noise (over seeds 0-3 the first two tie at 61.7% and 61.9%); README, "Text tasks"."""
 
 
 @dataclass(frozen=True)
