@@ -1,7 +1,15 @@
 """Attention variants and the interface they share (see README "Adding a variant")."""
 
 from .groups import DenseGroups, Groups, SegmentGroups
-from .kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, per_head, standard_diagnostics
+from .kernel import (
+    AttentionConfig,
+    AttentionKernel,
+    AttentionResult,
+    AttentionSite,
+    HeadShape,
+    per_head,
+    standard_diagnostics,
+)
 from .registry import (
     ATTENTIONS,
     attention_entry,
@@ -19,6 +27,7 @@ __all__ = [
     "AttentionConfig",
     "AttentionKernel",
     "AttentionResult",
+    "AttentionSite",
     "DenseGroups",
     "Groups",
     "HeadShape",

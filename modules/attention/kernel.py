@@ -24,13 +24,59 @@ class AttentionResult:
     """Detached scalars worth logging, e.g. {"entropy": ..., "support": ...}."""
 
 
+HOSTS = ("graph", "text", "vision-language", "any")
+ROLES = ("self", "cross", "pool")
+
+
+@dataclass(frozen=True)
+class AttentionSite:
+    """Where a kernel sits in its host model. Papers set their variants up differently per host (BAM's GAT
+    and GLUE scripts), and some terms exist only at some sites (a relative-position prior needs one ordered
+    sequence; the alignment regulariser matches the queries and keys of self-attention): a kernel reads
+    this instead of the host checking variant names."""
+
+    host: str = "any"
+    """'graph' (GAT over a node's in-edges), 'text' (a text encoder), 'vision-language' (VQA, captioning),
+    or 'any' (a host that does not say: the config's own defaults apply)."""
+    role: str = "self"
+    """'self': queries and keys are the same items; 'cross': queries attend to another set (caption ->
+    image grid); 'pool': one or a few learned queries summarise a set."""
+    sequence: bool = False
+    """Queries and keys are positions of one ordered sequence (tokens), so relative positions mean
+    something; False for graphs, image grids, cross-attention and pooling."""
+
+    def __post_init__(self):
+        if self.host not in HOSTS:
+            raise ValueError(f"AttentionSite host must be one of {HOSTS}, got {self.host!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"AttentionSite role must be one of {ROLES}, got {self.role!r}")
+        if self.sequence and self.role != "self":
+            raise ValueError("AttentionSite(sequence=True) needs role='self': positions are shared only within one sequence")
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Base of every variant's frozen config. Fields carry the paper's defaults."""
+    """Base of every variant's frozen config. Fields carry the paper's defaults; a field whose default
+    differs by host is None here and filled from `site_defaults` when a kernel is built at a site."""
+
+    schedule_unit: ClassVar[str] = "step"
+    """What `loss_weights` counts: 'step' (optimiser steps) or 'epoch' (completed training epochs), so a
+    schedule runs in the unit its paper's code used whatever the host's number of steps per epoch."""
 
     def loss_weights(self, step: int) -> dict[str, float]:
-        """Weight of each aux loss at a training step (e.g. BAM's annealed KL weight)."""
+        """Weight of each aux loss at `step`, counted in `schedule_unit` (e.g. BAM's annealed KL weight)."""
         return {}
+
+    @classmethod
+    def site_defaults(cls, site: "AttentionSite") -> dict[str, Any]:
+        """Per-host paper defaults: field name -> value, for the fields this site sets differently.
+        Applied only to fields left None; each value should name its source in the field's docstring."""
+        return {}
+
+    def for_site(self, site: "AttentionSite") -> "AttentionConfig":
+        """This config with the site's defaults filled into the fields left None."""
+        fill = {k: v for k, v in self.site_defaults(site).items() if getattr(self, k) is None}
+        return dataclasses.replace(self, **fill) if fill else self
 
     @classmethod
     def suggest(cls, trial: Any) -> dict[str, Any]:
@@ -47,6 +93,7 @@ class HeadShape:
 
     num_heads: int
     head_dim: int
+    site: AttentionSite = AttentionSite()
 
 
 class AttentionKernel(nn.Module):
@@ -71,7 +118,8 @@ class AttentionKernel(nn.Module):
 
     def __init__(self, config: AttentionConfig, shape: HeadShape):
         super().__init__()
-        self.config = config
+        self.site = shape.site
+        self.config = config.for_site(shape.site)
         self.shape = shape
 
     def score(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> Tensor:
@@ -97,7 +145,12 @@ class AttentionKernel(nn.Module):
         weights = F.dropout(result.weights, dropout_p, self.training) if dropout_p > 0 else result.weights
         return groups.aggregate(weights, v), result
 
-    def loss_weights(self, step: int) -> dict[str, float]:
+    def loss_weights(self, step: int, epoch: int | None = None) -> dict[str, float]:
+        """Aux-loss weights at optimiser `step` (and completed `epoch`), in the config's schedule unit."""
+        if self.config.schedule_unit == "epoch":
+            if epoch is None:
+                raise ValueError(f"{self.name}: its loss schedule counts epochs; pass epoch=")
+            return self.config.loss_weights(epoch)
         return self.config.loss_weights(step)
 
     def extra_repr(self) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..registry import Registry
-from .kernel import AttentionConfig, AttentionKernel, HeadShape
+from .kernel import AttentionConfig, AttentionKernel, AttentionSite, HeadShape
 
 ENTRY_POINT_GROUP = "attnbench.attention"
 
@@ -75,9 +75,12 @@ def suggest_config(name: str, trial: Any) -> dict[str, Any]:
     return {k: v for k, v in entry.cls.Config.suggest(trial).items() if k not in entry.preset}
 
 
-def build_attention(spec: str | Mapping[str, Any], *, num_heads: int, head_dim: int) -> AttentionKernel:
+def build_attention(
+    spec: str | Mapping[str, Any], *, num_heads: int, head_dim: int, site: AttentionSite | None = None
+) -> AttentionKernel:
+    """The kernel for `spec` at `site` (default: a site that says nothing, where the config's own defaults apply)."""
     name, config = resolve_config(spec)
-    kernel = ATTENTIONS.get(name).cls(config, HeadShape(num_heads, head_dim))
+    kernel = ATTENTIONS.get(name).cls(config, HeadShape(num_heads, head_dim, site or AttentionSite()))
     kernel.name = name
     return kernel
 

@@ -18,12 +18,15 @@ class DivergedError(FloatingPointError):
     """The training loss became NaN or infinite: the run is recorded as failed, the suite goes on."""
 
 
-def weighted_aux_loss(results: Sequence[AttentionResult], kernels: Sequence[AttentionKernel], step: int) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """sum over layers and aux terms of weight(step) * term; also each term's mean over layers (for logging)."""
+def weighted_aux_loss(
+    results: Sequence[AttentionResult], kernels: Sequence[AttentionKernel], step: int, epoch: int = 0
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """sum over layers and aux terms of weight(step or epoch) * term; also each term's mean over layers (for
+    logging). Each kernel's schedule counts optimiser steps or completed epochs, as its config says."""
     total: Tensor | None = None
     per_term: dict[str, list[Tensor]] = defaultdict(list)
     for result, kernel in zip(results, kernels, strict=True):
-        weights = kernel.loss_weights(step)
+        weights = kernel.loss_weights(step, epoch)
         for name, value in result.aux_losses.items():
             per_term[name].append(value.detach())
             w = weights.get(name, 0.0)
@@ -69,9 +72,9 @@ def sampling_kernels(kernels: Sequence[AttentionKernel]) -> Iterator[None]:
             kernel.eval()
 
 
-def trace_aux_loss(trace, step: int) -> tuple[Tensor | None, dict[str, Tensor]]:
+def trace_aux_loss(trace, step: int, epoch: int = 0) -> tuple[Tensor | None, dict[str, Tensor]]:
     """weighted_aux_loss over a host's trace of (kernel, result) pairs (modules/hosts/attention_layers.py)."""
     if not trace:
         return None, {}
     kernels, results = zip(*trace)
-    return weighted_aux_loss(results, kernels, step)
+    return weighted_aux_loss(results, kernels, step, epoch)

@@ -44,7 +44,7 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
         captions = batch["captions"]
         logits = self.model(batch["features"], captions[:, :-1], trace)
         loss = self._caption_loss(logits, captions, smoothing=self.label_smoothing)
-        aux, aux_logs = trace_aux_loss(trace, self.global_step)
+        aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
         if aux is not None:
             loss = loss + aux
         check_finite(loss, self.current_epoch)

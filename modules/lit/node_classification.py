@@ -32,7 +32,7 @@ class NodeClassificationModule(L.LightningModule):
     def training_step(self, graph, batch_idx):
         logits, results = self._forward(graph)
         loss = F.cross_entropy(logits[graph.train_mask], graph.y[graph.train_mask])
-        aux, aux_logs = weighted_aux_loss(results, self.model.kernels(), self.global_step)
+        aux, aux_logs = weighted_aux_loss(results, self.model.kernels(), self.global_step, self.current_epoch)
         if aux is not None:
             loss = loss + aux
         check_finite(loss, self.current_epoch)

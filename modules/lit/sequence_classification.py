@@ -115,7 +115,7 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
     def training_step(self, batch, batch_idx):
         output, results = self.model(batch)
         loss = self._loss(output, batch["labels"])
-        aux, aux_logs = weighted_aux_loss(results, self.model.kernels(), self.global_step)
+        aux, aux_logs = weighted_aux_loss(results, self.model.kernels(), self.global_step, self.current_epoch)
         if aux is not None:
             loss = loss + aux
         check_finite(loss, self.current_epoch)

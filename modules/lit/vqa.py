@@ -148,7 +148,7 @@ class VQAModule(WarmupAdamW, L.LightningModule):
     def training_step(self, batch, batch_idx):
         trace = []
         loss = self.loss(self(batch, trace), batch["target"])
-        aux, aux_logs = trace_aux_loss(trace, self.global_step)
+        aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
         if aux is not None:
             loss = loss + aux
         check_finite(loss, self.current_epoch)
