@@ -7,10 +7,13 @@ graph attention (`SegmentGroups`: logits [E, H], a node's keys are its incoming 
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
+from functools import cached_property
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.utils import scatter, to_dense_batch
 from torch_geometric.utils import softmax as segment_softmax
@@ -55,6 +58,71 @@ class Groups(ABC):
     def valid(self) -> Tensor | None:
         """Boolean mask broadcastable to logits layout (True = key takes part), or None if all do."""
 
+    @property
+    @abstractmethod
+    def valid_queries(self) -> Tensor | None:
+        """Boolean per group, broadcastable to per-group layout (dense [B|1, 1|H, Lq|1], segment [N, 1]):
+        True for a real query with at least one valid key; None if every group is one. Padded query rows
+        (a padded token's row in a batch with key padding, a node without incoming edges) are False, so
+        that whatever a variant averages or sums over queries does not depend on how a batch is padded."""
+
+    @abstractmethod
+    def sum_over_queries(self, weights: Tensor, x: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """For every key u, over the valid queries i that attend to it: Σ_i w_iu (dense [B,H,Lk], segment
+        [Nk,H]) and, given per-query x (the layout of q), Σ_i w_iu x_i (dense [B,H,Lk,d], segment [Nk,H,d]).
+        The transpose of `aggregate`."""
+
+    @abstractmethod
+    def key_degree(self) -> Tensor | None:
+        """Number of valid queries attending each key, per key with a head axis of size 1 (dense
+        [B|1, 1, Lk], segment [Nk, 1]), ready for `per_key`; None where it is the same for every key of
+        every group (it then cancels in any per-group normalisation)."""
+
+    @abstractmethod
+    def mean_over_keys(self, per_key: Tensor) -> Tensor:
+        """Mean of a per-key quantity (dense [B,H,Lk], segment [Nk,H]) over the keys some valid query sees."""
+
+    @abstractmethod
+    def second_moment(self, weights: Tensor, x: Tensor) -> Tensor:
+        """Σ_j w_ij x_j x_jᵀ per query, [..., d, d], for per-key vectors x (the layout of k)."""
+
+    @abstractmethod
+    def map_keys(self, fn: Callable[[Tensor], Tensor], k: Tensor) -> Tensor:
+        """Apply `fn`, which maps item-major vectors [..., H, d] to [..., H], to the keys k (the layout
+        of k: dense [B,H,Lk,d], segment [Nk,H,d]); returns a per-key quantity (dense [B,H,Lk], segment
+        [Nk,H]), ready for `per_key`."""
+
+    @abstractmethod
+    def query_and_key_sets(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """Queries and keys as sets of points, one pair of sets per independent sample and head: dense
+        one per (sample, head), [B*H, Lq, d] and [B*H, Lk, d]; segment one per head over the whole batch
+        graph, [H, N, d] and [H, Nk, d]. Also which points are real ([C, n] / [C, m] booleans, None if
+        all are)."""
+
+    @abstractmethod
+    def sum_over_pairs(self, x: Tensor, like: Tensor) -> Tensor:
+        """Sum of x, broadcast to `like` (logits layout), over the valid (query, key) pairs of valid
+        query rows. x may be per key (dense [.., 1, Lk]): it is then never expanded to all pairs."""
+
+    has_fused_attention: bool = False
+    """Whether `fused_attention` exists for this layout (dense: torch's SDPA)."""
+
+    def fused_attention(self, q: Tensor, k: Tensor, v: Tensor, *, bias: Tensor | None, scale: float,
+                        dropout_p: float) -> Tensor:
+        """softmax(scale·<q, k> + bias) @ v within the groups without forming the weights."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused attention kernel")
+
+    @property
+    def rows_are_dense(self) -> bool:
+        """True where `pad` costs nothing (every group already is a row of the logits): sort-based maps and
+        packages that take dense input then run on the logits directly."""
+        return False
+
+    def max_if_cheap(self, x: Tensor) -> Tensor | None:
+        """Per-group max (compact, as `reduce`) where it costs one elementwise pass (dense rows); None
+        where it would cost a scatter (segments), for callers that only use it as a bound."""
+        return None
+
     # ---- derived operations, shared by both layouts -------------------------------------------
     def broadcast(self, per_group: Tensor) -> Tensor:
         """Per-group values back to logits layout."""
@@ -76,20 +144,61 @@ class Groups(ABC):
     def zero_invalid(self, x: Tensor) -> Tensor:
         return self.fill_invalid(x, 0.0)
 
-    def normalize(self, positive: Tensor, eps: float = 0.0) -> Tensor:
-        """Divide non-negative values by their group sum (0 where a group has no mass)."""
+    def normalize(self, positive: Tensor, eps: float = 0.0, *, zero_on_masked: bool = False) -> Tensor:
+        """Divide non-negative values by their group sum (0 where a group has no mass). `zero_on_masked`:
+        the values are already 0 on masked keys, which spares a masking pass where the layout can."""
         positive = self.zero_invalid(positive)
         total = self.sum(positive)
         return positive / total.clamp_min(torch.finfo(positive.dtype).tiny if eps == 0 else eps)
 
+    def mean_over_queries(self, per_group: Tensor) -> Tensor:
+        """Mean of a per-group quantity (compact, as `reduce` returns it) over the valid queries."""
+        rows = self.valid_queries
+        if rows is None:
+            return per_group.mean()
+        rows = rows.expand_as(per_group)
+        return torch.where(rows, per_group, 0.0).sum() / rows.sum().clamp_min(1)
+
     def entropy(self, weights: Tensor) -> Tensor:
-        """Mean Shannon entropy (nats) of the per-group distributions."""
+        """Mean Shannon entropy (nats) of the per-group distributions (valid queries only)."""
         plogp = torch.where(weights > 0, weights * weights.clamp_min(1e-30).log(), torch.zeros_like(weights))
-        return -self.reduce(plogp, "sum").mean()
+        return -self.mean_over_queries(self.reduce(plogp, "sum"))
 
     def support(self, weights: Tensor) -> Tensor:
-        """Mean number of keys with non-zero weight per group."""
-        return self.reduce((weights > 0).to(weights.dtype), "sum").mean()
+        """Mean number of keys with non-zero weight per group (valid queries only)."""
+        return self.mean_over_queries(self.reduce((weights > 0).to(weights.dtype), "sum"))
+
+    def count_pairs(self, like: Tensor) -> Tensor:
+        """Number of valid (query, key) pairs of valid query rows in `like`'s layout, in like's dtype (at least 1)."""
+        ones = like.new_ones((1,) * like.dim())
+        return self.sum_over_pairs(ones, like).clamp_min(1)
+
+    def softmax_and_log(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """Softmax within each group and its logarithm, both 0 on masked keys (0 rather than -inf keeps
+        products with the log and their gradients finite)."""
+        # Softmax is shift invariant, so the shift needs no gradient. A scatter max per group costs as much as
+        # all the rest on CPU (measured), so shift by the global max and fall back to the group max only if
+        # some group's mass underflows (logits spread over more than ~60 nats); log p stays exact either way.
+        detached = self.fill_invalid(logits.detach(), float("-inf"))
+        shifted, e, total = self._shifted_exp(logits, detached.max())
+        if self.zero_invalid(self.broadcast(total) < torch.finfo(e.dtype).tiny ** 0.75).any():
+            shifted, e, total = self._shifted_exp(logits, self.max(detached))
+        total = total.clamp_min(torch.finfo(e.dtype).tiny)
+        # log per group, then broadcast: a gather is cheaper than a log over every pair.
+        return e / self.broadcast(total), self.zero_invalid(shifted - self.broadcast(total.log()))
+
+    def _shifted_exp(self, logits: Tensor, shift: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        shifted = self.zero_invalid(logits - shift)
+        e = self.zero_invalid(shifted.exp())
+        return shifted, e, self.reduce(e, "sum")
+
+    def sums(self, *xs: Tensor) -> tuple[Tensor, ...]:
+        """Several `reduce(x, 'sum')` at once (segments batch them into one sparse product)."""
+        return tuple(self.reduce(x, "sum") for x in xs)
+
+    def group_size(self, like: Tensor) -> Tensor:
+        """Number of valid keys per group, compact (as `reduce`), in like's dtype."""
+        return self.reduce(torch.ones_like(like), "sum")
 
     def count(self, like: Tensor) -> Tensor:
         """Number of valid keys per group, broadcast to logits layout."""
@@ -98,27 +207,56 @@ class Groups(ABC):
 
 class DenseGroups(Groups):
     """Transformer attention: logits [B, H, Lq, Lk]; `mask` (bool, broadcastable, True = attend) as in
-    torch's scaled_dot_product_attention."""
+    torch's scaled_dot_product_attention; `query_valid` [B, Lq] (True = a real query) marks padded query
+    rows, which a key-padding mask alone lets attend like real ones."""
 
-    def __init__(self, mask: Tensor | None = None):
+    def __init__(self, mask: Tensor | None = None, query_valid: Tensor | None = None):
         if mask is not None and mask.dtype != torch.bool:
             raise TypeError("DenseGroups mask must be boolean with True where a query may attend to a key")
+        if query_valid is not None and (query_valid.dtype != torch.bool or query_valid.dim() != 2):
+            raise TypeError("DenseGroups query_valid must be a boolean [B, Lq] tensor, True for real queries")
         self.mask = mask
+        self.query_valid = query_valid
 
     @classmethod
-    def from_key_padding(cls, key_valid: Tensor, *, causal: bool = False, num_queries: int | None = None) -> "DenseGroups":
-        """key_valid [B, Lk] (True = real token) and optional causal masking for decoders."""
+    def from_key_padding(cls, key_valid: Tensor, *, causal: bool = False, num_queries: int | None = None,
+                         query_valid: Tensor | None = None) -> "DenseGroups":
+        """key_valid [B, Lk] (True = real token), optional causal masking for decoders, and the queries'
+        own padding `query_valid` [B, Lq] (self-attention: the same tensor as key_valid)."""
         mask = key_valid[:, None, None, :]
         if causal:
             lk = key_valid.shape[1]
             lq = num_queries or lk
             tri = torch.ones(lq, lk, dtype=torch.bool, device=key_valid.device).tril(diagonal=lk - lq)
             mask = mask & tri
-        return cls(mask)
+        return cls(mask, query_valid)
 
     @property
     def valid(self) -> Tensor | None:
         return self.mask
+
+    @cached_property
+    def _valid_queries(self) -> Tensor | None:
+        rows = None if self.query_valid is None else self.query_valid[:, None, :]  # [B, 1, Lq]
+        if self.mask is not None:
+            with_keys = self.mask.any(-1)  # [B|1, 1|H, Lq|1]
+            if not bool(with_keys.all()):
+                rows = with_keys if rows is None else rows & with_keys
+        if rows is not None and bool(rows.all()):
+            return None
+        return rows
+
+    @property
+    def valid_queries(self) -> Tensor | None:
+        return self._valid_queries
+
+    @cached_property
+    def _valid_pairs(self) -> Tensor | None:
+        rows = self.valid_queries
+        if rows is None:
+            return self.mask
+        rows = rows.unsqueeze(-1)
+        return rows if self.mask is None else self.mask & rows
 
     def scores(self, q: Tensor, k: Tensor, scale: float) -> Tensor:
         return torch.matmul(q, k.transpose(-1, -2)) * scale
@@ -144,16 +282,101 @@ class DenseGroups(Groups):
         # A query with no valid key (a padding row) gets all-zero weights rather than NaN.
         return weights.nan_to_num(0.0) if self.mask is not None else weights
 
+    def softmax_and_log(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        # torch's fused log_softmax instead of the generic max / exp / sum passes.
+        if self.mask is None:
+            log_p = logits.log_softmax(-1)
+            return log_p.exp(), log_p
+        invalid = ~self.mask
+        # The second masked_fill also clears the NaN rows of queries that have no valid key.
+        log_p = logits.masked_fill(invalid, float("-inf")).log_softmax(-1).masked_fill(invalid, 0.0)
+        return log_p.exp().masked_fill(invalid, 0.0), log_p
+
     def aggregate(self, weights: Tensor, v: Tensor) -> Tensor:
         return torch.matmul(weights, v)
+
+    has_fused_attention = True
+
+    def fused_attention(self, q: Tensor, k: Tensor, v: Tensor, *, bias: Tensor | None, scale: float,
+                        dropout_p: float) -> Tensor:
+        mask = self.mask
+        if bias is not None:
+            bias = bias.to(q.dtype)
+            mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+    @property
+    def rows_are_dense(self) -> bool:
+        return True
+
+    def max_if_cheap(self, x: Tensor) -> Tensor | None:
+        return self.reduce(x, "max")
 
     def pad(self, x: Tensor, fill: float) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
         return self.fill_invalid(x, fill), self.zero_invalid
 
+    def _query_rows(self, weights: Tensor) -> Tensor:
+        rows = self.valid_queries
+        return weights if rows is None else weights.masked_fill(~rows.unsqueeze(-1), 0.0)
+
+    def sum_over_queries(self, weights: Tensor, x: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        weights = self._query_rows(weights)
+        weighted = None if x is None else torch.matmul(weights.transpose(-1, -2), x)
+        return weights.sum(-2), weighted
+
+    def normalize(self, positive: Tensor, eps: float = 0.0, *, zero_on_masked: bool = False) -> Tensor:
+        if not zero_on_masked:
+            return super().normalize(positive, eps)
+        return positive / positive.sum(-1, keepdim=True).clamp_min(torch.finfo(positive.dtype).tiny if eps == 0 else eps)
+
+    def mean_over_keys(self, per_key: Tensor) -> Tensor:
+        if self.mask is None:
+            return per_key.mean()
+        seen = self._valid_pairs.any(-2).expand_as(per_key)
+        return torch.where(seen, per_key, 0.0).sum() / seen.sum().clamp_min(1)
+
+    def key_degree(self) -> Tensor | None:
+        if self.mask is None or self.mask.shape[-2] == 1:
+            return None  # a key-padding mask: every valid key of a sample is seen by all its valid queries
+        return self._valid_pairs.sum(-2).to(torch.get_default_dtype())
+
+    def second_moment(self, weights: Tensor, x: Tensor) -> Tensor:
+        d = x.shape[-1]
+        outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)
+        return self.aggregate(weights, outer).unflatten(-1, (d, d))
+
+    def map_keys(self, fn: Callable[[Tensor], Tensor], k: Tensor) -> Tensor:
+        # keys [B, H, L, d] -> item-major [B, L, H, d] and back
+        return fn(k.movedim(1, -2)).movedim(-1, 1)
+
+    def query_and_key_sets(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        batch, heads, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        rows = self.valid_queries
+        q_valid = None if rows is None else rows.expand(batch, heads, lq).reshape(batch * heads, lq)
+        k_valid = None
+        if self.mask is not None:
+            # Reduce the broadcastable mask before expanding it: [B, 1, 1, Lk] stays cheap.
+            k_valid = self.mask.any(-2).expand(batch, heads, lk).reshape(batch * heads, lk)
+        return q.flatten(0, 1), k.flatten(0, 1), q_valid, k_valid
+
+    def sum_over_pairs(self, x: Tensor, like: Tensor) -> Tensor:
+        pairs = self._valid_pairs
+        if pairs is None:
+            return x.sum() * (like.numel() // x.numel())
+        num_queries = like.shape[-2]
+        if x.shape[-2] == 1 and num_queries > 1:
+            # Per key: weight each key by how many valid queries see it instead of expanding x to all pairs.
+            seen = pairs.expand(*pairs.shape[:-2], num_queries, pairs.shape[-1]).sum(-2, keepdim=True)
+            terms = torch.where(seen > 0, x * seen.to(x.dtype), 0.0)
+            return terms.sum() * (like.numel() // (terms.numel() * num_queries))
+        terms = torch.where(pairs, x, 0.0)
+        return terms.sum() * (like.numel() // terms.numel())
+
 
 class SegmentGroups(Groups):
     """Graph attention: logits [E, H] for edges src -> dst; each destination node attends over its
-    incoming edges (the layout of PyG's `softmax(src, index)`)."""
+    incoming edges (the layout of PyG's `softmax(src, index)`). A node without incoming edges (an
+    isolated node, a padding node) is not a valid query."""
 
     def __init__(self, dst: Tensor, src: Tensor, num_nodes: int, num_src_nodes: int | None = None):
         if dst.shape != src.shape or dst.dim() != 1:
@@ -163,10 +386,28 @@ class SegmentGroups(Groups):
         self.num_nodes = int(num_nodes)
         self.num_src_nodes = int(num_src_nodes if num_src_nodes is not None else num_nodes)
         self._padding: tuple[Tensor, Tensor, Tensor] | None = None
+        self._csr: Tensor | None = None
 
     @property
     def valid(self) -> Tensor | None:
         return None
+
+    @cached_property
+    def _in_degree(self) -> Tensor:
+        return torch.bincount(self.dst, minlength=self.num_nodes)
+
+    @cached_property
+    def _out_degree(self) -> Tensor:
+        return torch.bincount(self.src, minlength=self.num_src_nodes)
+
+    @cached_property
+    def _valid_queries(self) -> Tensor | None:
+        rows = self._in_degree > 0
+        return None if bool(rows.all()) else rows.unsqueeze(-1)
+
+    @property
+    def valid_queries(self) -> Tensor | None:
+        return self._valid_queries
 
     def scores(self, q: Tensor, k: Tensor, scale: float) -> Tensor:
         return (self.per_query(q) * self.per_key(k)).sum(-1) * scale
@@ -186,15 +427,78 @@ class SegmentGroups(Groups):
         return scatter(x, self.dst, dim=0, dim_size=self.num_nodes, reduce=how)
 
     def _sum_into_nodes(self, x: Tensor) -> Tensor:
+        if not (torch.is_grad_enabled() and x.requires_grad):
+            # A CSR sparse-dense product sums [E, H] into nodes ~6x faster than index_add_ on CPU (Cora:
+            # 0.13 vs 0.75 ms, measured), but its backward is slower than index_add_'s: used without autograd
+            # (solver loops, diagnostics).
+            flat = x.reshape(x.shape[0], -1)
+            return (self._edge_matrix(x) @ flat).view(-1, *x.shape[1:])
         # index_add_ rather than PyG's scatter-sum, which first expands the index to x's full shape
         # (several times slower for [E, H, d] messages on CPU, measured).
         return x.new_zeros(self.num_nodes, *x.shape[1:]).index_add_(0, self.dst, x)
+
+    def _edge_matrix(self, like: Tensor) -> Tensor:
+        """The [N, E] 0/1 incidence matrix of destinations, CSR, cached in like's dtype and device."""
+        if self._csr is None or self._csr.dtype != like.dtype or self._csr.device != like.device:
+            edges = torch.arange(self.dst.numel(), device=self.dst.device)
+            ones = torch.ones(edges.numel(), dtype=like.dtype, device=like.device)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+                self._csr = torch.sparse_coo_tensor(
+                    torch.stack([self.dst, edges]).to(like.device), ones, (self.num_nodes, edges.numel())
+                ).to_sparse_csr()
+        return self._csr
+
+    def sums(self, *xs: Tensor) -> tuple[Tensor, ...]:
+        if len(xs) < 2 or any(torch.is_grad_enabled() and x.requires_grad for x in xs):
+            return super().sums(*xs)
+        # One sparse product for all of them (the Newton solvers need two sums per step).
+        widths = [x.shape[1] for x in xs]
+        both = self._sum_into_nodes(torch.cat(xs, dim=1))
+        return tuple(both.split(widths, dim=1))
+
+    def group_size(self, like: Tensor) -> Tensor:
+        return self._in_degree.to(like.dtype).view(-1, *([1] * (like.dim() - 1)))
 
     def softmax(self, logits: Tensor) -> Tensor:
         return segment_softmax(logits, self.dst, num_nodes=self.num_nodes, dim=0)
 
     def aggregate(self, weights: Tensor, v: Tensor) -> Tensor:
         return self._sum_into_nodes(self.per_key(v) * weights.unsqueeze(-1))
+
+    def _sum_into_keys(self, x: Tensor) -> Tensor:
+        return x.new_zeros(self.num_src_nodes, *x.shape[1:]).index_add_(0, self.src, x)
+
+    def sum_over_queries(self, weights: Tensor, x: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        weighted = None if x is None else self._sum_into_keys(weights.unsqueeze(-1) * self.per_query(x))
+        return self._sum_into_keys(weights), weighted
+
+    def key_degree(self) -> Tensor | None:
+        return self._out_degree.to(torch.get_default_dtype()).unsqueeze(-1)
+
+    def mean_over_keys(self, per_key: Tensor) -> Tensor:
+        seen = (self._out_degree > 0).unsqueeze(-1).expand_as(per_key)
+        return torch.where(seen, per_key, 0.0).sum() / seen.sum().clamp_min(1)
+
+    def second_moment(self, weights: Tensor, x: Tensor) -> Tensor:
+        # Outer products per edge from the gathered d-vectors (gathering precomputed d² outer products per
+        # key costs a third more, measured).
+        per_edge = self.per_key(x)
+        outer = (per_edge * weights.unsqueeze(-1)).unsqueeze(-1) * per_edge.unsqueeze(-2)
+        return self.reduce(outer, "sum")
+
+    def map_keys(self, fn: Callable[[Tensor], Tensor], k: Tensor) -> Tensor:
+        return fn(k)  # node layout [Nk, H, d] is item-major already
+
+    def query_and_key_sets(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        heads = q.shape[1]
+        q_valid = None if self.valid_queries is None else self.valid_queries.squeeze(-1).expand(heads, -1)
+        keys_seen = self._out_degree > 0
+        k_valid = None if bool(keys_seen.all()) else keys_seen.expand(heads, -1)
+        return q.transpose(0, 1), k.transpose(0, 1), q_valid, k_valid
+
+    def sum_over_pairs(self, x: Tensor, like: Tensor) -> Tensor:
+        return x.sum() * (like.numel() // x.numel())  # every edge is a valid pair
 
     def _sorted(self) -> tuple[Tensor, Tensor, Tensor]:
         if self._padding is None:

@@ -24,6 +24,20 @@ class AttentionResult:
     """Detached scalars worth logging, e.g. {"entropy": ..., "support": ...}."""
 
 
+@dataclass
+class FusedAttention:
+    """What a kernel hands the layout's fused kernel (SDPA on dense groups): the output is
+    softmax(scale·<q, k> + bias) @ v, computed without forming the weights."""
+
+    q: Tensor
+    k: Tensor
+    scale: float
+    bias: Tensor | None = None
+    """Additive logits bias broadcastable to [B, H, Lq, Lk] (e.g. a log prior), or None."""
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)
+    """Aux losses that do not need the weights (alignment's regulariser), returned with the output."""
+
+
 HOSTS = ("graph", "text", "vision-language", "any")
 ROLES = ("self", "cross", "pool")
 
@@ -100,8 +114,9 @@ class AttentionKernel(nn.Module):
     """Base class of every attention variant.
 
     Subclasses set `Config` (a frozen dataclass deriving from AttentionConfig) and override `normalize`
-    (and `score` if the compatibility is not a scaled dot product). Kernels never see the loss, the
-    logger or globals: they return unweighted aux terms and detached diagnostics.
+    (and `score` if the compatibility is not a scaled dot product, `fused_attention` if the weights are a
+    softmax that a fused kernel can compute). Kernels never see the loss, the logger or globals: they
+    return unweighted aux terms and detached diagnostics. They reach the layout only through `Groups`.
     """
 
     Config: ClassVar[type[AttentionConfig]] = AttentionConfig
@@ -115,6 +130,9 @@ class AttentionKernel(nn.Module):
     stochastic: ClassVar[bool] = False
     """True if the weights are sampled in training mode: hosts may then average `mc_samples` predictions,
     each drawn with the kernels (only) in training mode, at evaluation."""
+    needs_values: ClassVar[bool] = False
+    """True if the weights depend on the values (gmm's EM value iterations): `forward` then hands
+    `normalize` the values as `v=` too."""
 
     def __init__(self, config: AttentionConfig, shape: HeadShape):
         super().__init__()
@@ -125,8 +143,25 @@ class AttentionKernel(nn.Module):
     def score(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> Tensor:
         return groups.scores(q, k, scale)
 
-    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor | None = None, k: Tensor | None = None) -> AttentionResult:
+    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
+        """The weights of every group from the logits; q and k (the layouts of `score`'s inputs: dense
+        [B,H,L,d], segment node-level [N,H,d]) for kernels that use more than the logits."""
         raise NotImplementedError
+
+    def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
+        """Inputs for the layout's fused kernel when the weights are softmax(scale'·<q', k'> + bias) and the
+        host does not ask for them; None = no fused path (the weights are formed and aggregated)."""
+        return None
+
+    def draw_noise(self, like: Tensor, distribution: str = "uniform") -> Tensor:
+        """Noise for stochastic kernels, one draw per entry of `like`: 'uniform' on [0, 1) or standard
+        'normal'. Drawn here, not inline, so that tests can hold it fixed across layouts (the padding
+        contract compares a batch with and without padding under the same noise)."""
+        if distribution == "uniform":
+            return torch.rand_like(like)
+        if distribution == "normal":
+            return torch.randn_like(like)
+        raise ValueError(f"unknown noise distribution {distribution!r}; use 'uniform' or 'normal'")
 
     def forward(
         self,
@@ -140,8 +175,15 @@ class AttentionKernel(nn.Module):
         need_weights: bool = True,
     ) -> tuple[Tensor, AttentionResult]:
         scale = q.shape[-1] ** -0.5 if scale is None else scale
+        if not need_weights and groups.has_fused_attention:
+            fused = self.fused_attention(q, k, groups, scale=scale)
+            if fused is not None:
+                out = groups.fused_attention(fused.q, fused.k, v, bias=fused.bias, scale=fused.scale,
+                                             dropout_p=dropout_p if self.training else 0.0)
+                return out, AttentionResult(None, fused.aux_losses)
         logits = self.score(q, k, groups, scale=scale)
-        result = self.normalize(logits, groups, q=q, k=k)
+        values = {"v": v} if self.needs_values else {}
+        result = self.normalize(logits, groups, q=q, k=k, **values)
         weights = F.dropout(result.weights, dropout_p, self.training) if dropout_p > 0 else result.weights
         return groups.aggregate(weights, v), result
 

@@ -27,6 +27,10 @@ class Problem:
         b, h, l, d = x.shape
         return x.permute(0, 2, 1, 3).reshape(b * l, h, d)
 
+    def real_nodes(self, x: torch.Tensor) -> torch.Tensor:
+        """Node-layout rows [B*L, ...] of the real tokens (padded tokens are nodes without edges)."""
+        return x[self.key_valid.reshape(-1)]
+
     def dense_at_edges(self, logits: torch.Tensor) -> torch.Tensor:
         """Dense [B, H, L, L] values at the segment edges -> [E, H]."""
         return logits[self.edge_b, :, self.edge_i, self.edge_j]
@@ -37,8 +41,9 @@ def make_problem(batch=2, heads=2, length=5, dim=4, dtype=torch.float64, seed=0)
     q, k, v = (torch.randn(batch, heads, length, dim, generator=g, dtype=dtype) for _ in range(3))
     key_valid = torch.ones(batch, length, dtype=torch.bool)
     key_valid[-1, -2:] = False  # the last sequence is padded
-    dense = DenseGroups.from_key_padding(key_valid)
-    b, i, j = torch.nonzero(key_valid[:, None, :].expand(batch, length, length), as_tuple=True)
+    dense = DenseGroups.from_key_padding(key_valid, query_valid=key_valid)  # self-attention: padded tokens are padded queries too
+    # the graph twin: real tokens attend real tokens; a padded token is a node without incoming edges
+    b, i, j = torch.nonzero(key_valid[:, :, None] & key_valid[:, None, :], as_tuple=True)
     segment = SegmentGroups(dst=b * length + i, src=b * length + j, num_nodes=batch * length)
     return Problem(q, k, v, key_valid, dense, segment, b, i, j)
 

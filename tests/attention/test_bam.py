@@ -142,6 +142,7 @@ def test_kl_aux_is_the_mean_of_per_pair_closed_forms(name, prior):
     ker = kernel(name, prior=prior).eval()
     result = ker.normalize(ker.score(p.q, p.k, p.dense, scale=SCALE), p.dense, q=p.q, k=p.k)
     w, valid = dense_softmax_reference(p)
+    valid = valid & p.key_valid.numpy()[:, None, :, None]  # the pairs of real queries: padded rows do not count
     w = torch.from_numpy(w[valid])
     c = ker.config
     if prior == "contextual":

@@ -12,6 +12,7 @@ from modules.attention import DenseGroups, SegmentGroups, build_attention
 from modules.attention.variants.entmax import GroupedEntmax
 
 HEADS = 3
+# entmax reads only the logits: its tests pass no queries or keys (q=None, k=None).
 
 
 def sparsemax_reference(z: np.ndarray) -> np.ndarray:
@@ -61,7 +62,7 @@ def test_segment_path_matches_the_package_on_padded_rows(name, alpha, solver):
     groups = random_graph()
     logits = torch.randn(groups.dst.numel(), HEADS, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 2
     attention = kernel(name, alpha=alpha, segment_solver=solver)
-    weights = attention.normalize(logits, groups).weights
+    weights = attention.normalize(logits, groups, q=None, k=None).weights
     if attention.alpha_logit is not None:  # the learned α went through float32 (the parameter's dtype)
         alpha = attention.alpha().detach().view(-1, 1)
     reference = package_on_padded(logits, groups, alpha)
@@ -74,7 +75,7 @@ def test_sparsemax_matches_the_sort_based_reference_dense_and_segment():
     logits = torch.randn(2, HEADS, 5, 7, dtype=torch.float64, generator=g) * 3
     mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
     mask[1, ..., 4:] = False
-    dense = kernel("sparsemax").normalize(logits, DenseGroups(mask)).weights
+    dense = kernel("sparsemax").normalize(logits, DenseGroups(mask), q=None, k=None).weights
     for b in range(2):
         valid = 7 if b == 0 else 4
         for h in range(HEADS):
@@ -84,7 +85,7 @@ def test_sparsemax_matches_the_sort_based_reference_dense_and_segment():
                 np.testing.assert_allclose(dense[b, h, i].numpy(), expected, atol=1e-12)
     groups = random_graph(seed=3)
     seg_logits = torch.randn(groups.dst.numel(), HEADS, dtype=torch.float64, generator=g) * 3
-    segment = kernel("sparsemax").normalize(seg_logits, groups).weights
+    segment = kernel("sparsemax").normalize(seg_logits, groups, q=None, k=None).weights
     for node in range(1, groups.num_nodes):
         for h in range(HEADS):
             expected = sparsemax_reference(per_destination(seg_logits, groups, node, h).numpy())
@@ -97,7 +98,7 @@ def test_entmax15_matches_bisection_at_alpha_1_5_and_masked_rows_are_zero():
     mask = torch.ones(2, 1, 4, 6, dtype=torch.bool)
     mask[1, :, :, 3:] = False
     mask[1, :, 2] = False  # a query with no key at all
-    weights = kernel("entmax15").normalize(logits, DenseGroups(mask)).weights
+    weights = kernel("entmax15").normalize(logits, DenseGroups(mask), q=None, k=None).weights
     reference = entmax_bisect(logits.masked_fill(~mask, float("-inf"))[0], 1.5, n_iter=80)
     torch.testing.assert_close(weights[0], reference, atol=1e-10, rtol=0)
     reference = entmax_bisect(logits[1, :, [0, 1, 3], :3], 1.5, n_iter=80)
@@ -121,7 +122,7 @@ def test_gradcheck_of_the_segment_newton_path(name):
     attention = kernel(name).eval()
     logits = torch.randn(groups.dst.numel(), HEADS, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
     logits.requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda x: attention.normalize(x, groups).weights, (logits,), eps=1e-6, atol=1e-6)
+    assert torch.autograd.gradcheck(lambda x: attention.normalize(x, groups, q=None, k=None).weights, (logits,), eps=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("segment", [True, False])
@@ -137,7 +138,7 @@ def test_learned_alpha_gets_the_finite_difference_gradient(segment):
     probe = torch.randn(logits.shape, dtype=torch.float64, generator=g)
 
     def loss():
-        return (attention.normalize(logits, groups).weights * probe).sum()
+        return (attention.normalize(logits, groups, q=None, k=None).weights * probe).sum()
 
     loss().backward()
     grad = attention.alpha_logit.grad.clone()
@@ -156,7 +157,7 @@ def test_learned_alpha_starts_at_the_config_and_is_reported():
     attention = kernel("entmax", alpha=1.7).eval()
     torch.testing.assert_close(attention.alpha(), torch.full((HEADS,), 1.7, dtype=torch.float64))
     groups = random_graph()
-    result = attention.normalize(torch.randn(groups.dst.numel(), HEADS, dtype=torch.float64), groups)
+    result = attention.normalize(torch.randn(groups.dst.numel(), HEADS, dtype=torch.float64), groups, q=None, k=None)
     assert result.diagnostics["alpha"].item() == pytest.approx(1.7)
     assert {"entropy", "support"} <= set(result.diagnostics)
 
@@ -164,7 +165,7 @@ def test_learned_alpha_starts_at_the_config_and_is_reported():
 def test_sparsemax_keeps_fewer_keys_than_entmax15_and_softmax_keeps_all():
     groups = random_graph(seed=10)
     logits = torch.randn(groups.dst.numel(), HEADS, dtype=torch.float64, generator=torch.Generator().manual_seed(11)) * 2
-    support = {n: groups.support(kernel(n).normalize(logits, groups).weights).item() for n in ("sparsemax", "entmax15")}
+    support = {n: groups.support(kernel(n).normalize(logits, groups, q=None, k=None).weights).item() for n in ("sparsemax", "entmax15")}
     keys_per_node = groups.support(torch.ones_like(logits)).item()
     assert support["sparsemax"] <= support["entmax15"] < keys_per_node
 

@@ -117,7 +117,7 @@ def test_em_value_iterations_match_eq13_14(iterations):
     dense_w, segment_w, out_d, out_s = run_both(kernel, p, with_values=True)
     assert_matches(weights, p, dense_w, segment_w)
     torch.testing.assert_close(out_d, torch.from_numpy(estimate), atol=1e-10, rtol=1e-8)
-    torch.testing.assert_close(out_s, p.nodes(torch.from_numpy(estimate)), atol=1e-10, rtol=1e-8)
+    torch.testing.assert_close(p.real_nodes(out_s), p.real_nodes(p.nodes(torch.from_numpy(estimate))), atol=1e-10, rtol=1e-8)
     # normalize without values gives the t = 0 (β-free) weights
     weights0, _ = naive_value_em(q, k, v, valid, alpha, rho, offset, beta, 0)
     assert_matches(weights0, p, *run_both(kernel, p)[:2])
@@ -153,13 +153,16 @@ def test_em_iterations_increase_the_mixture_likelihood_and_reach_a_fixed_point()
 
 
 def naive_adaptation(q, k, valid, alpha, rho, offset, *, gamma=None, eta=None, steps=1):
-    """Key adaptation (eq. 28-29) and/or prior adaptation (eq. 33-34), written as in the paper."""
+    """Key adaptation (eq. 28-29) and/or prior adaptation (eq. 33-34), written as in the paper. The batch
+    of queries is the real tokens of a sequence: `valid` [B, 1, 1, L] is self-attention's key padding, so a
+    padded token is no query either."""
+    real_queries = np.swapaxes(valid, -1, -2)  # [B, 1, L, 1]
     xi, log_pi = k, log_prior(k, alpha, rho, offset)
     pi0 = np.exp(log_pi)
     mean_pi0 = (np.where(valid, pi0, 0).sum(-1, keepdims=True)) / valid.sum(-1, keepdims=True)
     eta_u = None if eta is None else eta * pi0 / mean_pi0  # η ∝ π⁰, per query's key set
     for _ in range(steps):
-        w = posterior(log_pi - alpha / 2 * sq_dist(q, xi), valid)  # [B, H, Lq, Lk]
+        w = posterior(log_pi - alpha / 2 * sq_dist(q, xi), valid) * real_queries  # [B, H, Lq, Lk]
         w_bar = w.sum(-2)  # eq. 34, [B, H, Lk]
         if gamma is not None:
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -263,7 +266,7 @@ def test_non_default_configs_keep_the_contract(config):
     torch.testing.assert_close(sums, torch.ones_like(sums))
     assert (dense.masked_select(~p.dense.valid.expand_as(dense)) == 0).all()
     torch.testing.assert_close(segment, p.dense_at_edges(dense))
-    torch.testing.assert_close(out_s, p.nodes(out_d))
+    torch.testing.assert_close(p.real_nodes(out_s), p.real_nodes(p.nodes(out_d)))
 
     small = make_problem(batch=1, length=4, seed=11)
     inputs = [x.clone().requires_grad_(True) for x in (small.q, small.k, small.v)]

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..groups import DenseGroups, Groups
-from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics
+from ..groups import Groups
+from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, FusedAttention, HeadShape, standard_diagnostics
 from ..registry import register_attention
 
 # ---- shared pieces -------------------------------------------------------------------------------------
@@ -245,56 +245,29 @@ class AlignmentAttention(AttentionKernel):
     softmax_limit: ClassVar[dict[str, Any]] = {"weight": 0.0}
     config: AlignmentConfig
 
-    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor | None = None, k: Tensor | None = None) -> AttentionResult:
+    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
         weights = groups.softmax(logits)
-        aux = {}
-        if q is not None and k is not None:
-            aux["align"] = self.alignment_loss(self.point_clouds(q, k, groups))
+        aux = {"align": self.alignment_loss(self.point_clouds(q, k, groups))}
         return AttentionResult(weights, aux, standard_diagnostics(weights, groups, self))
 
-    def forward(self, q, k, v, groups, *, scale=None, dropout_p=0.0, need_weights=True):
-        if not need_weights and isinstance(groups, DenseGroups):
-            # The weights are exactly softmax's, so the output can come from the fused kernel; only the
-            # regulariser, which needs q and k alone, is computed here.
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=groups.mask, dropout_p=dropout_p if self.training else 0.0, scale=scale
-            )
-            return out, AttentionResult(None, {"align": self.alignment_loss(self.point_clouds(q, k, groups))})
-        return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
+    def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention:
+        # The weights are exactly softmax's, so the output can come from the fused kernel; only the
+        # regulariser, which needs q and k alone, is computed here.
+        return FusedAttention(q, k, scale, aux_losses={"align": self.alignment_loss(self.point_clouds(q, k, groups))})
 
     def point_clouds(self, q: Tensor, k: Tensor, groups: Groups) -> PointClouds:
         """Queries and keys as per-(sample, head) point clouds, padding excluded, capped at max_points."""
-        dense = isinstance(groups, DenseGroups)
-        # Dense q [B, H, L, d]: a cloud per sample and head; node layout q [N, H, d]: a cloud per head.
-        point_axis = 2 if dense else 0
-        lq, lk = q.shape[point_axis], k.shape[point_axis]
+        q, k, q_valid, k_valid = groups.query_and_key_sets(q, k)
+        lq, lk = q.shape[-2], k.shape[-2]
         q_index = _subsample_index(lq, self.config.max_points, self.training, q.device)
         # Self-attention: token i is query i and key i, so both clouds keep the same tokens.
         k_index = q_index if lk == lq else _subsample_index(lk, self.config.max_points, self.training, k.device)
-        q_valid = k_valid = None
-        if dense and groups.mask is not None:
-            # Reduce the broadcastable mask before expanding it: [B, 1, 1, Lk] stays cheap.
-            mask = groups.mask
-            key_mask = mask if k_index is None or mask.shape[-1] == 1 else mask.index_select(-1, k_index)
-            query_mask = mask if q_index is None or mask.shape[-2] == 1 else mask.index_select(-2, q_index)
-            batch, heads = q.shape[:2]
-            nq = lq if q_index is None else q_index.numel()
-            nk = lk if k_index is None else k_index.numel()
-            k_valid = key_mask.any(-2).expand(batch, heads, nk)
-            q_valid = query_mask.any(-1).expand(batch, heads, nq)
-            if lq == lk:
-                # A key-padding mask alone lets padded query rows attend; in self-attention a padded key is
-                # a padded query too.
-                q_valid = q_valid & k_valid
-            q_valid, k_valid = q_valid.reshape(batch * heads, nq), k_valid.reshape(batch * heads, nk)
         if q_index is not None:
-            q = q.index_select(point_axis, q_index)
+            q = q.index_select(-2, q_index)
+            q_valid = None if q_valid is None else q_valid.index_select(-1, q_index)
         if k_index is not None:
-            k = k.index_select(point_axis, k_index)
-        if dense:
-            q, k = q.flatten(0, 1), k.flatten(0, 1)  # [B*H, n, d]
-        else:
-            q, k = q.transpose(0, 1), k.transpose(0, 1)  # [H, n, d]
+            k = k.index_select(-2, k_index)
+            k_valid = None if k_valid is None else k_valid.index_select(-1, k_index)
         return PointClouds(q, k, q_valid, k_valid)
 
     def alignment_loss(self, clouds: PointClouds) -> Tensor:

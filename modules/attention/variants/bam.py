@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..groups import DenseGroups, Groups
+from ..groups import Groups
 from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics
 from ..registry import register_attention
 
@@ -69,68 +69,26 @@ def lognormal_kl(mu: Tensor, sigma: float, mu0: Tensor | float, sigma0: float) -
     return lognormal_kl_sum(sigma, sigma0, 1, (mu - mu0) ** 2)
 
 
-def weibull_rsample(mean: Tensor, k: float) -> Tensor:
+def weibull_rsample(mean: Tensor, k: float, uniform: Tensor | None = None) -> Tensor:
     """S ~ Weibull(k, lambda = mean / Gamma(1 + 1/k)), so E[S] = mean; differentiable in `mean`.
-    S = lambda * E^(1/k), E = -log U ~ Exp(1)."""
+    S = lambda * E^(1/k), E = -log U ~ Exp(1), from `uniform` U (drawn here if None)."""
     # rand + log rather than exponential_: several times faster on CPU (measured); the clamp keeps log finite.
-    exp1 = torch.rand_like(mean).clamp_min_(torch.finfo(mean.dtype).tiny).log_().neg_()
+    uniform = torch.rand_like(mean) if uniform is None else uniform
+    exp1 = uniform.clamp_min(torch.finfo(mean.dtype).tiny).log_().neg_()
     return mean * exp1.pow_(1.0 / k).mul_(math.exp(-math.lgamma(1.0 + 1.0 / k)))
 
 
-def lognormal_rsample(mean: Tensor, sigma: float) -> Tensor:
-    """S ~ Lognormal(log mean - sigma^2/2, sigma^2), so E[S] = mean; differentiable in `mean`."""
-    return mean * torch.empty_like(mean).normal_(-0.5 * sigma**2, sigma).exp_()
+def lognormal_rsample(mean: Tensor, sigma: float, normal: Tensor | None = None) -> Tensor:
+    """S ~ Lognormal(log mean - sigma^2/2, sigma^2), so E[S] = mean; differentiable in `mean`; from standard
+    `normal` noise (drawn here if None)."""
+    if normal is None:
+        return mean * torch.empty_like(mean).normal_(-0.5 * sigma**2, sigma).exp_()
+    return mean * (normal * sigma - 0.5 * sigma**2).exp_()
 
 
 def softmax_and_log(logits: Tensor, groups: Groups) -> tuple[Tensor, Tensor]:
-    """Softmax within each group and its logarithm, both 0 on masked keys (0 rather than -inf keeps the
-    products and gradients of the KL finite)."""
-    if isinstance(groups, DenseGroups):
-        # Fast path: torch's fused log_softmax instead of the generic max / exp / sum passes.
-        if groups.valid is None:
-            log_p = logits.log_softmax(-1)
-            return log_p.exp(), log_p
-        invalid = ~groups.valid
-        # The second masked_fill also clears the NaN rows of queries that have no valid key.
-        log_p = logits.masked_fill(invalid, float("-inf")).log_softmax(-1).masked_fill(invalid, 0.0)
-        return log_p.exp().masked_fill(invalid, 0.0), log_p
-    # Softmax is shift invariant, so the shift needs no gradient. A scatter max per group costs as much as all
-    # the rest on CPU (measured), so shift by the global max and fall back to the group max only if some
-    # group's mass underflows (logits spread over more than ~60 nats); log p stays exact either way.
-    detached = groups.fill_invalid(logits.detach(), float("-inf"))
-    shifted, e, total = _shifted_exp(logits, detached.max(), groups)
-    if groups.zero_invalid(groups.broadcast(total) < torch.finfo(e.dtype).tiny ** 0.75).any():
-        shifted, e, total = _shifted_exp(logits, groups.max(detached), groups)
-    total = total.clamp_min(torch.finfo(e.dtype).tiny)
-    # log per group, then broadcast: a gather is cheaper than a log over every pair.
-    return e / groups.broadcast(total), groups.zero_invalid(shifted - groups.broadcast(total.log()))
-
-
-def _shifted_exp(logits: Tensor, shift: Tensor, groups: Groups) -> tuple[Tensor, Tensor, Tensor]:
-    shifted = groups.zero_invalid(logits - shift)
-    e = groups.zero_invalid(shifted.exp())
-    return shifted, e, groups.reduce(e, "sum")
-
-
-def normalize_nonnegative(s: Tensor, groups: Groups) -> Tensor:
-    """s / its group sum, for s that is already 0 on masked keys."""
-    if isinstance(groups, DenseGroups):
-        # Fast path: no masking passes needed since s vanishes on masked keys.
-        return s / s.sum(-1, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
-    return groups.normalize(s)
-
-
-def valid_pairs(like: Tensor, groups: Groups) -> Tensor | int:
-    valid = groups.valid
-    # in like's dtype: an integer count times a Python float would give float32
-    return like.numel() if valid is None else valid.expand_as(like).sum().to(like.dtype).clamp_min(1)
-
-
-def sum_valid(x: Tensor, like: Tensor, groups: Groups) -> Tensor:
-    """Sum over the valid pairs of `like`'s layout of x broadcast to it (x may be per key, [.., 1, Lk])."""
-    x = groups.zero_invalid(x)
-    # A broadcast axis repeats every value, so scale the small sum instead of summing the expanded view.
-    return x.sum() * (like.numel() // x.numel())
+    """Softmax within each group and its logarithm, both 0 on masked keys (`Groups.softmax_and_log`)."""
+    return groups.softmax_and_log(logits)
 
 
 def _sigmoid(x: float) -> float:
@@ -245,7 +203,9 @@ class BayesianAttention(AttentionKernel):
     """Shared machinery of the BAM kernels; subclasses give the distribution (sampler and KL)."""
 
     Config: ClassVar[type[AttentionConfig]] = BAMConfig
-    version: ClassVar[str] = "1"
+    version: ClassVar[str] = "2"
+    """2: the KL and the sampling diagnostic average over the pairs of valid queries only (1 counted padded
+    query rows, so a batch's padding moved the KL)."""
     stochastic: ClassVar[bool] = True
 
     def __init__(self, config: BAMConfig, shape: HeadShape):
@@ -256,38 +216,34 @@ class BayesianAttention(AttentionKernel):
 
     # distribution-specific
     def rsample(self, mean: Tensor) -> Tensor:
-        """Unnormalised weights S with E[S] = mean."""
+        """Unnormalised weights S with E[S] = mean (noise from `draw_noise`)."""
         raise NotImplementedError
 
     def mean_kl(self, mean: Tensor, log_mean: Tensor, prior: tuple[Tensor, Tensor] | None, groups: Groups) -> Tensor:
         """KL(q(S) || p(S)) averaged over valid pairs; `prior` = (pi, log pi) if contextual, None if fixed."""
         raise NotImplementedError
 
-    def prior_over_keys(self, k: Tensor | None, groups: Groups) -> tuple[Tensor, Tensor]:
+    def prior_over_keys(self, k: Tensor, groups: Groups) -> tuple[Tensor, Tensor]:
         """pi_j = softmax over the group of F(k_j), and log pi_j, in (broadcastable) logits layout."""
-        if k is None:
-            raise ValueError(f"{self.name}: the contextual prior needs the keys; pass k= to normalize()")
-        # Where the head axis sits in the key tensor is a property of the layout: dense keys are [B, H, L, d].
-        dense = isinstance(groups, DenseGroups)
-        prior_logits = self.key_prior(k.movedim(1, -2) if dense else k)
-        return softmax_and_log(groups.per_key(prior_logits.movedim(-1, 1) if dense else prior_logits), groups)
+        return groups.softmax_and_log(groups.per_key(groups.map_keys(self.key_prior, k)))
 
-    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor | None = None, k: Tensor | None = None) -> AttentionResult:
-        mean, log_mean = softmax_and_log(logits, groups)
+    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
+        mean, log_mean = groups.softmax_and_log(logits)
         draws = 1 if self.training else (self.config.mc_samples if self.config.mc_samples > 1 else 0)
         diagnostics: dict[str, Tensor] = {}
         if draws:
             weights, spread = None, 0.0
             for _ in range(draws):
-                sample = normalize_nonnegative(self.rsample(mean), groups)
+                sample = groups.normalize(self.rsample(mean), zero_on_masked=True)
                 weights = sample if weights is None else weights + sample
                 with torch.no_grad():
-                    spread = spread + torch.dist(sample, mean, p=1)
+                    spread = spread + groups.sum_over_pairs((sample - mean).abs(), mean)
             weights = weights / draws if draws > 1 else weights
             with torch.no_grad():
                 # Mean total-variation distance of a sampled weight set from the mean weights (how stochastic);
                 # the mean weights sum to 1 in every non-empty group, so their total counts the groups.
-                diagnostics["sample_tv"] = (0.5 * spread / (draws * mean.sum().clamp_min(1))).detach()
+                groups_counted = groups.sum_over_pairs(mean, mean).clamp_min(1)
+                diagnostics["sample_tv"] = (0.5 * spread / (draws * groups_counted)).detach()
         else:
             weights = mean
         diagnostics.update(standard_diagnostics(weights, groups, self))
@@ -304,15 +260,15 @@ class WeibullAttention(BayesianAttention):
     softmax_limit_atol = 1e-6
 
     def rsample(self, mean: Tensor) -> Tensor:
-        return weibull_rsample(mean, self.config.k)
+        return weibull_rsample(mean, self.config.k, self.draw_noise(mean, "uniform"))
 
     def mean_kl(self, mean, log_mean, prior, groups):
         c = self.config
-        pairs = valid_pairs(mean, groups)
+        pairs = groups.count_pairs(mean)
         log_gamma_k = math.lgamma(1.0 + 1.0 / c.k)
-        # lambda = w / Gamma(1 + 1/k); log_mean and mean are 0 on masked keys, so plain sums run over valid pairs.
-        sum_lam = mean.sum() * math.exp(-log_gamma_k)
-        sum_log_lam = log_mean.sum() - log_gamma_k * pairs
+        # lambda = w / Gamma(1 + 1/k); sums over the valid pairs of valid queries.
+        sum_lam = groups.sum_over_pairs(mean, mean) * math.exp(-log_gamma_k)
+        sum_log_lam = groups.sum_over_pairs(log_mean, mean) - log_gamma_k * pairs
         if prior is None:
             total = weibull_gamma_kl_sum(
                 c.k, c.beta, pairs, c.alpha * pairs, c.alpha * sum_log_lam, sum_lam, math.lgamma(c.alpha) * pairs
@@ -321,10 +277,10 @@ class WeibullAttention(BayesianAttention):
         pi, _ = prior
         # Prior mean alpha / beta = pi_j (authors' code); the clamp keeps lgamma finite where pi underflows.
         alpha = (c.beta * pi).clamp_min(torch.finfo(pi.dtype).eps)
-        sum_alpha = sum_valid(alpha, mean, groups)
-        sum_alpha_log_lam = (alpha * log_mean).sum() - log_gamma_k * sum_alpha
+        sum_alpha = groups.sum_over_pairs(alpha, mean)
+        sum_alpha_log_lam = groups.sum_over_pairs(alpha * log_mean, mean) - log_gamma_k * sum_alpha
         total = weibull_gamma_kl_sum(
-            c.k, c.beta, pairs, sum_alpha, sum_alpha_log_lam, sum_lam, sum_valid(torch.lgamma(alpha), mean, groups)
+            c.k, c.beta, pairs, sum_alpha, sum_alpha_log_lam, sum_lam, groups.sum_over_pairs(torch.lgamma(alpha), mean)
         )
         return total / pairs
 
@@ -338,16 +294,16 @@ class LognormalAttention(BayesianAttention):
     softmax_limit_atol = 1e-6
 
     def rsample(self, mean: Tensor) -> Tensor:
-        return lognormal_rsample(mean, self.config.sigma)
+        return lognormal_rsample(mean, self.config.sigma, self.draw_noise(mean, "normal"))
 
     def mean_kl(self, mean, log_mean, prior, groups):
         c = self.config
-        pairs = valid_pairs(mean, groups)
+        pairs = groups.count_pairs(mean)
         # Sum over valid pairs of (mu - mu0)^2, mu = log w - sigma^2/2, expanded into sums so that the prior
         # (per key on dense groups) is never broadcast to all pairs; log_mean is 0 on masked keys.
         shift = 0.5 * c.sigma**2
-        sum_sq_log = log_mean.square().sum()
-        sum_log = log_mean.sum()
+        sum_sq_log = groups.sum_over_pairs(log_mean.square(), mean)
+        sum_log = groups.sum_over_pairs(log_mean, mean)
         if prior is None:
             mu0 = c.prior_mu
             gap = sum_sq_log - 2.0 * (shift + mu0) * sum_log + pairs * (shift + mu0) ** 2
@@ -356,7 +312,7 @@ class LognormalAttention(BayesianAttention):
             gap = (
                 sum_sq_log
                 - 2.0 * shift * sum_log
-                - 2.0 * (log_mean * log_pi).sum()
-                + sum_valid((log_pi + shift).square(), mean, groups)
+                - 2.0 * groups.sum_over_pairs(log_mean * log_pi, mean)
+                + groups.sum_over_pairs((log_pi + shift).square(), mean)
             )
         return lognormal_kl_sum(c.sigma, c.prior_sigma, pairs, gap.clamp_min(0.0)) / pairs

@@ -27,8 +27,6 @@ in-degree 169) padding inflates the work ~30-fold and ran 20-30x slower than New
 from __future__ import annotations
 
 import math
-import warnings
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +34,7 @@ import entmax as entmax_package
 import torch
 from torch import Tensor, nn
 
-from ..groups import DenseGroups, Groups, SegmentGroups
+from ..groups import Groups
 from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics, per_head
 from ..registry import register_attention
 
@@ -103,60 +101,6 @@ def nonnegative_pow(x: Tensor, exponent: Tensor | float) -> Tensor:
     return powered.masked_fill(x <= 0, 0.0)
 
 
-class GroupSums:
-    """Sums within groups kept in a shape that broadcasts back against logits (dense: [..., Lq, 1];
-    segment: [N, H], gathered back with index_select) and the per-group key counts.
-
-    Private to this file because the segment solver runs a dozen group sums per call: a CSR sparse-dense
-    product does a [E, H] segment sum about 5-10x faster than the scatter_add behind `Groups.reduce` on this
-    CPU (measured on Cora: ~0.08 ms vs ~0.7 ms). Suggested as SegmentGroups.reduce's sum in the report.
-    """
-
-    _csr_cache: "weakref.WeakKeyDictionary[SegmentGroups, Tensor]" = weakref.WeakKeyDictionary()
-
-    def __init__(self, groups: Groups, like: Tensor):
-        self.groups = groups
-        if isinstance(groups, SegmentGroups):
-            self.matrix = self._csr(groups, like)
-            degree = self.matrix.crow_indices().diff().to(like.dtype)
-            self.count = degree.view(-1, *([1] * (like.dim() - 1)))
-        else:
-            self.matrix = None
-            self.count = groups.zero_invalid(torch.ones_like(like)).sum(-1, keepdim=True)
-
-    @classmethod
-    def _csr(cls, groups: SegmentGroups, like: Tensor) -> Tensor:
-        cached = cls._csr_cache.get(groups)
-        if cached is None or cached.dtype != like.dtype or cached.device != like.device:
-            edges = torch.arange(groups.dst.numel(), device=groups.dst.device)
-            ones = torch.ones(edges.numel(), dtype=like.dtype, device=like.device)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
-                cached = torch.sparse_coo_tensor(
-                    torch.stack([groups.dst, edges]), ones, (groups.num_nodes, edges.numel())
-                ).to_sparse_csr()
-            cls._csr_cache[groups] = cached
-        return cached
-
-    def sum(self, x: Tensor) -> Tensor:
-        if self.matrix is None:
-            return self.groups.zero_invalid(x).sum(-1, keepdim=True)
-        flat = x.reshape(x.shape[0], -1)
-        return (self.matrix @ flat).view(-1, *x.shape[1:])
-
-    def sum_pair(self, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-        """Two group sums in one sparse product on segments."""
-        if self.matrix is None:
-            return self.sum(a), self.sum(b)
-        both = self.sum(torch.cat([a, b], dim=1))
-        return both[:, : a.shape[1]], both[:, a.shape[1] :]
-
-    def expand(self, per_group: Tensor) -> Tensor:
-        if self.matrix is None:
-            return per_group
-        return per_group.index_select(0, self.groups.dst)
-
-
 class GroupedEntmax(torch.autograd.Function):
     """α-entmax within every group of a `Groups` layout, solved for τ by Newton's method with group sums.
 
@@ -167,25 +111,28 @@ class GroupedEntmax(torch.autograd.Function):
     τ0 = mean(z') - n^(1-α) <= τ* (exact for equal scores). At α = 2 the steps are Michelot's algorithm
     for the simplex projection, exact once the support stops changing; at α = 1.5 they converge
     quadratically. The backward pass is the package's: Jacobian diag(s) - s sᵀ/Σs with s = p^(2-α)
-    (Peters et al. 2019, Prop. 2) and dp/dα (Correia et al. 2019, Prop. 1), with group sums.
+    (Peters et al. 2019, Prop. 2) and dp/dα (Correia et al. 2019, Prop. 1), with group sums. It runs a dozen
+    group sums per call, which segment groups do as sparse products without autograd (`Groups.sums`).
     """
 
     @staticmethod
     def forward(ctx, logits: Tensor, alpha: Tensor | float, groups: Groups, max_steps: int) -> Tensor:
+        # Per-group values are kept compact (as `reduce` gives them) and broadcast back to the logits
+        # layout (a view on dense rows, a gather on segments) where they meet per-key values or α.
         fixed_alpha = not isinstance(alpha, Tensor)
-        sums = GroupSums(groups, logits)
         scaled = groups.fill_invalid(logits * (alpha - 1.0), float("-inf"))
         power = 1.0 / (alpha - 1.0)
-        count = sums.count.clamp_min(1.0)
-        tau = sums.sum(scaled) / count - count ** (1.0 - alpha)
-        if sums.matrix is None:
-            # τ* >= max(z') - 1 too, much closer for sparse rows; a cheap row max on dense groups only
-            # (a segment max is a scatter costing several Newton steps).
-            tau = torch.maximum(tau, scaled.amax(-1, keepdim=True) - 1.0)
+        count = groups.broadcast(groups.group_size(logits)).clamp_min(1.0)
+        tau = groups.broadcast(groups.reduce(groups.zero_invalid(scaled), "sum")) / count - count ** (1.0 - alpha)
+        # τ* >= max(z') - 1 too, much closer for sparse rows; only where a group max is cheap
+        # (on segments it is a scatter costing several Newton steps).
+        row_max = groups.max_if_cheap(scaled)
+        if row_max is not None:
+            tau = torch.maximum(tau, groups.broadcast(row_max) - 1.0)
         eps = torch.finfo(logits.dtype).eps
         tiny = torch.finfo(logits.dtype).tiny
         for _ in range(max_steps):
-            gap = (scaled - sums.expand(tau)).clamp_min(0.0)
+            gap = (scaled - tau).clamp_min(0.0)
             if fixed_alpha and power == 1.0:
                 mass, slope = gap, (gap > 0).to(gap.dtype)
             elif fixed_alpha and power == 2.0:
@@ -193,16 +140,15 @@ class GroupedEntmax(torch.autograd.Function):
             else:
                 mass = nonnegative_pow(gap, power)
                 slope = power * mass / gap.clamp_min(tiny)  # d/dτ of gap^power is -power·gap^power/gap
-            total_mass, total_slope = sums.sum_pair(mass, slope)
-            step = ((total_mass - 1.0) / total_slope.clamp_min(tiny)).clamp_min(0.0)
+            total_mass, total_slope = groups.sums(mass, slope)
+            step = groups.broadcast(((total_mass - 1.0) / total_slope.clamp_min(tiny)).clamp_min(0.0))
             tau = tau + step
             if not bool((step > 4 * eps * (1.0 + tau.abs())).any()):
                 break
-        gap = (scaled - sums.expand(tau)).clamp_min(0.0)
-        probs = nonnegative_pow(gap, power)
-        probs = groups.zero_invalid(probs)
-        weights = probs / sums.expand(sums.sum(probs)).clamp_min(tiny)
-        ctx.sums = sums
+        gap = (scaled - tau).clamp_min(0.0)
+        probs = groups.zero_invalid(nonnegative_pow(gap, power))
+        weights = probs / groups.broadcast(groups.reduce(probs, "sum")).clamp_min(tiny)
+        ctx.groups = groups
         ctx.fixed_alpha = alpha if fixed_alpha else None
         ctx.save_for_backward(weights, *(() if fixed_alpha else (alpha,)))
         return weights
@@ -210,20 +156,24 @@ class GroupedEntmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_weights: Tensor):
         weights, *learned = ctx.saved_tensors
-        sums: GroupSums = ctx.sums
+        groups: Groups = ctx.groups
         alpha = learned[0] if learned else ctx.fixed_alpha
+
+        def total(x: Tensor) -> Tensor:
+            return groups.broadcast(groups.reduce(x, "sum"))
+
         positive = weights > 0
         # s = 1 / g''(p) = p^(2-α) on the support
         s = torch.where(positive, nonnegative_pow(weights, 2.0 - alpha), 0.0)
-        s_total = sums.expand(sums.sum(s)).clamp_min(torch.finfo(s.dtype).tiny)
+        s_total = total(s).clamp_min(torch.finfo(s.dtype).tiny)
         grad_s = grad_weights * s
-        grad_logits = grad_s - s * (sums.expand(sums.sum(grad_s)) / s_total)
+        grad_logits = grad_s - s * (total(grad_s) / s_total)
         grad_alpha = None
         if ctx.needs_input_grad[1]:
             plogp = weights * weights.clamp_min(torch.finfo(weights.dtype).tiny).log()
             skewed = s / s_total
             am1 = alpha - 1.0
-            entropy_term = plogp - skewed * sums.expand(sums.sum(plogp))
+            entropy_term = plogp - skewed * total(plogp)
             per_key = grad_weights * ((weights - skewed) / am1**2 - entropy_term / am1)
             grad_alpha = per_key.sum_to_size(alpha.shape)
         return grad_logits, grad_alpha, None, None
@@ -255,13 +205,13 @@ class EntmaxAttention(AttentionKernel):
             return float(self.config.alpha)
         return 1.0 + torch.sigmoid(self.alpha_logit)
 
-    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor | None = None, k: Tensor | None = None) -> AttentionResult:
+    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
         alpha = self.alpha()
         work_dtype = torch.promote_types(logits.dtype, torch.float32)  # sort-based thresholds need >= fp32
         x = logits.to(work_dtype)
         if isinstance(alpha, Tensor):
             alpha = alpha.to(work_dtype)
-        if isinstance(groups, DenseGroups) or self.config.segment_solver == "pad":
+        if groups.rows_are_dense or self.config.segment_solver == "pad":
             weights = self._padded(x, groups, alpha)
         else:
             steps = self.config.solver_steps or NEWTON_STEP_CAP
@@ -292,12 +242,9 @@ class EntmaxAttention(AttentionKernel):
         """The entmax package on each group as a dense row; -inf on masked or missing keys (the package
         gives them exactly 0), 0 on rows without any key (the package's threshold needs one finite entry)."""
         rows, unpad = groups.pad(x, float("-inf"))
-        if isinstance(groups, DenseGroups):
-            empty = None if groups.mask is None else ~groups.mask.any(-1, keepdim=True)
-        else:
-            empty = torch.isneginf(rows).all(-1, keepdim=True)  # destinations without incoming edges
-        if empty is not None:
-            rows = rows.masked_fill(empty, 0.0)
+        if groups.valid is not None or not groups.rows_are_dense:
+            # fully masked rows, destinations without incoming edges
+            rows = rows.masked_fill(torch.isneginf(rows).all(-1, keepdim=True), 0.0)
         if isinstance(alpha, Tensor):
             steps = self.config.solver_steps or default_solver_steps(x.dtype)
             out = entmax_package.entmax_bisect(rows, per_head(alpha, rows), dim=-1, n_iter=steps)

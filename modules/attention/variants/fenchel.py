@@ -25,10 +25,12 @@ Units and mapping (one convention for both variants and every host):
   so z only enters through the logits. `fenchel-exact` therefore works on hosts whose logits are not dot
   products (GAT): the host's logits are the first-order term α<t, z> and the key features k (scaled by
   d^(-1/4)) are the templates of the correction <t_i, δ>.
-- prior="position" needs sequence positions, which only DenseGroups have; on graphs (SegmentGroups) it
-  falls back to the degree prior. The degree of a key is the number of queries attending to it (on a
-  symmetric graph with self-loops, as in GAT, that is its in-degree); on dense groups it is the number of
-  unmasked query rows, constant without a mask and then without effect.
+- prior="position" (T5 buckets) applies only where the kernel's site is self-attention over one ordered
+  sequence (`AttentionSite.sequence`: text tokens, caption tokens). Elsewhere it is the degree prior: on
+  graphs the key's degree; on image grids, cross-attention and pooling every valid query sees every valid
+  key, so the degree is the same for all keys and u is uniform, as the paper's §4.2 gives image templates.
+  The degree of a key is the number of valid queries attending to it (on a symmetric graph with
+  self-loops, as in GAT, that is its in-degree; `Groups.key_degree`).
 """
 
 from __future__ import annotations
@@ -38,11 +40,18 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..groups import DenseGroups, Groups, SegmentGroups
-from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics, per_head
+from ..groups import Groups
+from ..kernel import (
+    AttentionConfig,
+    AttentionKernel,
+    AttentionResult,
+    FusedAttention,
+    HeadShape,
+    per_head,
+    standard_diagnostics,
+)
 from ..registry import register_attention
 
 PRIORS = ("position", "degree", "uniform")
@@ -71,15 +80,8 @@ def t5_relative_position_bucket(
 
 
 def _second_moment(groups: Groups, weights: Tensor, templates: Tensor) -> Tensor:
-    """E_p[t tᵀ] per query and head, [..., d, d]. On graphs the outer products are formed per edge from the
-    gathered d-vectors (gathering precomputed d² outer products per key costs a third more, measured)."""
-    if isinstance(groups, SegmentGroups):
-        per_edge = groups.per_key(templates)
-        outer = (per_edge * weights.unsqueeze(-1)).unsqueeze(-1) * per_edge.unsqueeze(-2)
-        return groups.reduce(outer, "sum")
-    d = templates.shape[-1]
-    outer = (templates.unsqueeze(-1) * templates.unsqueeze(-2)).flatten(-2)
-    return groups.aggregate(weights, outer).unflatten(-1, (d, d))
+    """E_p[t tᵀ] per query and head, [..., d, d]."""
+    return groups.second_moment(weights, templates)
 
 
 
@@ -91,7 +93,8 @@ class FenchelConfig(AttentionConfig):
     learn_alpha: bool = False
     """Learn α per head (initialised at `alpha`, kept positive through its log)."""
     prior: str = "position"
-    """Preference prior log u: 'position' (T5 buckets on sequences; degree on graphs), 'degree', 'uniform'."""
+    """Preference prior log u: 'position' (T5 buckets at sequence self-attention sites, the degree prior
+    elsewhere: uniform on image grids, cross-attention and pooling, §4.2), 'degree', 'uniform'."""
     num_buckets: int = 32
     max_distance: int = 128
 
@@ -116,6 +119,9 @@ class FenchelAttention(AttentionKernel):
     """Fenchel-dual attention, eq. 22: softmax of α·logits + log u with a learned preference prior u."""
 
     Config = FenchelConfig
+    version: ClassVar[str] = "2"
+    """2: the position prior only at sequence self-attention sites (1 put it on every dense layout:
+    image grids, cross-attention, pooling)."""
     softmax_limit: ClassVar[dict[str, Any]] = {"prior": "uniform", "alpha": 1.0, "learn_alpha": False}
 
     def __init__(self, config: FenchelConfig, shape: HeadShape):
@@ -154,29 +160,17 @@ class FenchelAttention(AttentionKernel):
     def log_prior(self, logits: Tensor, groups: Groups) -> Tensor | None:
         """Unnormalised log u in a shape broadcastable to `logits` (None = uniform). Normalising it is
         left to the softmax: a constant shift within a group does not change u."""
-        if self.position_bias is not None and isinstance(groups, DenseGroups):
-            # Relative positions exist only on sequences.
+        if self.position_bias is not None and self.site.sequence:
+            # Relative positions exist only within one ordered sequence.
             buckets = self._buckets(logits.shape[-2], logits.shape[-1], logits.device)
             return self.position_bias(buckets).permute(2, 0, 1).to(logits.dtype)  # [H, Lq, Lk]
         if self.degree_weight is not None:
-            log_degree = self._log_key_degree(groups, logits)
-            if log_degree is None:
-                return None
+            degree = groups.key_degree()
+            if degree is None:
+                return None  # every key has the same degree: u is uniform
+            log_degree = groups.per_key(degree.clamp_min(1).log().to(logits.dtype))
             return log_degree * per_head(self.degree_weight, logits).to(logits.dtype)
         return None
-
-    @staticmethod
-    def _log_key_degree(groups: Groups, logits: Tensor) -> Tensor | None:
-        """log(number of queries attending each key), broadcastable to logits layout."""
-        if isinstance(groups, SegmentGroups):
-            degree = torch.bincount(groups.src, minlength=groups.num_src_nodes).to(logits.dtype)
-            return groups.per_key(degree.clamp_min(1).log()).unsqueeze(-1)  # [E, 1]
-        mask = groups.valid
-        if mask is None:
-            return None  # every key has the same degree: no effect on the weights
-        rows = logits.shape[-2]
-        degree = mask.to(logits.dtype).sum(-2, keepdim=True) * (rows if mask.shape[-2] == 1 else 1)
-        return degree.clamp_min(1).log()  # [B, 1|H, 1, Lk]
 
     def first_order_logits(self, logits: Tensor, groups: Groups) -> tuple[Tensor, Tensor | None]:
         """α·logits + log u (the exponent of eq. 22) and the log prior on its own."""
@@ -195,32 +189,22 @@ class FenchelAttention(AttentionKernel):
             else:
                 bias = bias.expand_as(logits)
                 centred = bias - groups.mean(bias)
-                out["prior_std"] = groups.reduce(centred * centred, "mean").sqrt().mean().detach()
+                out["prior_std"] = groups.mean_over_queries(groups.reduce(centred * centred, "mean").sqrt()).detach()
             return out
 
     # ---- the kernel ------------------------------------------------------------------------------
-    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor | None = None, k: Tensor | None = None) -> AttentionResult:
+    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
         exponent, bias = self.first_order_logits(logits, groups)
         weights = groups.softmax(exponent)
         diagnostics = {**standard_diagnostics(weights, groups, self), **self.prior_diagnostics(bias, logits, groups)}
         return AttentionResult(weights, diagnostics=diagnostics)
 
-    def forward(self, q, k, v, groups, *, scale=None, dropout_p=0.0, need_weights=True):
-        if need_weights or not isinstance(groups, DenseGroups):
-            return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
-        # Fused path: softmax(α·scale·<q,k> + log u) is SDPA with q scaled per head and a float mask.
-        scale = q.shape[-1] ** -0.5 if scale is None else scale
+    def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
+        # softmax(α·scale·<q,k> + log u) is the fused kernel with q scaled per head and an additive bias.
         if self.fixed_alpha != 1.0:
             q = q * per_head(self.alpha(), q).to(q.dtype)
         bias = self.log_prior(q.new_zeros(()).expand(*q.shape[:-1], k.shape[-2]), groups)
-        mask = groups.mask
-        if bias is not None:
-            bias = bias.to(q.dtype)
-            mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p if self.training else 0.0, scale=scale
-        )
-        return out, AttentionResult(weights=None)
+        return FusedAttention(q, k, scale, bias)
 
 
 @dataclass(frozen=True)
@@ -258,12 +242,10 @@ class FenchelExactAttention(FenchelAttention):
     version: ClassVar[str] = "2"
     softmax_limit: ClassVar[dict[str, Any]] = {"prior": "uniform", "alpha": 1.0, "learn_alpha": False, "steps": 0}
 
-    def forward(self, q, k, v, groups, *, scale=None, dropout_p=0.0, need_weights=True):
+    def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
         # Version 2: the fused first-order path of `fenchel` is exact only at steps=0; version 1 took it on
         # dense groups whenever weights were not requested, so it trained as plain `fenchel` there.
-        if self.config.steps == 0:
-            return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
-        return AttentionKernel.forward(self, q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
+        return super().fused_attention(q, k, groups, scale=scale) if self.config.steps == 0 else None
 
     def templates(self, k: Tensor) -> Tensor:
         """t = k·d^(-1/4): with z = q·d^(-1/4), <t, z> is the standard scaled dot product."""
@@ -316,14 +298,12 @@ class FenchelExactAttention(FenchelAttention):
         gradient = mu - mean_at(delta, exponent, templates)[1] - delta / alpha_q
         return delta + torch.cholesky_solve(gradient.unsqueeze(-1), chol).squeeze(-1)
 
-    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor | None = None, k: Tensor | None = None) -> AttentionResult:
+    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
         exponent, bias = self.first_order_logits(logits, groups)
         if self.config.steps == 0:
             weights = groups.softmax(exponent)
             diagnostics = {**standard_diagnostics(weights, groups, self), **self.prior_diagnostics(bias, logits, groups)}
             return AttentionResult(weights, diagnostics=diagnostics)
-        if k is None:
-            raise ValueError("fenchel-exact needs the keys k (its templates); pass k= to normalize")
         templates = self.templates(k)
         delta = self.solve_dual(exponent, groups, templates, bias)
         weights = groups.softmax(exponent + groups.scores(delta, templates, 1.0))
@@ -332,14 +312,14 @@ class FenchelExactAttention(FenchelAttention):
             diagnostics.update(self._dual_diagnostics(delta, weights, exponent, groups, q))
         return AttentionResult(weights, diagnostics=diagnostics)
 
-    def _dual_diagnostics(self, delta: Tensor, weights: Tensor, exponent: Tensor, groups: Groups, q: Tensor | None) -> dict[str, Tensor]:
+    def _dual_diagnostics(self, delta: Tensor, weights: Tensor, exponent: Tensor, groups: Groups, q: Tensor) -> dict[str, Tensor]:
         with torch.no_grad():
             first_order = groups.softmax(exponent)
             ratio = torch.where(weights > 0, weights.clamp_min(1e-30).log() - first_order.clamp_min(1e-30).log(), 0.0)
-            out = {"kl_to_first_order": groups.reduce(weights * ratio, "sum").mean().detach()}
-            if q is not None and q.shape == delta.shape:
+            out = {"kl_to_first_order": groups.mean_over_queries(groups.reduce(weights * ratio, "sum")).detach()}
+            if q.shape == delta.shape:
                 # The paper's ||λ* - αz|| / ||λ*|| (§8); meaningful where logits are <t, z> with z = q·d^(-1/4).
                 lam_first = self.templates(q) * per_head(self.alpha(), q).to(q.dtype)
                 gap = delta.norm(dim=-1) / (lam_first + delta).norm(dim=-1).clamp_min(1e-12)
-                out["lambda_gap"] = gap.mean().detach()
+                out["lambda_gap"] = groups.mean_over_queries(gap).detach()
             return out

@@ -17,14 +17,14 @@ Parameterisation chosen here (it must work on sequences and on graphs, where key
   later E-step is eq. 18's w_u ∝ exp(log-joint_u + β⟨v_t, μ_u⟩). The optional offset ⟨c_h, ξ_u⟩ (zero at init)
   is the only learned per-unit prior that exists on both layouts.
 - β > 0 runs `iterations` (T) EM value steps after the β-free estimate v_1 = Σ w⁰ μ: T+1 E-steps in all, and
-  the weights returned are the last E-step's. They need the values, so they run in `forward`, or in
-  `normalize` when a host passes `v=`; a host that calls `normalize` without v (the GAT host) gets the t=0
-  weights, i.e. β has no effect there.
+  the weights returned are the last E-step's. They need the values, which `forward` hands to `normalize`
+  (`needs_values`); a host that calls `normalize` without v (the GAT host) gets the t=0 weights, i.e. β has
+  no effect there.
 - Inference-time adaptation (both off by default, applied in eval mode only unless `adapt_in_training`),
   `adapt_steps` EM steps whose E-step is the query-only posterior p(u | q) (eq. 23):
   keys, eq. 28-29: ξ_u ← γ/(α+γ) ξ_u⁰ + α/(α+γ) q̄_u, with q̄_u the responsibility-weighted mean of the
-  queries that attend to u (the batch of queries = every query in the same sequence / graph); a unit nobody
-  attends keeps ξ_u⁰. Without prior adaptation the prior stays linked to the (adapted) key length, as in the
+  queries that attend to u (the batch of queries = every valid query in the same sequence / graph: padded
+  query rows do not count, so padding a batch changes nothing); a unit nobody attends keeps ξ_u⁰. Without prior adaptation the prior stays linked to the (adapted) key length, as in the
   paper's reading of Double Normalized Attention.
   priors, eq. 33-34: π_u ∝ w̄_u (1 + η_u), w̄_u = Σ_i w_u^i, with the Dirichlet η ∝ π⁰ (the paper) scaled so
   that η is the concentration of an average unit: η_u = η π⁰_u / mean_{u' in the query's key set} π⁰_u'
@@ -37,7 +37,8 @@ pair and the Gaussian term is added on q (destination node) and ξ = k (source n
 host + α⟨q_i, k_j⟩, GAT's softmax as α → 0. The kernel's own `score` is therefore zero (no compatibility besides the mixture), and `scale` is not
 used: α is its learned replacement. All terms constant within a query's group (e.g. -α/2‖q‖²) are dropped.
 
-Fast path: with β = 0 and no adaptation, dense groups with need_weights=False run through SDPA (see `_fused`);
+Fast path: with β = 0 and no adaptation, dense groups with need_weights=False run through SDPA (see
+`fused_attention`);
 forward+backward at B=8, H=8, L=256, d=64 measured ~1.05x softmax with prior="magnitude" and ~1.3-1.45x with
 the learned coupling, whose per-key bias makes SDPA work on head dim 65 (a float mask costs the same).
 Dropout (in `forward`) applies to the final weights only, not to the EM / adaptation E-steps.
@@ -50,12 +51,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.utils import scatter
 
-from ..groups import DenseGroups, Groups, SegmentGroups
-from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics, per_head
+from ..groups import Groups
+from ..kernel import (
+    AttentionConfig,
+    AttentionKernel,
+    AttentionResult,
+    FusedAttention,
+    HeadShape,
+    per_head,
+    standard_diagnostics,
+)
 from ..registry import register_attention
 
 PRIORS = ("learned", "magnitude", "uniform")
@@ -114,27 +121,14 @@ class GMMConfig(AttentionConfig):
 
 
 
-def sum_over_queries(groups: Groups, weights: Tensor, x: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-    """For every key u: Σ_i w_u^i (its responsibility mass) and, given per-query x, Σ_i w_u^i x_i, over the
-    queries i that attend to u. The transpose of `groups.aggregate`, which Groups does not offer (yet), hence
-    the layout switch."""
-    if isinstance(groups, DenseGroups):
-        weighted = None if x is None else torch.matmul(weights.transpose(-1, -2), x)
-        return weights.sum(-2), weighted
-    if isinstance(groups, SegmentGroups):
-        size = groups.num_src_nodes
-        weighted = None
-        if x is not None:
-            weighted = scatter(weights.unsqueeze(-1) * groups.per_query(x), groups.src, dim=0, dim_size=size, reduce="sum")
-        return scatter(weights, groups.src, dim=0, dim_size=size, reduce="sum"), weighted
-    raise TypeError(f"gmm adaptation needs a key-side reduction for {type(groups).__name__}")
-
-
 @register_attention("gmm")
 class GaussianMixtureAttention(AttentionKernel):
     """Gaussian-mixture attention: unit posteriors with learned precisions and priors, EM value iterations."""
 
     Config = GMMConfig
+    version = "2"
+    """2: adaptation (γ, η) and the diagnostics sum over valid queries only (1 counted padded query rows)."""
+    needs_values = True
     softmax_limit = {
         "alpha_init": None,
         "beta": 0.0,
@@ -216,7 +210,8 @@ class GaussianMixtureAttention(AttentionKernel):
             joint = joint + log_prior
         if key_terms is not None:
             joint = joint + groups.per_key(key_terms)
-        return joint if host is None else joint + host
+        # A 0-d host (the kernel's own `score`) is constant within every group: no effect on the weights.
+        return joint if host is None or host.dim() == 0 else joint + host
 
     def _runs_value_em(self) -> bool:
         return self.log_beta is not None and self.config.iterations > 0
@@ -240,7 +235,7 @@ class GaussianMixtureAttention(AttentionKernel):
         tiny = torch.finfo(k.dtype).tiny
         for _ in range(self.config.adapt_steps):
             responsibilities = groups.softmax(joint)
-            mass, weighted_queries = sum_over_queries(groups, responsibilities, q if gamma is not None else None)
+            mass, weighted_queries = groups.sum_over_queries(responsibilities, q if gamma is not None else None)
             if gamma is not None:
                 pull = per_head(self.alpha / (self.alpha + gamma), k)
                 # (Σ_i w q_i - W ξ⁰) / W = q̄ - ξ⁰ where W > 0, and 0 (keep ξ⁰) for a unit nobody attends.
@@ -262,34 +257,22 @@ class GaussianMixtureAttention(AttentionKernel):
         for _ in range(self.config.iterations):
             weights = groups.softmax(joint + groups.scores(estimate * beta_v, v, 1.0))
             previous, estimate = estimate, groups.aggregate(weights, v)
-        return weights, (estimate - previous).norm(dim=-1).mean()
+        return weights, groups.mean_over_queries((estimate - previous).norm(dim=-1))
 
     # ---- the kernel interface -------------------------------------------------------------------
     def score(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> Tensor:
-        # No compatibility besides the mixture, which `normalize` forms from q and k (see the docstring).
-        return groups.per_query(q.new_zeros(q.shape[:-1])) + groups.per_key(k.new_zeros(k.shape[:-1]))
+        # No compatibility besides the mixture, which `normalize` forms from q and k (see the docstring):
+        # a 0-d zero, constant within every group, so nothing is added.
+        return q.new_zeros(())
 
-    def normalize(
-        self,
-        logits: Tensor,
-        groups: Groups,
-        *,
-        q: Tensor | None = None,
-        k: Tensor | None = None,
-        v: Tensor | None = None,
-    ) -> AttentionResult:
-        return self._posterior(logits, groups, q, k, v)
-
-    def _posterior(self, host: Tensor | None, groups: Groups, q: Tensor | None, k: Tensor | None, v: Tensor | None) -> AttentionResult:
-        if q is None or k is None:
-            raise ValueError("gmm needs the queries and keys (q=, k=) for its Gaussian term")
+    def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor, v: Tensor | None = None) -> AttentionResult:
         diagnostics: dict[str, Tensor] = {}
         if self._adapting():
-            joint, xi = self._adapt(host, groups, q, k)
+            joint, xi = self._adapt(logits, groups, q, k)
             if not self.training and self.config.gamma is not None:
-                diagnostics["key_shift"] = (xi - k).detach().norm(dim=-1).mean()
+                diagnostics["key_shift"] = groups.mean_over_keys((xi - k).detach().norm(dim=-1))
         else:
-            joint = self._log_joint(host, groups, q, k)
+            joint = self._log_joint(logits, groups, q, k)
         weights = groups.softmax(joint)
         if v is not None and self._runs_value_em():
             weights, step = self._value_iterations(joint, weights, groups, v)
@@ -302,21 +285,15 @@ class GaussianMixtureAttention(AttentionKernel):
         diagnostics.update(standard_diagnostics(weights, groups, self))
         return AttentionResult(weights, diagnostics=diagnostics)
 
-    def forward(self, q, k, v, groups, *, scale=None, dropout_p=0.0, need_weights=True):
-        if not need_weights and isinstance(groups, DenseGroups) and not self._runs_value_em() and not self._adapting():
-            return self._fused(q, k, v, groups, dropout_p), AttentionResult(weights=None)
-        result = self._posterior(None, groups, q, k, v)
-        weights = F.dropout(result.weights, dropout_p, self.training) if dropout_p > 0 else result.weights
-        return groups.aggregate(weights, v), result
-
-    def _fused(self, q: Tensor, k: Tensor, v: Tensor, groups: DenseGroups, dropout_p: float) -> Tensor:
-        """β = 0 on dense groups: α⟨q, ξ⟩ plus a per-key bias is a dot product of q' = [αq, 1] with
-        k' = [ξ, bias], so SDPA's fused kernel runs it with the plain boolean mask (as fast as a float attn_mask
+    def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
+        """β = 0 without adaptation: α⟨q, ξ⟩ plus a per-key bias is a dot product of q' = [αq, 1] with
+        k' = [ξ, bias], so the fused kernel runs it with the plain boolean mask (as fast as a float attn_mask
         holding the bias on this CPU, measured, and the mask stays boolean)."""
-        dropout_p = dropout_p if self.training else 0.0
+        if self._runs_value_em() or self._adapting():
+            return None
         scaled_q = q * per_head(self.alpha, q)
         key_terms = self._key_terms(k)
         if key_terms is not None:
             scaled_q = torch.cat([scaled_q, scaled_q.new_ones(scaled_q.shape[:-1]).unsqueeze(-1)], dim=-1)
             k = torch.cat([k, key_terms.unsqueeze(-1)], dim=-1)
-        return F.scaled_dot_product_attention(scaled_q, k, v, attn_mask=groups.mask, dropout_p=dropout_p, scale=1.0)
+        return FusedAttention(scaled_q, k, scale=1.0)
