@@ -149,7 +149,9 @@ def sinkhorn_plan(cost: Tensor, a: Tensor, b: Tensor, eps: float, iterations: in
     # Row-vector products against contiguous matrices: several times faster than batched (n x m) @ (m x 1).
     kernel_t = kernel.transpose(-1, -2).contiguous()
     a, b = a.double(), b.double()
-    v = torch.ones_like(b)
+    # Start at 1 on the support of b only: a padded point (mass 0) would otherwise weigh in the first
+    # u-update and, as the iterations stop before full convergence, leave its trace in the plan.
+    v = (b > 0).to(b.dtype)
     for step in range(iterations):
         u = a / (v.unsqueeze(-2) @ kernel_t).squeeze(-2)
         v = b / (u.unsqueeze(-2) @ kernel).squeeze(-2)
