@@ -6,7 +6,11 @@ timm's blocks let a module replace the normalisation of the scores, which is wha
 
 Every attention call appends `(kernel, AttentionResult)` to a `trace` list that the LightningModule
 passes down: aux losses are then weighted by the kernel that produced them, whatever order the layers
-ran in (beam search, MCAN's encoder-decoder stacks).
+ran in (beam search, MCAN's encoder-decoder stacks). Every host (GAT, the text encoders) collects its
+per-layer results this one way.
+
+Each kernel is told its site (`AttentionSite`): the host kind, and whether it is self-attention over a
+token sequence, cross-attention, or pooling, so that variants set themselves up as their papers do there.
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from ..attention import AttentionKernel, AttentionResult, DenseGroups, build_attention
+from ..attention import AttentionKernel, AttentionResult, AttentionSite, DenseGroups, build_attention
 
 Trace = list[tuple[AttentionKernel, AttentionResult]]
+"""(kernel, result) of every attention call in the order they ran; see modules/lit/attention_terms.py."""
 
 
 class VariantAttention(nn.Module):
     """Multi-head attention: Q/K/V/output projections around the variant's kernel."""
 
-    def __init__(self, width: int, heads: int, attention: str | Mapping[str, Any], *, dropout: float = 0.1):
+    def __init__(self, width: int, heads: int, attention: str | Mapping[str, Any], *, site: AttentionSite,
+                 dropout: float = 0.1):
         super().__init__()
         if width % heads:
             raise ValueError(f"width {width} is not divisible by heads {heads}")
@@ -34,7 +40,7 @@ class VariantAttention(nn.Module):
         self.v = nn.Linear(width, width)
         self.out = nn.Linear(width, width)
         self.dropout = dropout
-        self.kernel = build_attention(attention, num_heads=heads, head_dim=self.head_dim)
+        self.kernel = build_attention(attention, num_heads=heads, head_dim=self.head_dim, site=site)
 
     def _split(self, x: Tensor) -> Tensor:
         return x.view(x.shape[0], x.shape[1], self.heads, self.head_dim).transpose(1, 2)
@@ -57,13 +63,17 @@ class FeedForward(nn.Sequential):
 class TransformerLayer(nn.Module):
     """Self-attention, optional cross-attention to a context, feed-forward; each a post-norm residual
     block as in the original Transformer and MCAN (MCAN's SA is `cross=False`, its SGA `cross=True`;
-    a captioning decoder layer is `cross=True` with causal self groups)."""
+    a captioning decoder layer is `cross=True` with causal self groups). `sequence`: the self-attention
+    runs over an ordered token sequence (text), not a set such as an image grid."""
 
-    def __init__(self, width: int, heads: int, attention: str | Mapping[str, Any], *, cross: bool = False,
-                 ffn_mult: int = 4, dropout: float = 0.1):
+    def __init__(self, width: int, heads: int, attention: str | Mapping[str, Any], *, sequence: bool,
+                 cross: bool = False, host: str = "vision-language", ffn_mult: int = 4, dropout: float = 0.1):
         super().__init__()
-        self.self_attn = VariantAttention(width, heads, attention, dropout=dropout)
-        self.cross_attn = VariantAttention(width, heads, attention, dropout=dropout) if cross else None
+        self_site = AttentionSite(host, "self", sequence=sequence)
+        self.self_attn = VariantAttention(width, heads, attention, site=self_site, dropout=dropout)
+        self.cross_attn = (
+            VariantAttention(width, heads, attention, site=AttentionSite(host, "cross"), dropout=dropout) if cross else None
+        )
         self.ffn = FeedForward(width, ffn_mult * width, dropout)
         self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(3 if cross else 2))
         self.drop = nn.Dropout(dropout)
@@ -83,10 +93,11 @@ class AttentionPool(nn.Module):
     """A learned query attends over a sequence with the variant: MCAN's "attentional reduction"
     (AttFlat), with its MLP scorer replaced by the variant so that pooling is an attention too."""
 
-    def __init__(self, width: int, heads: int, attention: str | Mapping[str, Any], *, dropout: float = 0.1):
+    def __init__(self, width: int, heads: int, attention: str | Mapping[str, Any], *, host: str = "vision-language",
+                 dropout: float = 0.1):
         super().__init__()
         self.query = nn.Parameter(torch.randn(1, 1, width) * width**-0.5)
-        self.attn = VariantAttention(width, heads, attention, dropout=dropout)
+        self.attn = VariantAttention(width, heads, attention, site=AttentionSite(host, "pool"), dropout=dropout)
 
     def forward(self, x: Tensor, valid: Tensor, trace: Trace | None = None, *, need_weights: bool = False) -> Tensor:
         """x [B, L, D], valid [B, L] (True = real) -> [B, D]."""

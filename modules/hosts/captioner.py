@@ -27,14 +27,20 @@ class Captioner(nn.Module):
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.width = width
         self.project = nn.Sequential(nn.Linear(feature_dim, width), nn.LayerNorm(width), nn.Dropout(dropout))
-        self.encoder = nn.ModuleList(TransformerLayer(width, heads, attention, dropout=dropout) for _ in range(encoder_depth))
+        # The encoder's self-attention runs over the image grid (a set of cells, no token order).
+        self.encoder = nn.ModuleList(
+            TransformerLayer(width, heads, attention, sequence=False, dropout=dropout) for _ in range(encoder_depth)
+        )
         self.embed = nn.Embedding(vocab_size, width, padding_idx=pad_id)
         # Scaled so that the tied output layer starts with unit-scale logits (Vaswani et al. multiply the
         # embeddings by sqrt(width) for the same reason).
         nn.init.normal_(self.embed.weight, std=width**-0.5)
         with torch.no_grad():
             self.embed.weight[pad_id].zero_()
-        self.decoder = nn.ModuleList(TransformerLayer(width, heads, attention, cross=True, dropout=dropout) for _ in range(depth))
+        # Causal self-attention over the caption's tokens, then cross-attention from the caption to the grid.
+        self.decoder = nn.ModuleList(
+            TransformerLayer(width, heads, attention, sequence=True, cross=True, dropout=dropout) for _ in range(depth)
+        )
         self.drop = nn.Dropout(dropout)
         self.output_bias = nn.Parameter(torch.zeros(vocab_size))
         """The output layer is the transposed word embedding (tied, Press & Wolf 2017) plus this bias."""
@@ -54,9 +60,12 @@ class Captioner(nn.Module):
         length = tokens.shape[1]
         positions = sinusoidal_positions(length, self.width).to(memory.device, memory.dtype)
         x = self.drop(self.embed(tokens) * math.sqrt(self.width) + positions)
-        groups = DenseGroups.from_key_padding(tokens != self.pad_id, causal=True)
+        real = tokens != self.pad_id
+        groups = DenseGroups.from_key_padding(real, causal=True, query_valid=real)
+        # Padded caption positions are no queries of the cross-attention either.
+        cross_groups = DenseGroups(memory_groups.mask, query_valid=real)
         for layer in self.decoder:
-            x = layer(x, groups, trace, context=memory, context_groups=memory_groups, need_weights=need_weights)
+            x = layer(x, groups, trace, context=memory, context_groups=cross_groups, need_weights=need_weights)
         return F.linear(x, self.embed.weight, self.output_bias)
 
     def forward(self, features: Tensor, tokens: Tensor, trace: Trace | None = None, *, need_weights: bool = False) -> Tensor:

@@ -2,7 +2,8 @@
 
 We write the layer ourselves rather than use PyG's GATConv because GATConv hard-wires the segment
 softmax; here GAT's edge logits LeakyReLU(a_dst·Wh_i + a_src·Wh_j) go to the variant's `normalize`
-over SegmentGroups, and the variant's weights aggregate the messages.
+over SegmentGroups, and the variant's weights aggregate the messages. Every kernel sits at
+AttentionSite("graph", "self"), and each layer appends (kernel, result) to the host's trace like every host.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import add_self_loops, remove_self_loops
 
-from ..attention import AttentionResult, SegmentGroups, build_attention
+from ..attention import AttentionSite, SegmentGroups, build_attention
+from .attention_layers import Trace
+
+SITE = AttentionSite("graph", "self", sequence=False)
+"""A node attends over its in-neighbours: self-attention over a graph, no token order."""
 
 
 def graph_groups(edge_index: Tensor, num_nodes: int) -> SegmentGroups:
@@ -51,11 +56,11 @@ class GATLayer(nn.Module):
         self.att_src = nn.Parameter(torch.empty(1, heads, out_dim))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_dim))
         self.bias = nn.Parameter(torch.zeros(heads * out_dim if concat else out_dim))
-        self.kernel = build_attention(attention, num_heads=heads, head_dim=out_dim)
+        self.kernel = build_attention(attention, num_heads=heads, head_dim=out_dim, site=SITE)
         for p in (self.weight, self.att_src, self.att_dst):
             nn.init.xavier_uniform_(p)
 
-    def forward(self, x: Tensor, groups: SegmentGroups) -> tuple[Tensor, AttentionResult]:
+    def forward(self, x: Tensor, groups: SegmentGroups, trace: Trace | None = None) -> Tensor:
         h = torch.sparse.mm(x, self.weight) if x.is_sparse else x @ self.weight
         h = h.view(-1, self.heads, self.out_dim)
         # GAT's score halves a_dst·h_i and a_src·h_j are coordinate sums of these query and key
@@ -64,10 +69,12 @@ class GATLayer(nn.Module):
         queries, keys = h * self.att_dst, h * self.att_src
         logits = F.leaky_relu(groups.per_key(keys.sum(-1)) + groups.per_query(queries.sum(-1)), self.negative_slope)
         result = self.kernel.normalize(logits, groups, q=queries, k=keys)
+        if trace is not None:
+            trace.append((self.kernel, result))
         weights = F.dropout(result.weights, self.attn_dropout, self.training)
         out = groups.aggregate(weights, h)
         out = out.reshape(-1, self.heads * self.out_dim) if self.concat else out.mean(dim=1)
-        return out + self.bias, result
+        return out + self.bias
 
 
 class GAT(nn.Module):
@@ -94,18 +101,17 @@ class GAT(nn.Module):
             ]
         )
 
-    def forward(self, x: Tensor, groups: SegmentGroups) -> tuple[Tensor, list[AttentionResult]]:
-        results = []
+    def forward(self, x: Tensor, groups: SegmentGroups, trace: Trace | None = None) -> Tensor:
+        """Class logits [N, C]; each layer's (kernel, result) is appended to `trace`."""
         for i, layer in enumerate(self.layers):
             if x.is_sparse:
                 x = sparse_dropout(x, self.dropout, self.training)
             else:
                 x = F.dropout(x, self.dropout, self.training)
-            x, result = layer(x, groups)
-            results.append(result)
+            x = layer(x, groups, trace)
             if i < len(self.layers) - 1:
                 x = F.elu(x)
-        return x, results
+        return x
 
     def kernels(self) -> list[nn.Module]:
         return [layer.kernel for layer in self.layers]

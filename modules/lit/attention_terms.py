@@ -1,6 +1,8 @@
 """Turning the AttentionResults of every layer into one weighted aux loss and loggable diagnostics.
 
-Shared by every LightningModule so that each task adds sum_k w_k(step) * aux_k the same way."""
+Shared by every LightningModule so that each task adds sum_k w_k(step) * aux_k the same way. Every host
+hands back a trace: the (kernel, AttentionResult) of each attention call in the order they ran
+(modules/hosts/attention_layers.Trace)."""
 
 from __future__ import annotations
 
@@ -35,11 +37,11 @@ def weighted_aux_loss(
     return total, {f"aux/{k}": torch.stack(v).mean() for k, v in per_term.items()}
 
 
-def diagnostics(results: Sequence[AttentionResult]) -> dict[str, Tensor]:
-    """Each diagnostic per layer ("attn/l0/entropy") and averaged over layers ("attn/entropy")."""
+def diagnostics(trace: Sequence[tuple[AttentionKernel, AttentionResult]]) -> dict[str, Tensor]:
+    """Each diagnostic per attention call of the trace ("attn/l0/entropy") and averaged over them ("attn/entropy")."""
     logs: dict[str, Tensor] = {}
     per_name: dict[str, list[Tensor]] = defaultdict(list)
-    for i, result in enumerate(results):
+    for i, (_, result) in enumerate(trace):
         for name, value in result.diagnostics.items():
             logs[f"attn/l{i}/{name}"] = value
             per_name[name].append(value)
@@ -72,8 +74,10 @@ def sampling_kernels(kernels: Sequence[AttentionKernel]) -> Iterator[None]:
             kernel.eval()
 
 
-def trace_aux_loss(trace, step: int, epoch: int = 0) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """weighted_aux_loss over a host's trace of (kernel, result) pairs (modules/hosts/attention_layers.py)."""
+def trace_aux_loss(
+    trace: Sequence[tuple[AttentionKernel, AttentionResult]], step: int, epoch: int = 0
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """weighted_aux_loss over a host's trace of (kernel, result) pairs."""
     if not trace:
         return None, {}
     kernels, results = zip(*trace)

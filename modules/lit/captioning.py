@@ -79,7 +79,7 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
         loss = self._reference_loss(batch, trace, need_weights=True)
         size = len(batch["captions"])
         self.log("test/loss", loss, batch_size=size, sync_dist=True)
-        self.log_dict({f"test/{k}": v for k, v in diagnostics([result for _, result in trace]).items()}, batch_size=size)
+        self.log_dict({f"test/{k}": v for k, v in diagnostics(trace).items()}, batch_size=size)
         self.test_scores.update(batch["image_ids"], self._decode(batch["features"], self.beam_size), batch["references"])
 
     def on_test_epoch_end(self):

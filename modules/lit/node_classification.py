@@ -9,7 +9,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from ..hosts.gat import GAT, graph_groups
-from .attention_terms import check_finite, diagnostics, weighted_aux_loss
+from .attention_terms import check_finite, diagnostics, trace_aux_loss
 
 
 class NodeClassificationModule(L.LightningModule):
@@ -25,35 +25,37 @@ class NodeClassificationModule(L.LightningModule):
         self._groups = None
 
     def _forward(self, graph):
+        """Class logits and the model's attention trace."""
         if self._groups is None or self._groups.num_nodes != graph.num_nodes:
             self._groups = graph_groups(graph.edge_index, graph.num_nodes)
-        return self.model(graph.x, self._groups)
+        trace = []
+        return self.model(graph.x, self._groups, trace), trace
 
     def training_step(self, graph, batch_idx):
-        logits, results = self._forward(graph)
+        logits, trace = self._forward(graph)
         loss = F.cross_entropy(logits[graph.train_mask], graph.y[graph.train_mask])
-        aux, aux_logs = weighted_aux_loss(results, self.model.kernels(), self.global_step, self.current_epoch)
+        aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
         if aux is not None:
             loss = loss + aux
         check_finite(loss, self.current_epoch)
         self.log("train/loss", loss, batch_size=1)
-        self.log_dict({**aux_logs, **diagnostics(results)}, batch_size=1)
+        self.log_dict({**aux_logs, **diagnostics(trace)}, batch_size=1)
         return loss
 
     def _evaluate(self, graph, mask, metrics, prefix: str):
-        logits, results = self._forward(graph)
+        logits, trace = self._forward(graph)
         loss = F.cross_entropy(logits[mask], graph.y[mask])
         metrics.update(logits[mask], graph.y[mask])
         self.log(f"{prefix}/loss", loss, batch_size=1, sync_dist=True)
         self.log_dict(metrics, batch_size=1)
-        return results
+        return trace
 
     def validation_step(self, graph, batch_idx):
         self._evaluate(graph, graph.val_mask, self.val_metrics, "val")
 
     def test_step(self, graph, batch_idx):
-        results = self._evaluate(graph, graph.test_mask, self.test_metrics, "test")
-        self.log_dict({f"test/{k}": v for k, v in diagnostics(results).items()}, batch_size=1)
+        trace = self._evaluate(graph, graph.test_mask, self.test_metrics, "test")
+        self.log_dict({f"test/{k}": v for k, v in diagnostics(trace).items()}, batch_size=1)
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)

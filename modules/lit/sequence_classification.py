@@ -22,7 +22,7 @@ from torchmetrics.classification import (
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
 from ..hosts.text_encoder import encode, kernels_of, mean_pool
-from .attention_terms import check_finite, diagnostics, sampling_kernels, weighted_aux_loss
+from .attention_terms import check_finite, diagnostics, sampling_kernels, trace_aux_loss
 from .optimization import WarmupAdamW
 
 ECE_BINS = 15
@@ -76,8 +76,8 @@ class SequenceClassifier(nn.Module):
         self.head = nn.Linear(encoder.config.hidden_size, num_labels)
 
     def forward(self, batch: dict[str, Tensor], *, need_weights: bool = False):
-        hidden, results = encode(self.encoder, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], need_weights=need_weights)
-        return self.head(self.dropout(mean_pool(hidden, batch["attention_mask"]))), results
+        hidden, trace = encode(self.encoder, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], need_weights=need_weights)
+        return self.head(self.dropout(mean_pool(hidden, batch["attention_mask"]))), trace
 
     def kernels(self):
         return kernels_of(self.encoder)
@@ -113,32 +113,32 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
         return F.cross_entropy(output, labels)
 
     def training_step(self, batch, batch_idx):
-        output, results = self.model(batch)
+        output, trace = self.model(batch)
         loss = self._loss(output, batch["labels"])
-        aux, aux_logs = weighted_aux_loss(results, self.model.kernels(), self.global_step, self.current_epoch)
+        aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
         if aux is not None:
             loss = loss + aux
         check_finite(loss, self.current_epoch)
         batch_size = len(batch["labels"])
         self.log("train/loss", loss, batch_size=batch_size)
-        self.log_dict({**aux_logs, **diagnostics(results)}, batch_size=batch_size)
+        self.log_dict({**aux_logs, **diagnostics(trace)}, batch_size=batch_size)
         return loss
 
     def predict_batch(self, batch, *, need_weights: bool = False) -> tuple[Tensor, Tensor, list]:
-        """(prediction, loss, attention results): class probabilities [B, C], averaged over `mc_samples`
+        """(prediction, loss, attention trace): class probabilities [B, C], averaged over `mc_samples`
         sampled forward passes for stochastic variants, or the regression output [B]. `need_weights` makes
         fused kernels form the weights, for their diagnostics."""
-        output, results = self.model(batch, need_weights=need_weights)
+        output, trace = self.model(batch, need_weights=need_weights)
         if self.regression:
             prediction = output.squeeze(-1)
-            return prediction, F.mse_loss(prediction, batch["labels"]), results
+            return prediction, F.mse_loss(prediction, batch["labels"]), trace
         probs = output.softmax(-1)
         if self.mc_samples > 1:
             with sampling_kernels(self.model.kernels()):
                 for _ in range(self.mc_samples - 1):
                     probs = probs + self.model(batch)[0].softmax(-1)
             probs = probs / self.mc_samples
-        return probs, F.nll_loss(probs.clamp_min(1e-12).log(), batch["labels"]), results
+        return probs, F.nll_loss(probs.clamp_min(1e-12).log(), batch["labels"]), trace
 
     def validation_step(self, batch, batch_idx):
         prediction, loss, _ = self.predict_batch(batch)
@@ -150,13 +150,13 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
         self.val_metrics.reset()
 
     def test_step(self, batch, batch_idx, dataloader_idx: int = 0):
-        prediction, loss, results = self.predict_batch(batch, need_weights=dataloader_idx == 0)
+        prediction, loss, trace = self.predict_batch(batch, need_weights=dataloader_idx == 0)
         update_metrics(self.test_metrics[dataloader_idx], prediction, batch["labels"])
         batch_size = len(batch["labels"])
         prefix = self.test_prefixes[dataloader_idx]
         self.log(f"{prefix}loss", loss, batch_size=batch_size, add_dataloader_idx=False, sync_dist=True)
         if dataloader_idx == 0:
-            self.log_dict({f"test/{k}": v for k, v in diagnostics(results).items()}, batch_size=batch_size, add_dataloader_idx=False)
+            self.log_dict({f"test/{k}": v for k, v in diagnostics(trace).items()}, batch_size=batch_size, add_dataloader_idx=False)
 
     def on_test_epoch_end(self):
         for metrics in self.test_metrics:

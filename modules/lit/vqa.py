@@ -184,7 +184,7 @@ class VQAModule(WarmupAdamW, L.LightningModule):
         self.test_metrics.update(probs, batch["target"])
         batch_size = len(probs)
         self.log("test/loss", loss, batch_size=batch_size, sync_dist=True)
-        self.log_dict({f"test/{k}": v for k, v in diagnostics([result for _, result in trace]).items()}, batch_size=batch_size)
+        self.log_dict({f"test/{k}": v for k, v in diagnostics(trace).items()}, batch_size=batch_size)
 
     def on_test_epoch_end(self):
         self.log_dict(self.test_metrics.compute())

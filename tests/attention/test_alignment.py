@@ -246,7 +246,7 @@ def test_subsampling_caps_the_clouds_of_a_large_graph(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_zero_weight_leaves_the_training_gradients_of_softmax_attention(name):
     from modules.hosts.gat import GAT, graph_groups
-    from modules.lit.attention_terms import weighted_aux_loss
+    from modules.lit.attention_terms import trace_aux_loss
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(30, 12, generator=g)
@@ -260,8 +260,9 @@ def test_zero_weight_leaves_the_training_gradients_of_softmax_attention(name):
         missing, unexpected = model.load_state_dict(shared_weights, strict=False)
         assert not unexpected and all(".kernel." in n for n in missing)
         torch.manual_seed(1)
-        logits, results = model(x, groups)
-        aux, _ = weighted_aux_loss(results, model.kernels(), step=0)
+        trace = []
+        logits = model(x, groups, trace)
+        aux, _ = trace_aux_loss(trace, step=0)
         loss = F.cross_entropy(logits, y) + (aux if aux is not None else 0)
         loss.backward()
         return {n: p.grad for n, p in model.named_parameters() if ".kernel." not in n}

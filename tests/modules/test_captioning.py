@@ -294,3 +294,14 @@ def test_data_parallel_ranks_score_the_union_of_their_captions_once():
         p.join(timeout=30)
     expected = {k: v.item() for k, v in scored("python").items()}
     assert results[0] == results[1] == expected
+
+
+def test_each_attention_of_the_captioner_is_told_its_site():
+    from modules.attention import AttentionSite
+
+    model = tiny()
+    grid = AttentionSite("vision-language", "self")
+    caption = AttentionSite("vision-language", "self", sequence=True)
+    assert [layer.self_attn.kernel.site for layer in model.encoder] == [grid]
+    assert [layer.self_attn.kernel.site for layer in model.decoder] == [caption, caption]
+    assert [layer.cross_attn.kernel.site for layer in model.decoder] == [AttentionSite("vision-language", "cross")] * 2

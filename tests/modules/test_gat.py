@@ -22,9 +22,11 @@ def test_gat_layer_matches_pyg_gatconv():
             ref.att_dst.copy_(ours.att_dst)
             ours.bias.normal_()
             ref.bias.copy_(ours.bias)
-        out, result = ours(x, graph_groups(edge_index, x.shape[0]))
+        trace = []
+        out = ours(x, graph_groups(edge_index, x.shape[0]), trace)
         torch.testing.assert_close(out, ref(x, edge_index), atol=1e-5, rtol=1e-5)
-        assert result.weights.shape == (graph_groups(edge_index, 30).dst.numel(), 3)
+        [(kernel, result)] = trace
+        assert kernel is ours.kernel and result.weights.shape == (graph_groups(edge_index, 30).dst.numel(), 3)
 
 
 def test_sparse_input_gives_the_same_model_as_dense():
@@ -32,6 +34,17 @@ def test_sparse_input_gives_the_same_model_as_dense():
     x = torch.relu(x)
     model = GAT(12, 4, "softmax").eval()
     groups = graph_groups(edge_index, x.shape[0])
-    dense, _ = model(x, groups)
-    sparse, _ = model(x.to_sparse_coo().coalesce(), groups)
+    dense = model(x, groups)
+    sparse = model(x.to_sparse_coo().coalesce(), groups)
     torch.testing.assert_close(dense, sparse, atol=1e-5, rtol=1e-5)
+
+
+def test_every_kernel_is_told_it_sits_in_a_graph():
+    from modules.attention import AttentionSite
+
+    model = GAT(12, 4, "softmax")
+    assert [kernel.site for kernel in model.kernels()] == [AttentionSite("graph", "self", sequence=False)] * 2
+    edge_index, x = random_graph()
+    trace = []
+    model(x, graph_groups(edge_index, x.shape[0]), trace)
+    assert [kernel for kernel, _ in trace] == model.kernels()

@@ -31,11 +31,11 @@ def test_minilm_with_softmax_kernel_matches_the_original(batch, implementation):
     swapped = load_minilm("softmax").eval()
     with torch.no_grad():
         expected = original(**batch).last_hidden_state
-        got, results = encode(swapped, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        got, trace = encode(swapped, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     real = batch["attention_mask"].bool()
     assert (batch["attention_mask"] == 0).any()  # the padding path is exercised
     assert torch.allclose(got[real], expected[real], atol=1e-5, rtol=0)
-    assert len(results) == 6
+    assert [kernel for kernel, _ in trace] == kernels_of(swapped)  # one (kernel, result) per layer, in order
 
 
 def test_minilm_keeps_pretrained_weights_under_any_variant():
@@ -56,8 +56,9 @@ def _tiny(variant, tokenizer):
 @pytest.mark.parametrize("variant", list_attentions())
 def test_every_variant_trains_in_the_encoder_and_reports_per_layer(variant, tokenizer, batch):
     bert = _tiny(variant, tokenizer).train()
-    hidden, results = encode(bert, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-    assert len(results) == 2 and torch.isfinite(hidden).all()
+    hidden, trace = encode(bert, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    assert [kernel for kernel, _ in trace] == kernels_of(bert) and torch.isfinite(hidden).all()
+    results = [result for _, result in trace]
     names = [sorted(r.aux_losses) for r in results]
     assert names[0] == names[1]  # every layer reports the same aux terms
     loss = mean_pool(hidden, batch["attention_mask"]).square().sum() + sum(v for r in results for v in r.aux_losses.values())
@@ -98,3 +99,11 @@ def test_mc_samples_average_sampled_predictions_for_stochastic_variants(tokenize
     assert not any(k.training for k in sampled.model.kernels())  # kernels are back in evaluation mode
     assert _module("softmax", tokenizer, 8).mc_samples == 1  # deterministic variants pay for one pass only
     assert len(kernels_of(sampled.model.encoder)) == 2
+
+
+def test_text_kernels_are_told_they_attend_over_a_token_sequence(tokenizer):
+    from modules.attention import AttentionSite
+
+    text = AttentionSite("text", "self", sequence=True)
+    assert [kernel.site for kernel in kernels_of(_tiny("fenchel", tokenizer))] == [text, text]
+    assert [kernel.site for kernel in kernels_of(load_minilm("softmax"))] == [text] * 6

@@ -145,3 +145,21 @@ def test_tasks_name_missing_vqa_files(tmp_path):
     assert get_task("easy-vqa").data_problem(str(tmp_path)) is None
     with pytest.raises(ValueError, match="dataset must be one of"):
         get_task("vqa").params({"dataset": "gqa"})
+
+
+def test_each_attention_of_mcan_is_told_its_site():
+    from modules.attention import AttentionSite
+
+    model = tiny_mcan("softmax")
+    text, grid = AttentionSite("vision-language", "self", sequence=True), AttentionSite("vision-language", "self")
+    cross, pool = AttentionSite("vision-language", "cross"), AttentionSite("vision-language", "pool")
+    assert [layer.self_attn.kernel.site for layer in model.encoder] == [text]  # over the question's words
+    assert [layer.self_attn.kernel.site for layer in model.decoder] == [grid]  # over the image grid
+    assert [layer.cross_attn.kernel.site for layer in model.decoder] == [cross]  # image -> question
+    assert [model.pool_question.attn.kernel.site, model.pool_image.attn.kernel.site] == [pool, pool]
+    # the trace holds every kernel once per call, in the order they ran
+    batch = tiny_batch()
+    trace = []
+    model(batch["question"], batch["question_valid"], batch["image"], trace)
+    order = [model.encoder[0].self_attn, model.decoder[0].self_attn, model.decoder[0].cross_attn, model.pool_question.attn, model.pool_image.attn]
+    assert [kernel for kernel, _ in trace] == [attention.kernel for attention in order]
