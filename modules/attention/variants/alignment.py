@@ -244,6 +244,9 @@ class AlignmentAttention(AttentionKernel):
     """Softmax attention plus a query/key distribution-matching regulariser (base of the align-* variants)."""
 
     Config: ClassVar[type[AttentionConfig]] = AlignmentConfig
+    version: ClassVar[str] = "2"
+    """2: padded query rows are read from the groups (cross-attention from padded caption tokens no longer
+    counts them) and Sinkhorn starts on the keys' support (1 let zero-mass padded keys into its first step)."""
     softmax_limit: ClassVar[dict[str, Any]] = {"weight": 0.0}
     config: AlignmentConfig
 
