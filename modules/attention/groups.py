@@ -427,15 +427,25 @@ class SegmentGroups(Groups):
         return scatter(x, self.dst, dim=0, dim_size=self.num_nodes, reduce=how)
 
     def _sum_into_nodes(self, x: Tensor) -> Tensor:
-        if not (torch.is_grad_enabled() and x.requires_grad):
-            # A CSR sparse-dense product sums [E, H] into nodes ~6x faster than index_add_ on CPU (Cora:
-            # 0.13 vs 0.75 ms, measured), but its backward is slower than index_add_'s: used without autograd
-            # (solver loops, diagnostics).
+        if self._csr_pays(x):
             flat = x.reshape(x.shape[0], -1)
             return (self._edge_matrix(x) @ flat).view(-1, *x.shape[1:])
         # index_add_ rather than PyG's scatter-sum, which first expands the index to x's full shape
         # (several times slower for [E, H, d] messages on CPU, measured).
         return x.new_zeros(self.num_nodes, *x.shape[1:]).index_add_(0, self.dst, x)
+
+    @staticmethod
+    def _csr_pays(x: Tensor) -> bool:
+        """A CSR sparse-dense product sums [E, w] into nodes 2-8x faster than index_add_ on CPU for w <= 64
+        (Cora, one thread: 0.15 vs 0.41 ms at w = 8, 0.29 vs 0.65 ms at w = 64) but slower for wider rows
+        (14 vs 8 ms at w = 512, fenchel-exact's d x d moments), and its backward is slower than index_add_'s:
+        used without autograd (solver loops, diagnostics), in the dtypes CSR products support everywhere."""
+        width = x[0].numel() if x.shape[0] else 0
+        return (
+            not (torch.is_grad_enabled() and x.requires_grad)
+            and x.dtype in (torch.float32, torch.float64)
+            and 0 < width <= 64
+        )
 
     def _edge_matrix(self, like: Tensor) -> Tensor:
         """The [N, E] 0/1 incidence matrix of destinations, CSR, cached in like's dtype and device."""
@@ -450,12 +460,12 @@ class SegmentGroups(Groups):
         return self._csr
 
     def sums(self, *xs: Tensor) -> tuple[Tensor, ...]:
-        if len(xs) < 2 or any(torch.is_grad_enabled() and x.requires_grad for x in xs):
+        both = torch.cat(xs, dim=1) if len(xs) > 1 else None
+        if both is None or not self._csr_pays(both):
             return super().sums(*xs)
         # One sparse product for all of them (the Newton solvers need two sums per step).
         widths = [x.shape[1] for x in xs]
-        both = self._sum_into_nodes(torch.cat(xs, dim=1))
-        return tuple(both.split(widths, dim=1))
+        return tuple(self._sum_into_nodes(both).split(widths, dim=1))
 
     def group_size(self, like: Tensor) -> Tensor:
         return self._in_degree.to(like.dtype).view(-1, *([1] * (like.dim() - 1)))
