@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.suite import list_suites
+from harness.plan.suite import list_suites
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "boards"
 EXPECTED = FIXTURES / "expected"
@@ -18,7 +18,7 @@ DATA_PLACEHOLDER = "$ATTNBENCH_DATA"
 
 
 def render_all(out: Path, runs: Path, data_root: Path) -> list[Path]:
-    from harness.leaderboard import write_leaderboard
+    from harness.report.leaderboard import write_leaderboard
 
     paths = []
     for suite in list_suites():
@@ -31,7 +31,7 @@ def render_all(out: Path, runs: Path, data_root: Path) -> list[Path]:
 
 
 def load_records(runs: Path) -> None:
-    from harness.records import RecordStore
+    from harness.results.store import RecordStore
 
     store = RecordStore(runs)
     for line in (FIXTURES / "records.jsonl").read_text().splitlines():

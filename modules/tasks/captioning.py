@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datamodules import coco
 
 from ..hosts.captioner import Captioner
-from ..hosts.image_features import WEIGHTS, ImageEncoderSpec
+from datamodules.image_features import WEIGHTS, ImageEncoderSpec
 from ..lit.captioning import CaptioningModule
 from .base import Metric, Task, TrainParams, register_task
 

@@ -18,7 +18,7 @@ from datamodules.vqa import (
     vqa_problem,
 )
 
-from ..hosts.image_features import ImageEncoderSpec
+from datamodules.image_features import ImageEncoderSpec
 from ..hosts.mcan import MCAN
 from ..lit.vqa import VQAModule
 from .base import Metric, Task, TrainParams, register_task
