@@ -28,6 +28,8 @@ from harness.report.stats import ALPHA, CONFIDENCE, holm, paired_p, summarize
 BASELINE = "softmax"
 TEST_DESCRIPTION = "paired t-test over seeds vs softmax, Holm-corrected across the variants of a task"
 UNKNOWN_HARDWARE = "unknown"
+MISSING = "missing"
+"""A planned run without a record, counted next to the record statuses."""
 NO_RECORDS = "no records yet"
 """The one group's label when nothing has run: the planned rows are still shown, all missing."""
 
@@ -68,15 +70,15 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
             "overall": _overall(tables),
         })
 
-    counts = Counter("missing" if s.key not in records else str(records[s.key].status) for s in specs)
+    counts = Counter(MISSING if s.key not in records else str(records[s.key].status) for s in specs)
+    columns = (*map(str, Status), MISSING)
     return {
         "suite": suite.name,
         "description": " ".join(str(suite.description or "").split()),
         "seeds": list(suite.seeds),
         "planned": len(specs),
         "recorded": sum(1 for s in specs if s.key in records),
-        "status_counts": {status: counts.get(status, 0) for status in ("ok", "failed", "pruned", "missing")}
-        | {status: n for status, n in sorted(counts.items()) if status not in ("ok", "failed", "pruned", "missing")},
+        "status_counts": {status: counts.get(status, 0) for status in columns},
         "commits": _commits(unique),
         "finished_range": _finished_range(unique),
         "skipped_tasks": dict(sorted(the_plan.skipped_tasks.items())),

@@ -33,6 +33,10 @@ from typing import Any, Mapping
 
 import yaml
 
+from modules.attention import attention_entry, resolve_config
+from modules.lit.attention_terms import DivergedError
+from modules.tasks import get_task
+
 from harness.plan.spec import RunSpec, make_spec
 from harness.plan.tuned import DEFAULT_ROOT, tuned_path
 from harness.results.store import runs_dir
@@ -88,8 +92,6 @@ def open_storage(url: str, *, heartbeat_s: int | None = None, grace_s: int | Non
 
 def study_name(task: str, variant: str, params: Mapping[str, Any], tune_optimizer: bool) -> str:
     """Deterministic: the same task, variant, task parameters and search space share one study."""
-    from modules.attention import attention_entry
-
     identity = {"params": dict(params), "variant_version": attention_entry(variant).cls.version, "optimizer": tune_optimizer}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{task}/{variant}/{digest}"
@@ -131,10 +133,6 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
         return None
     import optuna
     from optuna.trial import TrialState
-
-    from modules.attention import attention_entry, resolve_config
-    from modules.lit.attention_terms import DivergedError
-    from modules.tasks import get_task
 
     if trials < 1:
         raise ValueError("--trials must be at least 1")
