@@ -35,10 +35,6 @@ class Plan:
         if self.missing_data:
             raise MissingDataError("\n".join(self.missing_data.values()))
 
-    @property
-    def tasks(self) -> list[str]:
-        return list(self.metrics)
-
 
 def _check_tasks(tasks: Mapping[str, tuple[Mapping[str, Any], bool]], data_root: str | None) -> tuple[dict[str, str], dict[str, str]]:
     """task -> (params, optional): the one data check of each task; returns (skipped optional, missing required)."""

@@ -18,7 +18,7 @@ HARDWARE_FIELDS = ("accelerator", "device", "device_count", "threads")
 VERSION_FIELDS = ("torch", "python", "lightning")
 
 
-def render_csv(suite, the_plan, records) -> str:
+def render_csv(suite, the_plan: Plan, records: Mapping[str, Record]) -> str:
     """One row per planned run, missing ones included: the per-seed data behind the board's statistics."""
     metric_names = sorted({name for s in the_plan.specs if s.key in records for name in records[s.key].metrics or {}})
     out = io.StringIO()
