@@ -256,15 +256,17 @@ def cmd_tune(args) -> int:
     if args.suite:
         if args.task or args.variant:
             raise ValueError("give either TASK VARIANT or --suite, not both")
-        pairs = sorted({(s.task, s.variant, tuple(sorted(s.params.items()))) for s in plan(load_suite(args.suite), args.data_root).specs})
+        suite_plan = plan(load_suite(args.suite), args.data_root)
+        suite_plan.require_data()
+        pairs = sorted({(s.task, s.variant, tuple(sorted(s.params.items()))) for s in suite_plan.specs})
         jobs = [(task, variant, {**dict(suite_params), **params}) for task, variant, suite_params in pairs]
     elif args.task and args.variant:
         jobs = [(args.task, args.variant, params)]
+        _plan_command_line_runs(args, [(args.task, args.variant, TUNE_SEED, params)], {"command": "tune"})
     else:
         raise ValueError("name a TASK and a VARIANT (attnbench tune cora bam-weibull) or a --suite")
     if args.strategy == "ddp" and args.storage and args.storage.startswith("journal:"):
         raise ValueError("pruning data-parallel trials needs an RDB storage (sqlite:///... or postgresql://...), not a journal file")
-    _plan_command_line_runs(args, [(task, variant, TUNE_SEED, p) for task, variant, p in jobs], {"command": "tune"})
     distribution, _ = _start_processes(args)
     for task, variant, job_params in jobs:
         result = tune(task, variant, trials=args.trials, params=job_params, storage=args.storage, timeout=args.timeout,

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from datamodules.paths import MissingDataError
 from modules.tasks import Metric, get_task
 
-from harness.plan.spec import RunSpec, make_spec
+from harness.plan.spec import RunSpec, make_spec, resolve_attention
 from harness.plan.suite import Suite, SuiteError
 from harness.plan.tuned import load_tuned
 
@@ -78,10 +78,11 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
             if tuned is None:
                 untuned.append(f"{task.name} x {variant.label or variant.name}")
                 continue
+            tuned_attention = resolve_attention({**variant.config, **tuned["attention"], "name": variant.name})
             for seed in suite.seeds:
                 specs.append(make_spec(
                     task.name,
-                    {**variant.config, **tuned["attention"], "name": variant.name},
+                    tuned_attention,
                     seed,
                     {**params, **(tuned.get("params") or {})},
                     label=f"{variant.label or variant.name} (tuned)",
