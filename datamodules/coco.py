@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from modules.hosts.image_features import ImageEncoderSpec, cached_grid_features
+from datamodules.image_features import ImageEncoderSpec, cached_grid_features
 
 from .paths import MissingDataError
 from .paths import cache_dir as resolve_cache_dir

@@ -1,29 +1,22 @@
-"""`attnbench bench`: plan a suite, skip finished runs, run the rest, write the leaderboard."""
+"""`attnbench bench`: the whole flow for one suite. Plan it once, skip finished runs, run the rest (local
+workers or a submitit job array), then render the leaderboard from the same plan."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-from datamodules.paths import MissingDataError
-from modules.tasks import get_task
-
-from .executor import LocalExecutor, WorkerOptions, log
-from .records import RecordStore, runs_dir
-from .runner import git_commit
-from .spec import RunSpec
-from .suite import load_suite, plan
-
-if TYPE_CHECKING:
-    from .launchers import SubmititOptions
-
-
-def _fmt_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+from harness.plan.planner import plan
+from harness.plan.spec import RunSpec
+from harness.plan.suite import load_suite
+from harness.report.format import format_duration
+from harness.report.leaderboard import write_boards
+from harness.results.record import Status
+from harness.results.store import RecordStore, runs_dir
+from harness.run.job_array import SubmititOptions, submit_runs
+from harness.run.runner import git_commit
+from harness.run.worker_pool import LocalExecutor, WorkerOptions, log
 
 
 class Progress:
@@ -36,13 +29,13 @@ class Progress:
 
     def __call__(self, spec: RunSpec, summary: dict[str, Any]) -> None:
         self.done += 1
-        status = summary.get("status", "failed")
-        self.failed += status != "ok"
+        status = summary.get("status", Status.FAILED)
+        self.failed += status != Status.OK
         self.run_seconds.append(summary.get("wall_time_s") or 0.0)
         elapsed = time.perf_counter() - self.start
         remaining = self.total - self.done
         eta = elapsed / self.done * remaining if self.done else 0.0
-        if status == "ok":
+        if status == Status.OK:
             primary = next(iter(summary["metrics"].items()), None)
             result = f"{primary[0]}={primary[1]['value']:.4f}" if primary else ""
             result += f" ({summary.get('epochs')} epochs)"
@@ -51,7 +44,7 @@ class Progress:
         width = len(str(self.total))
         log(
             f"[{self.done:>{width}}/{self.total}] {status:<6} {spec.task:<10} {spec.display:<16} seed={spec.seed:<3} "
-            f"{result}  {summary.get('wall_time_s') or 0:.1f}s  | elapsed {_fmt_duration(elapsed)}, ETA {_fmt_duration(eta)}"
+            f"{result}  {summary.get('wall_time_s') or 0:.1f}s  | elapsed {format_duration(elapsed)}, ETA {format_duration(eta)}"
         )
 
 
@@ -68,22 +61,17 @@ def run_suite(
     leaderboard_dir: str | Path | None = "leaderboards",
     tuned_params_dir: str | Path | None = None,
     launcher: str = "workers",
-    submitit_options: "SubmititOptions | None" = None,
+    submitit_options: SubmititOptions | None = None,
 ) -> dict[str, int]:
     """launcher "workers": processes on this machine; "slurm"/"local": a submitit job array (needs
-    `submitit_options`, see harness/launchers.py). Planning and the data check are the same for all."""
+    `submitit_options`, see harness/run/job_array.py). Planning and the data check are the same for all."""
     suite = load_suite(suite_name)
     the_plan = plan(suite, data_root, variant_filter, tuned_dir=tuned_params_dir)
     for pair in the_plan.untuned:
         log(f"attnbench: {pair} has no tuned parameters in {tuned_params_dir} (run `attnbench tune`); only its default row runs")
-    for task in suite.tasks:
-        if task.name in the_plan.skipped_tasks:
-            log(f"attnbench: skipping optional task {task.name}: {the_plan.skipped_tasks[task.name]}")
-            continue
-        task_def = get_task(task.name)
-        problem = task_def.check_data(data_root, task_def.params({**suite.params, **task.params}))
-        if problem:
-            raise MissingDataError(problem)
+    for task_name, why in the_plan.skipped_tasks.items():
+        log(f"attnbench: skipping optional task {task_name}: {why}")
+    the_plan.require_data()
     store = RecordStore(runs)
     todo = [s for s in the_plan.specs if not store.finished(s.key, retry_failed)]
     finished = len(the_plan.specs) - len(todo)
@@ -95,17 +83,16 @@ def run_suite(
     )
     progress = Progress(len(todo), workers)
     if todo and launcher != "workers":
-        from .launchers import SubmititOptions, submit_runs
-
-        outcome = submit_runs(todo, submitit_options or SubmititOptions(launcher=launcher), suite_name=suite.name, runs=runs_dir(runs), data_root=data_root, cache_dir=cache_dir,
-                              plugin_files=plugin_files, retry_failed=retry_failed, commit=git_commit())
+        outcome = submit_runs(todo, submitit_options or SubmititOptions(launcher=launcher), suite_name=suite.name, runs=runs_dir(runs),
+                              data_root=data_root, cache_dir=cache_dir, plugin_files=plugin_files, retry_failed=retry_failed,
+                              commit=git_commit(), log=log, format_duration=format_duration)
         if not outcome.waited:
             tuned = f" --params tuned --params-dir {tuned_params_dir}" if tuned_params_dir else ""
             log(f"attnbench: not waiting; once the jobs finish, write the leaderboard with `attnbench leaderboard --suite {suite_name} "
                 f"--runs-dir {store.root.parent} --out {leaderboard_dir or 'leaderboards'}{tuned}`")
             return {"planned": len(the_plan.specs), "ran": 0, "failed": 0, "submitted": len(todo)}
         progress.done, progress.failed = outcome.ran, outcome.failed
-        log(f"attnbench: suite {suite.name}: ran {progress.done} runs in {_fmt_duration(time.perf_counter() - progress.start)}, {progress.failed} failed"
+        log(f"attnbench: suite {suite.name}: ran {progress.done} runs in {format_duration(time.perf_counter() - progress.start)}, {progress.failed} failed"
             + (f"; shard(s) {outcome.lost_shards} died, their unrecorded runs run on the next bench" if outcome.lost_shards else ""))
     elif todo:
         options = WorkerOptions(
@@ -117,10 +104,8 @@ def run_suite(
             workers=workers,
         )
         LocalExecutor(options).run(todo, progress)
-        log(f"attnbench: suite {suite.name}: ran {progress.done} runs in {_fmt_duration(time.perf_counter() - progress.start)}, {progress.failed} failed")
+        log(f"attnbench: suite {suite.name}: ran {progress.done} runs in {format_duration(time.perf_counter() - progress.start)}, {progress.failed} failed")
     if leaderboard_dir is not None:
-        from .leaderboard import write_leaderboard
-
-        paths = write_leaderboard(suite_name, runs=runs, out_dir=leaderboard_dir, data_root=data_root, tuned_params_dir=tuned_params_dir)
+        paths = write_boards(the_plan, store, leaderboard_dir)
         log("attnbench: leaderboard written to " + ", ".join(str(p) for p in paths))
     return {"planned": len(the_plan.specs), "ran": progress.done, "failed": progress.failed}

@@ -1,4 +1,7 @@
-"""The `attnbench` command."""
+"""The `attnbench` command: parses arguments and hands each verb to the stage that does it.
+
+Each handler imports what it needs when it runs (torch, Lightning, the registries), so that `--help` and a
+mistyped flag answer at once."""
 
 from __future__ import annotations
 
@@ -6,12 +9,12 @@ import argparse
 import json
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 import yaml
 
 
-def _parse_sets(pairs: Sequence[str]) -> tuple[dict, dict]:
+def parse_sets(pairs: Sequence[str]) -> tuple[dict, dict]:
     """--set key=value (task parameter) or attention.key=value (variant config); values parse as YAML."""
     params, attention = {}, {}
     for pair in pairs:
@@ -39,10 +42,25 @@ def _data_parallel(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-nodes", type=int, default=1, help="nodes with --strategy ddp (start every rank with srun)")
 
 
-def _distribution(args):
-    from .distributed import Distribution
+LAUNCHERS = ("workers", "local", "slurm")
+"""`--launcher` choices; harness/run/job_array.py runs the submitit ones."""
 
-    return Distribution(args.strategy, args.devices, args.num_nodes)
+
+def add_launcher_arguments(parser) -> None:
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="workers",
+                        help="workers: processes on this machine (default); slurm: a SLURM job array through submitit; "
+                             "local: the same through submitit's local executor")
+    parser.add_argument("--shards", type=int, default=None,
+                        help="array tasks the runs are dealt into (default: min(runs, 64) on slurm, min(runs, GPUs or cores) locally)")
+    parser.add_argument("--no-wait", action="store_true", help="submit the array and exit (print the job ids); "
+                        "`attnbench leaderboard` later")
+    parser.add_argument("--submitit-folder", default=None, help="submitit's pickles and logs, %%j = job id (default: <runs-dir>/submitit/%%j)")
+    parser.add_argument("--slurm-partition", default=None)
+    parser.add_argument("--slurm-time-min", type=int, default=None, help="time limit per array task (default: 240); a task that hits it is requeued and resumes")
+    parser.add_argument("--slurm-gpus-per-task", type=int, default=None, help="GPUs per array task, 0 = CPU (default: 1 on slurm)")
+    parser.add_argument("--slurm-cpus-per-task", type=int, default=None)
+    parser.add_argument("--slurm-array-parallelism", type=int, default=None, help="at most this many array tasks at once")
+    parser.add_argument("--slurm-account", default=None)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -53,8 +71,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .launchers import add_launcher_arguments
-
     parser = argparse.ArgumentParser(prog="attnbench", description="Benchmark attention variants on the same tasks, seeds and budgets.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -130,10 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_list(args) -> int:
+    from harness.plan.suite import list_suites, load_suite
     from modules.attention import attention_entry, list_attentions
     from modules.tasks import get_task, list_tasks
-
-    from .suite import list_suites, load_suite
 
     if args.what in ("variants", "all"):
         print("variants:")
@@ -154,48 +169,57 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _plan_command_line_runs(args, jobs: list[tuple[str, Any, int, dict]], extra: dict[str, Any]):
+    """`run` and `tune` plan like `bench` does: names resolved and each task's data checked, once."""
+    from harness.plan.planner import plan_runs
+
+    the_plan = plan_runs(jobs, args.data_root, extra)
+    the_plan.require_data()
+    return the_plan
+
+
+def _start_processes(args):
+    """Join or start the DDP processes of `run`/`tune` (a no-op for one process), each with its share of the
+    CPU threads; returns (distribution, this process's global rank)."""
+    from harness.run.distributed import Distribution, start
+    from harness.run.runner import quiet_lightning
+    from harness.run.threads import configure_worker_threads
+
+    distribution = Distribution(args.strategy, args.devices, args.num_nodes)
+    quiet_lightning()
+    configure_worker_threads(distribution.devices)
+    return distribution, start(distribution)
+
+
 def cmd_run(args) -> int:
-    from .records import RecordStore
-    from .runner import configure_worker_threads, execute, quiet_lightning
-    from .spec import make_spec
+    from harness.results.record import Status
+    from harness.results.store import RecordStore
+    from harness.run.runner import execute
 
-    params, attention = _parse_sets(args.set)
-    spec = make_spec(args.task, {"name": args.variant, **attention}, args.seed, params, extra={"command": "run"})
-    from modules.tasks import get_task
-
-    from datamodules.paths import MissingDataError
-
-    task_def = get_task(args.task)
-    problem = task_def.check_data(args.data_root, task_def.params(params))
-    if problem:
-        raise MissingDataError(problem)
+    params, attention = parse_sets(args.set)
+    spec = _plan_command_line_runs(args, [(args.task, {"name": args.variant, **attention}, args.seed, params)], {"command": "run"}).specs[0]
     store = RecordStore(args.runs_dir)
     existing = store.read(spec.key)
-    if existing is not None and existing.get("status") == "ok" and not args.force:
+    if existing is not None and existing.status is Status.OK and not args.force:
         print(f"attnbench: run {spec.key} already finished ({store.path(spec.key)}); --force runs it again")
         record = existing
     else:
-        from .distributed import start
-
-        distribution = _distribution(args)
-        quiet_lightning()
-        configure_worker_threads(distribution.devices)
-        if start(distribution) == 0:
+        distribution, rank = _start_processes(args)
+        if rank == 0:
             print(f"attnbench: running {args.task} x {spec.variant} seed={args.seed} (key {spec.key})"
                   f"{f' on {distribution.world_size} DDP processes' if distribution.is_distributed else ''}", flush=True)
         record = execute(spec, data_root=args.data_root, cache_dir=args.cache_dir, verbose=True, distribution=distribution)
         if record is None:  # a DDP rank other than 0: rank 0 tests and writes the record
             return 0
         store.write(record)
-    summary = {k: record.get(k) for k in ("key", "status", "error", "metrics", "epochs", "best_epoch", "time_per_epoch_s", "wall_time_s", "peak_memory_mb")}
-    print(json.dumps(summary, indent=1, default=str))
-    return 0 if record["status"] == "ok" else 1
+    print(json.dumps(record.summary(), indent=1, default=str))
+    return 0 if record.status is Status.OK else 1
 
 
 def cmd_bench(args) -> int:
-    from .bench import run_suite
-    from .executor import default_workers
-    from .launchers import options_from_args
+    from harness.bench import run_suite
+    from harness.run.job_array import options_from_args
+    from harness.run.worker_pool import default_workers
 
     if args.workers is not None and args.devices is not None and args.workers != args.devices:
         raise ValueError("--workers and --devices both set the number of workers; give one of them")
@@ -222,39 +246,28 @@ def cmd_bench(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from .runner import configure_worker_threads
-    from .tune import export, tune
+    from harness.plan.planner import plan
+    from harness.plan.suite import load_suite
+    from harness.studies.tune import TUNE_SEED, export, tune
 
-    params, attention = _parse_sets(args.set)
+    params, attention = parse_sets(args.set)
     if attention:
         raise ValueError("tune searches the variant's own knobs: attention.* cannot be fixed with --set")
     if args.suite:
         if args.task or args.variant:
             raise ValueError("give either TASK VARIANT or --suite, not both")
-        from .suite import load_suite, plan
-
-        pairs = sorted({(s.task, s.variant, tuple(sorted(s.params.items()))) for s in plan(load_suite(args.suite), args.data_root).specs})
+        suite_plan = plan(load_suite(args.suite), args.data_root)
+        suite_plan.require_data()
+        pairs = sorted({(s.task, s.variant, tuple(sorted(s.params.items()))) for s in suite_plan.specs})
         jobs = [(task, variant, {**dict(suite_params), **params}) for task, variant, suite_params in pairs]
     elif args.task and args.variant:
         jobs = [(args.task, args.variant, params)]
+        _plan_command_line_runs(args, [(args.task, args.variant, TUNE_SEED, params)], {"command": "tune"})
     else:
         raise ValueError("name a TASK and a VARIANT (attnbench tune cora bam-weibull) or a --suite")
-    from modules.tasks import get_task
-
-    from datamodules.paths import MissingDataError
-
-    for task in sorted({job[0] for job in jobs}):
-        task_def = get_task(task)
-        problem = task_def.check_data(args.data_root, task_def.params(next(p for t, _, p in jobs if t == task)))
-        if problem:
-            raise MissingDataError(problem)
-    from .distributed import start
-
-    distribution = _distribution(args)
-    if distribution.is_distributed and args.storage and args.storage.startswith("journal:"):
+    if args.strategy == "ddp" and args.storage and args.storage.startswith("journal:"):
         raise ValueError("pruning data-parallel trials needs an RDB storage (sqlite:///... or postgresql://...), not a journal file")
-    configure_worker_threads(distribution.devices)
-    start(distribution)
+    distribution, _ = _start_processes(args)
     for task, variant, job_params in jobs:
         result = tune(task, variant, trials=args.trials, params=job_params, storage=args.storage, timeout=args.timeout,
                       tune_optimizer=args.tune_optimizer, runs=args.runs_dir, data_root=args.data_root, cache_dir=args.cache_dir,
@@ -265,7 +278,7 @@ def cmd_tune(args) -> int:
 
 
 def cmd_leaderboard(args) -> int:
-    from .leaderboard import write_leaderboard
+    from harness.report.leaderboard import write_leaderboard
 
     tuned = args.params_dir if args.params == "tuned" else None
     for path in write_leaderboard(args.suite, runs=args.runs_dir, out_dir=args.out, data_root=args.data_root, tuned_params_dir=tuned):
@@ -274,7 +287,7 @@ def cmd_leaderboard(args) -> int:
 
 
 def cmd_perf(args) -> int:
-    from .perf import measure
+    from harness.studies.perf import measure
 
     if args.threads:
         import torch
@@ -285,7 +298,7 @@ def cmd_perf(args) -> int:
 
 
 def cmd_scaling(args) -> int:
-    from .scaling import measure_scaling
+    from harness.studies.scaling import measure_scaling
 
     try:
         counts = [int(n) for n in args.workers.split(",")]
@@ -296,7 +309,7 @@ def cmd_scaling(args) -> int:
 
 
 def cmd_probe(args) -> int:
-    from .probe import run_fenchel_probe
+    from harness.studies.probe import run_fenchel_probe
 
     run_fenchel_probe(dataset=args.dataset, sentences=args.sentences, max_length=args.max_length, out_dir=args.out,
                       data_root=args.data_root)
@@ -304,12 +317,11 @@ def cmd_probe(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # After parsing: `--help` and a usage error need none of this. SuiteError and LauncherError are ValueErrors.
     from datamodules.paths import MissingDataError
     from modules.registry import DuplicateNameError, PluginError, UnknownNameError, load_plugin_file
 
-    from .suite import SuiteError
-
-    args = build_parser().parse_args(argv)
     try:
         for plugin in getattr(args, "plugin", []):
             load_plugin_file(plugin)
@@ -321,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "probe": cmd_probe, "tune": cmd_tune,
                    "scaling": cmd_scaling}[args.command]
         return handler(args)
-    except (UnknownNameError, DuplicateNameError, PluginError, SuiteError, MissingDataError, ValueError) as exc:
+    except (UnknownNameError, DuplicateNameError, PluginError, MissingDataError, ValueError) as exc:
         print(f"attnbench: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

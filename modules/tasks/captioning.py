@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from datamodules import coco
+from datamodules.image_features import WEIGHTS, ImageEncoderSpec
 
 from ..hosts.captioner import Captioner
-from ..hosts.image_features import WEIGHTS, ImageEncoderSpec
 from ..lit.captioning import CaptioningModule
 from .base import Metric, Task, TrainParams, register_task
 

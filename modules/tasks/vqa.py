@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from datamodules.image_features import ImageEncoderSpec
 from datamodules.vqa import (
     VQADataModule,
     easy_vqa_problem,
@@ -18,7 +19,6 @@ from datamodules.vqa import (
     vqa_problem,
 )
 
-from ..hosts.image_features import ImageEncoderSpec
 from ..hosts.mcan import MCAN
 from ..lit.vqa import VQAModule
 from .base import Metric, Task, TrainParams, register_task

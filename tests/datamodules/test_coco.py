@@ -10,7 +10,7 @@ import torch
 from datamodules import coco
 from datamodules.paths import MissingDataError
 from datamodules.vocab import BOS, EOS, words
-from modules.hosts.image_features import ImageEncoderSpec
+from datamodules.image_features import ImageEncoderSpec
 
 
 @pytest.fixture(scope="module")

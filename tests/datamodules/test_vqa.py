@@ -18,7 +18,7 @@ from datamodules.vqa import (
     read_vqa,
     vqa_problem,
 )
-from modules.hosts.image_features import ImageEncoderSpec
+from datamodules.image_features import ImageEncoderSpec
 
 SMALL_IMAGES = ImageEncoderSpec("resnet18", "random", image_size=64, stage=2)
 

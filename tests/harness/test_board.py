@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from harness.board import build_board, holm, paired_p
-from harness.suite import load_suite, plan
+from harness.report.board import build_board
+from harness.report.stats import holm, paired_p
+from harness.plan.planner import plan
+from harness.plan.suite import load_suite
 from modules.tasks import get_task
 
 CPU = {"accelerator": "cpu", "device": "AMD EPYC", "device_count": 0, "cpu": "AMD EPYC", "threads": 1, "label": "CPU AMD EPYC (1 thread/run)"}

@@ -45,9 +45,9 @@ def test_run_records_and_reuses_a_finished_run(shared_data, capsys, tmp_path):
 
 
 def test_set_values_parse_as_yaml_and_exponents_as_numbers():
-    from harness.cli import _parse_sets
+    from harness.cli import parse_sets
 
-    params, attention = _parse_sets(["lr=5e-5", "backbone=minilm", "max_train_examples=null", "attention.alpha=2"])
+    params, attention = parse_sets(["lr=5e-5", "backbone=minilm", "max_train_examples=null", "attention.alpha=2"])
     assert params == {"lr": 5e-5, "backbone": "minilm", "max_train_examples": None}
     assert attention == {"alpha": 2}
 

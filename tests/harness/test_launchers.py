@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.launchers import LauncherError, Shard, SubmititOptions, _record_dead_shard, shard_runs
-from harness.records import RecordStore
-from harness.spec import make_spec
+from harness.run.job_array import LauncherError, Shard, SubmititOptions, record_dead_shard, shard_runs
+from harness.results.store import RecordStore
+from harness.plan.spec import make_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,13 +60,13 @@ def test_a_dead_shard_blames_the_run_it_was_on_and_leaves_it_retryable(runs):
     store.write({"key": specs[1].key, "status": "failed", "retryable": True, "error": "WorkerDied: earlier"})
     shard = Shard(index=0, specs=tuple(s.to_dict() for s in specs), runs_dir=str(runs), data_root=None, cache_dir=None)
 
-    assert _record_dead_shard(shard, "job 7 ended without a result") == specs[1].key
+    assert record_dead_shard(shard, "job 7 ended without a result") == specs[1].key
     blamed = store.read(specs[1].key)
     assert blamed["status"] == "failed" and blamed["retryable"] and "job 7 ended without a result" in blamed["error"]
     assert not store.finished(specs[1].key)  # the next bench runs it again
     assert store.read(specs[2].key) is None and store.read(specs[0].key)["status"] == "ok"
     # Under --retry-failed an old failed record and the re-run's cannot be told apart: nothing is blamed.
-    assert _record_dead_shard(dataclasses.replace(shard, retry_failed=True), "job 8") is None
+    assert record_dead_shard(dataclasses.replace(shard, retry_failed=True), "job 8") is None
 
 
 def test_local_launcher_jobs_outlive_the_submitter_then_resume_runs_only_the_rest(tmp_path, tiny_suite, shared_data, capsys):

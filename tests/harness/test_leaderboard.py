@@ -8,9 +8,10 @@ import random
 
 import yaml
 
-from harness.leaderboard import write_leaderboard
-from harness.records import RecordStore
-from harness.suite import load_suite, plan
+from harness.report.leaderboard import write_leaderboard
+from harness.results.store import RecordStore
+from harness.plan.planner import plan
+from harness.plan.suite import load_suite
 
 from .test_board import BASE, CPU, GPU, record, shifted
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from harness.leaderboard_html import render_html
+from harness.report.html_page import render_html
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -121,7 +121,7 @@ def test_same_board_gives_identical_bytes_even_in_another_process(board, page, t
     assert render_html(json.loads(board_json.read_text())) == page.read_text(encoding="utf-8")
     # A fresh interpreter with another hash seed: catches per-process salts (matplotlib's SVG ids, set order).
     other = tmp_path / "other.html"
-    code = ("import json, sys; from harness.leaderboard_html import render_html; "
+    code = ("import json, sys; from harness.report.html_page import render_html; "
             "open(sys.argv[2], 'w', encoding='utf-8').write(render_html(json.load(open(sys.argv[1]))))")
     subprocess.run([sys.executable, "-c", code, str(board_json), str(other)], check=True, cwd=REPO,
                    env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "12345"})

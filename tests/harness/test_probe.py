@@ -12,7 +12,7 @@ from scipy.optimize import minimize
 from scipy.special import logsumexp
 
 from harness.cli import main
-from harness.probe import head_mapping, relative_deviation, solve_dual
+from harness.studies.probe import head_mapping, relative_deviation, solve_dual
 from modules.hosts.text_encoder import load_minilm, minilm_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

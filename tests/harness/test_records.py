@@ -1,6 +1,6 @@
 import json
 
-from harness.records import RecordStore
+from harness.results.store import RecordStore
 
 
 def test_records_are_written_atomically_and_tmp_files_are_never_read(tmp_path):

@@ -4,8 +4,10 @@ import statistics
 
 import pytest
 
-from harness.runner import configure_worker_threads, execute
-from harness.suite import load_suite, plan
+from harness.run.runner import execute
+from harness.run.threads import configure_worker_threads
+from harness.plan.planner import plan
+from harness.plan.suite import load_suite
 
 PAPER = {"cora": 0.830, "citeseer": 0.725}  # Veličković et al. 2018, Table 3
 FLOOR = {"cora": 0.81, "citeseer": 0.70}

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.scaling import measure_scaling
+from harness.studies.scaling import measure_scaling
 
 
 @pytest.mark.slow  # starts three executors (warm-up, 1 and 2 workers): about a minute of process start-up

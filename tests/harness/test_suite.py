@@ -2,7 +2,8 @@ import textwrap
 
 import pytest
 
-from harness.suite import SuiteError, list_suites, load_suite, plan
+from harness.plan.planner import plan
+from harness.plan.suite import SuiteError, list_suites, load_suite
 
 
 def write(tmp_path, text, name="s.yaml"):

@@ -4,9 +4,10 @@ absent GLUE tasks fail with a message that names the files, and the text suites 
 import pytest
 
 from harness.cli import main
-from harness.runner import execute
-from harness.spec import make_spec
-from harness.suite import load_suite, plan
+from harness.run.runner import execute
+from harness.plan.spec import make_spec
+from harness.plan.planner import plan
+from harness.plan.suite import load_suite
 from modules.tasks import get_task, list_tasks
 
 TINY = {"depth": 1, "width": 32, "heads": 2, "max_length": 32, "max_train_examples": 64, "max_val_examples": 32, "max_epochs": 1, "batch_size": 16}

@@ -4,9 +4,11 @@ import optuna
 import pytest
 import yaml
 
-from harness import tune as tuning
+from harness.plan.tuned import load_tuned
+from harness.studies import tune as tuning
 from harness.cli import main
-from harness.suite import load_suite, plan
+from harness.plan.planner import plan
+from harness.plan.suite import load_suite
 from modules.tasks import Metric, get_task
 
 FAST = {"max_epochs": 4, "patience": 4}
@@ -49,14 +51,14 @@ def test_tune_runs_defaults_first_resumes_its_budget_and_exports(shared_data, tm
 
     path = tuning.export(result, tmp_path / "params")
     assert path == tmp_path / "params" / "cora" / "fenchel.yaml"
-    data = tuning.load_tuned("cora", "fenchel", tmp_path / "params")
+    data = load_tuned("cora", "fenchel", tmp_path / "params")
     assert data["attention"]["name"] == "fenchel" and data["validation"]["metric"] == "val/loss"
     assert data["tuning"]["trials"]["complete"] >= 1
 
 
 def test_a_monitor_that_is_never_logged_fails_loudly(shared_data, monkeypatch):
-    from harness.runner import fit_for_validation
-    from harness.spec import make_spec
+    from harness.run.runner import fit_for_validation
+    from harness.plan.spec import make_spec
 
     task_cls = type(get_task("cora"))
     monkeypatch.setattr(task_cls, "monitor", Metric("val/not_logged"))
@@ -87,7 +89,7 @@ def test_a_malformed_tuned_file_is_named(tmp_path):
     path.parent.mkdir(parents=True)
     path.write_text("variant: softmax\n")
     with pytest.raises(ValueError, match="fenchel.yaml"):
-        tuning.load_tuned("cora", "fenchel", tmp_path)
+        load_tuned("cora", "fenchel", tmp_path)
 
 
 def test_cli_tune_needs_a_pair_or_a_suite(capsys):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.runner import execute
-from harness.spec import make_spec
+from harness.run.runner import execute
+from harness.plan.spec import make_spec
 from modules.attention import list_attentions
 from modules.hosts.captioner import Captioner
 from modules.lit import caption_metrics

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from harness.runner import execute
-from harness.spec import make_spec
+from harness.run.runner import execute
+from harness.plan.spec import make_spec
 from modules.attention import list_attentions
 from modules.hosts.attention_layers import variant_kernels
 from modules.hosts.mcan import MCAN

@@ -1,4 +1,4 @@
-"""Suite files: tasks x variants x seeds x params -> a list of RunSpecs.
+"""Suite files: the YAML a user writes -> a validated `Suite` (planner.py turns it into RunSpecs).
 
 ```yaml
 name: quick
@@ -24,9 +24,9 @@ from modules.attention import list_attentions
 from modules.registry import UnknownNameError
 from modules.tasks import get_task
 
-from .spec import RunSpec, make_spec
+from harness.plan.spec import ResolvedAttention, resolve_attention
 
-BUILTIN_SUITES = Path(__file__).parent / "suites"
+BUILTIN_SUITES = Path(__file__).parents[1] / "suites"
 TOP_LEVEL_KEYS = {"name", "description", "tasks", "variants", "exclude_variants", "seeds", "params"}
 
 
@@ -45,7 +45,10 @@ class TaskEntry:
 class VariantEntry:
     name: str
     config: Mapping[str, Any] = field(default_factory=dict)
+    """As written in the suite."""
     label: str = ""
+    resolved: ResolvedAttention | None = None
+    """The full config, resolved once when the suite is loaded (None only for entries built by hand)."""
 
 
 @dataclass(frozen=True)
@@ -57,16 +60,6 @@ class Suite:
     variants: tuple[VariantEntry, ...]
     seeds: tuple[int, ...]
     params: Mapping[str, Any]
-
-
-@dataclass
-class Plan:
-    suite: Suite
-    specs: list[RunSpec]
-    skipped_tasks: dict[str, str]
-    """Optional tasks left out because their data is absent -> why."""
-    untuned: list[str] = field(default_factory=list)
-    """With tuned parameters asked for: the task x variant pairs that have no tuned-parameters file."""
 
 
 def list_suites() -> list[str]:
@@ -98,7 +91,7 @@ def load_suite(name_or_path: str) -> Suite:
     except yaml.YAMLError as exc:
         raise SuiteError(f"{where} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
-        raise SuiteError(f"{where} must be a mapping with keys tasks, variants, seeds (see harness/suite.py)")
+        raise SuiteError(f"{where} must be a mapping with keys tasks, variants, seeds (see harness/plan/suite.py)")
     unknown = set(data) - TOP_LEVEL_KEYS
     if unknown:
         raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; allowed keys are {sorted(TOP_LEVEL_KEYS)}")
@@ -109,7 +102,7 @@ def load_suite(name_or_path: str) -> Suite:
     tasks = tuple(_task_entry(t, f"{where}: tasks[{i}]") for i, t in enumerate(_as_list(data["tasks"], f"{where}: tasks")))
     excluded = set(_as_list(data.get("exclude_variants", []), f"{where}: exclude_variants"))
     if data["variants"] == "all":
-        variants = tuple(VariantEntry(n) for n in list_attentions() if n not in excluded)
+        variants = tuple(VariantEntry(n, resolved=resolve_attention(n)) for n in list_attentions() if n not in excluded)
     else:
         variants = tuple(
             _variant_entry(v, f"{where}: variants[{i}]") for i, v in enumerate(_as_list(data["variants"], f"{where}: variants"))
@@ -137,61 +130,6 @@ def load_suite(name_or_path: str) -> Suite:
         seeds=seeds,
         params=params,
     )
-
-
-def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None = None, tuned_dir: str | Path | None = None) -> Plan:
-    """Every (task, variant, seed) of the suite as RunSpecs; optional tasks without data are skipped.
-    With `tuned_dir`, each variant that `attnbench tune` has tuned on a task also runs with its tuned
-    parameters, on the same seeds, as its own "<label> (tuned)" row."""
-    import fnmatch
-
-    from .tune import load_tuned
-
-    specs: list[RunSpec] = []
-    skipped: dict[str, str] = {}
-    untuned: list[str] = []
-    for task in suite.tasks:
-        task_def = get_task(task.name)
-        problem = task_def.check_data(data_root, task_def.params({**suite.params, **task.params}))
-        if problem and task.optional:
-            skipped[task.name] = problem
-            continue
-        params = {**suite.params, **task.params}
-        for variant in suite.variants:
-            if variant_filter and not any(
-                fnmatch.fnmatch(variant.label or variant.name, pattern.strip()) for pattern in variant_filter.split(",")
-            ):
-                continue
-            for seed in suite.seeds:
-                where = f"suite {suite.name}: task {task.name}, variant {variant.label or variant.name}"
-                try:
-                    spec = make_spec(
-                        task.name,
-                        {"name": variant.name, **variant.config},
-                        seed,
-                        params,
-                        label=variant.label,
-                        extra={"suite": suite.name},
-                    )
-                except (ValueError, TypeError) as exc:
-                    raise SuiteError(f"{where}: {exc}") from exc
-                specs.append(spec)
-            if tuned_dir is None:
-                continue
-            tuned = load_tuned(task.name, variant.name, tuned_dir)
-            if tuned is None:
-                untuned.append(f"{task.name} x {variant.label or variant.name}")
-                continue
-            for seed in suite.seeds:
-                specs.append(make_spec(
-                    task.name,
-                    {**variant.config, **tuned["attention"], "name": variant.name},
-                    seed,
-                    {**params, **(tuned.get("params") or {})},
-                    label=f"{variant.label or variant.name} (tuned)",
-                    extra={"suite": suite.name, "tuning": tuned.get("tuning", {})},
-                ))
-    return Plan(suite, specs, skipped, untuned)
 
 
 def _as_list(value: Any, where: str) -> list:
@@ -228,10 +166,8 @@ def _variant_entry(item: Any, where: str) -> VariantEntry:
     item = dict(item)
     name, label = item.pop("name"), str(item.pop("label", "") or "")
     try:
-        from modules.attention import resolve_config
-
-        resolve_config({"name": name, **item})
+        resolved = resolve_attention({"name": name, **item})
     except (UnknownNameError, ValueError, TypeError) as exc:
         raise SuiteError(f"{where}: {exc}") from exc
-    return VariantEntry(name, item, label)
+    return VariantEntry(name, item, label, resolved)
 

@@ -13,9 +13,11 @@ import tempfile
 import time
 from typing import Sequence
 
-from .executor import LocalExecutor, WorkerOptions, log
-from .runner import git_commit
-from .suite import load_suite, plan
+from harness.plan.planner import plan
+from harness.plan.suite import load_suite
+from harness.results.record import Status
+from harness.run.runner import git_commit
+from harness.run.worker_pool import LocalExecutor, WorkerOptions, log
 
 
 def measure_scaling(suite_name: str, worker_counts: Sequence[int], *, variant_filter: str | None = None, seeds: int | None = None,
@@ -37,7 +39,7 @@ def measure_scaling(suite_name: str, worker_counts: Sequence[int], *, variant_fi
         with tempfile.TemporaryDirectory(prefix=f"attnbench-scaling-{workers}w-") as runs:
             options = WorkerOptions(runs_dir=runs, data_root=data_root, cache_dir=cache_dir, commit=commit, workers=workers)
             start = time.perf_counter()
-            LocalExecutor(options).run(todo, lambda spec, summary: summary.get("status") == "ok" or failures.append(spec.display))
+            LocalExecutor(options).run(todo, lambda spec, summary: summary.get("status") == Status.OK or failures.append(spec.display))
             return time.perf_counter() - start
 
     warmup = list({s.task: s for s in specs}.values())

@@ -33,11 +33,16 @@ from typing import Any, Mapping
 
 import yaml
 
-from . import distributed
-from .distributed import SINGLE, Distribution
-from .records import runs_dir
-from .runner import fit_for_validation
-from .spec import RunSpec, make_spec
+from modules.attention import attention_entry, resolve_config
+from modules.lit.attention_terms import DivergedError
+from modules.tasks import get_task
+
+from harness.plan.spec import RunSpec, make_spec
+from harness.plan.tuned import DEFAULT_ROOT, tuned_path
+from harness.results.store import runs_dir
+from harness.run import distributed
+from harness.run.distributed import SINGLE, Distribution
+from harness.run.runner import fit_for_validation
 
 TUNE_SEED = 9973
 """Seed of every tuning trial: outside the seeds suites run (0, 1, 2, ...)."""
@@ -87,8 +92,6 @@ def open_storage(url: str, *, heartbeat_s: int | None = None, grace_s: int | Non
 
 def study_name(task: str, variant: str, params: Mapping[str, Any], tune_optimizer: bool) -> str:
     """Deterministic: the same task, variant, task parameters and search space share one study."""
-    from modules.attention import attention_entry
-
     identity = {"params": dict(params), "variant_version": attention_entry(variant).cls.version, "optimizer": tune_optimizer}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{task}/{variant}/{digest}"
@@ -130,10 +133,6 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
         return None
     import optuna
     from optuna.trial import TrialState
-
-    from modules.attention import attention_entry, resolve_config
-    from modules.lit.attention_terms import DivergedError
-    from modules.tasks import get_task
 
     if trials < 1:
         raise ValueError("--trials must be at least 1")
@@ -219,11 +218,7 @@ def _follow_rank_zero(distribution: Distribution, data_root: str | None, cache_d
             pass                          # the error); this rank only keeps in step until rank 0 says stop
 
 
-def tuned_path(task: str, variant: str, root: str | Path = "leaderboards/params") -> Path:
-    return Path(root) / task / f"{variant}.yaml"
-
-
-def export(result: TuneResult, root: str | Path = "leaderboards/params") -> Path:
+def export(result: TuneResult, root: str | Path = DEFAULT_ROOT) -> Path:
     """Write the best configuration where `bench --params tuned` finds it (atomic rename)."""
     path = tuned_path(result.task, result.variant, root)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,13 +235,3 @@ def export(result: TuneResult, root: str | Path = "leaderboards/params") -> Path
     tmp.write_text(yaml.safe_dump(body, sort_keys=False))
     tmp.replace(path)
     return path
-
-
-def load_tuned(task: str, variant: str, root: str | Path = "leaderboards/params") -> dict[str, Any] | None:
-    path = tuned_path(task, variant, root)
-    if not path.is_file():
-        return None
-    data = yaml.safe_load(path.read_text())
-    if not isinstance(data, dict) or data.get("variant") != variant or not isinstance(data.get("attention"), dict):
-        raise ValueError(f"{path} is not a tuned-parameters file of {task} x {variant}; re-run `attnbench tune {task} {variant}`")
-    return data

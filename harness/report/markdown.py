@@ -1,30 +1,13 @@
-"""Records -> leaderboards/<suite>.md, .csv and .html.
-
-The Markdown and HTML are renderings of one board (harness/board.py), so they cannot disagree; the CSV
-lists every planned run's record, flattened. Generated, never hand-edited: the same records give
-byte-identical files (no clock, everything sorted, fixed float formats)."""
+"""The board -> leaderboards/<suite>.md."""
 
 from __future__ import annotations
 
-import csv
 import io
-import math
-from pathlib import Path
 from typing import Any
 
-from .board import build_board, format_duration, format_p
-from .leaderboard_html import render_html
-from .records import RecordStore
-from .suite import load_suite, plan
+from harness.report.format import format_duration, format_p
 
 MARKS = {"better": "▲", "worse": "▼"}
-
-
-def collect(suite_name: str, runs: str | None = None, data_root: str | None = None, tuned_params_dir=None):
-    suite = load_suite(suite_name)
-    the_plan = plan(suite, data_root, tuned_dir=tuned_params_dir)
-    records = RecordStore(runs).read_many(s.key for s in the_plan.specs)
-    return suite, the_plan, records
 
 
 def render_markdown(board: dict[str, Any]) -> str:
@@ -150,68 +133,5 @@ def _delta_cell(row: dict[str, Any], table: dict[str, Any], primary: dict[str, A
     return f"{comparison['diff'] * scale:+.{digits}f} ({format_p(comparison['p_holm'])})"
 
 
-
-
 def _date_range(dates: list[str | None]) -> str:
     return f"{dates[0]} to {dates[1]}" if dates[0] else "—"
-
-
-
-
-CSV_FIELDS = ["key", "suite", "task", "variant", "label", "seed", "status", "error", "epochs", "best_epoch", "time_per_epoch_s",
-              "fit_time_s", "wall_time_s", "peak_memory_mb", "parameters", "hardware", "accelerator", "device", "device_count",
-              "threads", "torch", "python", "lightning", "commit", "finished"]
-HARDWARE_FIELDS = ("accelerator", "device", "device_count", "threads")
-VERSION_FIELDS = ("torch", "python", "lightning")
-
-
-def render_csv(suite, the_plan, records) -> str:
-    """One row per planned run, missing ones included: the per-seed data behind the board's statistics."""
-    metric_names = sorted({name for s in the_plan.specs if s.key in records for name in records[s.key].get("metrics", {})})
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_FIELDS + metric_names + ["attention", "params"])
-    for spec in sorted(the_plan.specs, key=lambda s: (s.task, s.display, s.seed, s.key)):
-        r = records.get(spec.key)
-        if r is None:
-            row = [spec.key, suite.name, spec.task, spec.variant, spec.display, spec.seed, "missing"] + [""] * (len(CSV_FIELDS) - 7)
-            writer.writerow(row + [""] * len(metric_names) + [_compact(spec.attention), _compact(spec.params)])
-            continue
-        hardware, versions = r.get("hardware") or {}, r.get("versions") or {}
-        values = {
-            "key": spec.key, "suite": suite.name, "task": spec.task, "variant": spec.variant, "label": spec.display,
-            "seed": spec.seed, "status": r.get("status"), "error": (r.get("error") or "").split("\n")[0],
-            "hardware": hardware.get("label", ""),
-            **{f: _num(hardware.get(f)) for f in HARDWARE_FIELDS},
-            **{f: versions.get(f, "") for f in VERSION_FIELDS},
-        }
-        row = [values[f] if f in values else _num(r.get(f)) for f in CSV_FIELDS]
-        row += [_num(r.get("metrics", {}).get(m, {}).get("value")) for m in metric_names]
-        writer.writerow(row + [_compact(spec.attention), _compact(spec.params)])
-    return out.getvalue()
-
-
-def _num(value: Any) -> Any:
-    if isinstance(value, float):
-        return "" if math.isnan(value) else f"{value:.6g}"
-    return "" if value is None else value
-
-
-def _compact(mapping) -> str:
-    return ";".join(f"{k}={v}" for k, v in sorted(dict(mapping).items()))
-
-
-def write_leaderboard(suite_name: str, *, runs: str | None = None, out_dir: str | Path = "leaderboards", data_root: str | None = None,
-                      tuned_params_dir: str | Path | None = None) -> list[Path]:
-    """With `tuned_params_dir`, tuned rows ("<variant> (tuned)") are listed next to the defaults."""
-    suite, the_plan, records = collect(suite_name, runs, data_root, tuned_params_dir)
-    board = build_board(suite, the_plan, records)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    md = out / f"{suite.name}.md"
-    md.write_text(render_markdown(board))
-    table = out / f"{suite.name}.csv"
-    table.write_text(render_csv(suite, the_plan, records))
-    page = out / f"{suite.name}.html"
-    page.write_text(render_html(board))
-    return [md, table, page]

@@ -1,4 +1,4 @@
-"""Board model (harness.board.build_board) -> one self-contained HTML page.
+"""Board model (harness/report/board.py) -> one self-contained HTML page.
 
 The page loads nothing: CSS, JS and the matplotlib SVG plots are inline, so it can be opened from disk,
 attached to an issue or archived. The same board gives byte-identical HTML (no clock, fixed SVG ids),
@@ -16,7 +16,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from .board import format_duration, format_p
+from harness.report.format import format_duration, format_p
 
 MARKS = {"better": "▲", "worse": "▼"}
 BAR_COLOR = "#9db4cf"
@@ -87,7 +87,7 @@ _JS = """
 
 
 def render_html(board: dict[str, Any]) -> str:
-    """The whole page for `board` (the dict of harness.board.build_board)."""
+    """The whole page for `board` (the dict of harness.report.board.build_board)."""
     out = io.StringIO()
     title = f"Leaderboard: {board['suite']}"
     out.write("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n")

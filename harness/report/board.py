@@ -1,16 +1,15 @@
-"""Records -> the leaderboard "board": per hardware group, per task, per variant, statistics over seeds.
+"""Plan + Records -> the leaderboard "board": per hardware group, per task, per variant, statistics over seeds.
 
 The board is a plain, JSON-serialisable dict (its shape is documented in `build_board`) from which the
 Markdown, CSV and HTML leaderboards are rendered, so that every rendering shows the same numbers.
 Everything in it is in a deterministic order (no clock, no set order, ties broken by name): the same
 records always give the same board.
 
-Statistics, per (hardware group, task, variant, metric):
-- mean, sample standard deviation (ddof 1) and a 95% Student-t confidence interval over the seeds that
-  finished;
-- against the `softmax` row of the same table: a paired t-test over the seeds that finished in both,
-  Holm-corrected across the variants of the table (one family per table and metric). A cell is marked
-  "better" or "worse" only when its Holm-adjusted p is below `ALPHA`.
+Statistics (stats.py), per (hardware group, task, variant, metric): mean, std and confidence interval over
+seeds; against the `softmax` row of the same table a paired t-test, Holm-corrected across the variants of
+the table. A cell is marked "better" or "worse" only when its Holm-adjusted p is below `ALPHA`.
+Metric names and their order (the primary first) come from the plan; whether higher is better from the
+records, which store it with every value.
 Rows are ranked by the mean of the task's primary metric with competition ranking: equal means share
 the better rank and the next rank is skipped (1, 2, 2, 4), so a rank always says how many rows beat it.
 """
@@ -22,13 +21,15 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
-from scipy import stats
+from harness.plan.planner import Plan
+from harness.results.record import Record, Status
+from harness.report.stats import ALPHA, CONFIDENCE, holm, paired_p, summarize
 
-ALPHA = 0.05
-CONFIDENCE = 0.95
 BASELINE = "softmax"
 TEST_DESCRIPTION = "paired t-test over seeds vs softmax, Holm-corrected across the variants of a task"
 UNKNOWN_HARDWARE = "unknown"
+MISSING = "missing"
+"""A planned run without a record, counted next to the record statuses."""
 NO_RECORDS = "no records yet"
 """The one group's label when nothing has run: the planned rows are still shown, all missing."""
 
@@ -38,26 +39,9 @@ def is_fraction_metric(metric: str) -> bool:
     return any(metric.endswith(s) for s in ("acc", "accuracy", "f1", "macro_f1"))
 
 
-def format_duration(seconds: float | None) -> str:
-    """How every rendering of a board shows a time."""
-    if not seconds:
-        return "—"
-    if seconds < 10:
-        return f"{seconds * 1000:.1f} ms"
-    return f"{seconds:.1f} s" if seconds < 600 else f"{seconds / 60:.1f} min"
-
-
-def format_p(p: float | None) -> str:
-    """How every rendering of a board shows a p-value."""
-    if p is None:
-        return "—"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
-def build_board(suite, the_plan, records: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-    """`suite` and `the_plan` from harness.suite, `records` run key -> record (missing keys = not run yet)."""
-    from modules.tasks import get_task
-
+def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[str, Any]]) -> dict[str, Any]:
+    """`suite` and `the_plan` from harness.plan, `records` run key -> record (missing keys = not run yet)."""
+    records = {key: r if isinstance(r, Record) else Record.from_dict(r) for key, r in records.items()}
     specs = sorted(the_plan.specs, key=lambda s: (s.task, s.display, s.seed, s.key))
     task_order = [t.name for t in suite.tasks]
     tasks = sorted({s.task for s in specs}, key=lambda name: (task_order.index(name) if name in task_order else len(task_order), name))
@@ -73,7 +57,7 @@ def build_board(suite, the_plan, records: Mapping[str, dict[str, Any]]) -> dict[
     for label in labels:
         group_records = by_label.get(label, [])
         hw = _group_hardware(group_records)
-        tables = [_task_table(get_task(name), [s for s in specs if s.task == name], records, label) for name in tasks]
+        tables = [_task_table(name, the_plan.metrics[name], [s for s in specs if s.task == name], records, label) for name in tasks]
         groups.append({
             "hardware": label,
             **hw,
@@ -86,15 +70,15 @@ def build_board(suite, the_plan, records: Mapping[str, dict[str, Any]]) -> dict[
             "overall": _overall(tables),
         })
 
-    counts = Counter("missing" if s.key not in records else records[s.key].get("status", "unknown") for s in specs)
+    counts = Counter(MISSING if s.key not in records else str(records[s.key].status) for s in specs)
+    columns = (*map(str, Status), MISSING)
     return {
         "suite": suite.name,
         "description": " ".join(str(suite.description or "").split()),
         "seeds": list(suite.seeds),
         "planned": len(specs),
         "recorded": sum(1 for s in specs if s.key in records),
-        "status_counts": {status: counts.get(status, 0) for status in ("ok", "failed", "pruned", "missing")}
-        | {status: n for status, n in sorted(counts.items()) if status not in ("ok", "failed", "pruned", "missing")},
+        "status_counts": {status: counts.get(status, 0) for status in columns},
         "commits": _commits(unique),
         "finished_range": _finished_range(unique),
         "skipped_tasks": dict(sorted(the_plan.skipped_tasks.items())),
@@ -106,37 +90,45 @@ def build_board(suite, the_plan, records: Mapping[str, dict[str, Any]]) -> dict[
     }
 
 
-def hardware_label(record: Mapping[str, Any]) -> str:
-    return (record.get("hardware") or {}).get("label") or UNKNOWN_HARDWARE
+def hardware_label(record: Record) -> str:
+    return record.hardware_label or UNKNOWN_HARDWARE
 
 
-def _unique_records(found: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def _unique_records(found: Iterable[Record]) -> list[Record]:
     """A tuned row whose best parameters are the defaults shares its runs (keys) with the default row."""
-    by_key = {r["key"]: r for r in found}
+    by_key = {r.key: r for r in found}
     return [by_key[k] for k in sorted(by_key)]
 
 
-def _group_hardware(group_records: list[dict[str, Any]]) -> dict[str, Any]:
+def _group_hardware(group_records: list[Record]) -> dict[str, Any]:
     """The label names the device; the first record (by key) gives the details, which the label fixes."""
-    hw = (group_records[0].get("hardware") or {}) if group_records else {}
+    hw = (group_records[0].hardware or {}) if group_records else {}
     return {name: hw.get(name) for name in ("accelerator", "device", "device_count", "cpu", "threads")}
 
 
-def _versions(group_records: list[dict[str, Any]], name: str) -> list[str]:
-    return sorted({(r.get("versions") or {}).get(name) for r in group_records} - {None})
+def _versions(group_records: list[Record], name: str) -> list[str]:
+    return sorted({(r.versions or {}).get(name) for r in group_records} - {None})
 
 
-def _commits(found: Iterable[dict[str, Any]]) -> list[str]:
-    return sorted({r.get("commit") or "unknown" for r in found})
+def _commits(found: Iterable[Record]) -> list[str]:
+    return sorted({r.commit or "unknown" for r in found})
 
 
-def _finished_range(found: Iterable[dict[str, Any]]) -> list[str | None]:
-    dates = sorted(r["finished"][:10] for r in found if r.get("finished"))
+def _finished_range(found: Iterable[Record]) -> list[str | None]:
+    dates = sorted(r.finished[:10] for r in found if r.finished)
     return [dates[0], dates[-1]] if dates else [None, None]
 
 
-def _task_table(task, task_specs, records: Mapping[str, dict[str, Any]], group: str) -> dict[str, Any]:
-    metrics = [{"name": m.name, "higher_is_better": m.higher_is_better, "percent": is_fraction_metric(m.name)} for m in task.metrics]
+def _direction(name: str, planned: bool, task_records: Iterable[Record]) -> bool:
+    """Whether higher is better, as the records say (the value they were ranked by when they ran); the
+    task's current declaration only for a metric no record has yet."""
+    return next((bool(r.metrics[name]["higher_is_better"]) for r in task_records if r.metrics and name in r.metrics), planned)
+
+
+def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[str, Record], group: str) -> dict[str, Any]:
+    task_records = [records[s.key] for s in task_specs if s.key in records]
+    metrics = [{"name": m.name, "higher_is_better": _direction(m.name, m.higher_is_better, task_records), "percent": is_fraction_metric(m.name)}
+               for m in planned_metrics]
     by_label: dict[str, list] = defaultdict(list)
     for spec in task_specs:
         by_label[spec.display].append(spec)
@@ -151,7 +143,7 @@ def _task_table(task, task_specs, records: Mapping[str, dict[str, Any]], group: 
     table_records = _unique_records(records[s.key] for s in task_specs if s.key in records and hardware_label(records[s.key]) == group)
     tuning = {s.display: _plain(s.extra["tuning"]) for s in task_specs if s.extra.get("tuning")}
     return {
-        "task": task.name,
+        "task": task_name,
         "primary": primary,
         "higher_is_better": metrics[0]["higher_is_better"],
         "metrics": metrics,
@@ -174,66 +166,29 @@ def _baseline_label(by_label: Mapping[str, list], rows: Mapping[str, dict[str, A
     return None
 
 
-def _row(label: str, entries, records: Mapping[str, dict[str, Any]], group: str, metrics: list[dict[str, Any]]) -> dict[str, Any]:
+def _row(label: str, entries, records: Mapping[str, Record], group: str, metrics: list[dict[str, Any]]) -> dict[str, Any]:
     entries = sorted(entries, key=lambda s: (s.seed, s.key))
     here = [(s, records[s.key]) for s in entries if s.key in records and hardware_label(records[s.key]) == group]
-    ok = [(s, r) for s, r in here if r.get("status") == "ok"]
+    ok = [(s, r) for s, r in here if r.status is Status.OK]
     row: dict[str, Any] = {
         "variant": label,
         "rank": None,
         "planned": len(entries),
         "n": len(ok),
-        "failed": sum(1 for _, r in here if r.get("status") == "failed"),
-        "pruned": sum(1 for _, r in here if r.get("status") == "pruned"),
+        "failed": sum(1 for _, r in here if r.status is Status.FAILED),
+        "pruned": sum(1 for _, r in here if r.status is Status.PRUNED),
         "missing": sum(1 for s in entries if s.key not in records),
         "other_hardware": sum(1 for s in entries if s.key in records and hardware_label(records[s.key]) != group),
-        "errors": sorted({r["error"].split("\n")[0][:120] for _, r in here if r.get("status") == "failed" and r.get("error")}),
+        "errors": sorted({r.error.split("\n")[0][:120] for _, r in here if r.status is Status.FAILED and r.error}),
         "metrics": {},
         "cost": _cost(here, ok),
     }
     for metric in metrics:
-        pairs = [(s.seed, r["metrics"][metric["name"]]["value"]) for s, r in ok if metric["name"] in (r.get("metrics") or {})]
+        pairs = [(s.seed, r.metrics[metric["name"]]["value"]) for s, r in ok if metric["name"] in (r.metrics or {})]
         pairs = [(seed, float(v)) for seed, v in pairs if v is not None and math.isfinite(float(v))]
         row["metrics"][metric["name"]] = {"values": [v for _, v in pairs], "seeds": [seed for seed, _ in pairs],
                                           **summarize([v for _, v in pairs]), "vs_baseline": None}
     return row
-
-
-def summarize(values: list[float]) -> dict[str, Any]:
-    """n, mean, sample std and the Student-t confidence interval of the mean; spread is None below 2 values."""
-    n = len(values)
-    if n == 0:
-        return {"n": 0, "mean": None, "std": None, "ci_low": None, "ci_high": None}
-    mean = statistics.fmean(values)
-    if n == 1:
-        return {"n": 1, "mean": mean, "std": None, "ci_low": None, "ci_high": None}
-    std = statistics.stdev(values)
-    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * std / math.sqrt(n)
-    return {"n": n, "mean": mean, "std": std, "ci_low": mean - half, "ci_high": mean + half}
-
-
-def paired_p(diffs: list[float]) -> float:
-    """Two-sided paired t-test p of variant - baseline over seeds. A t-test is undefined when the
-    differences do not vary: equal everywhere is no evidence (p = 1), a constant non-zero shift on every
-    seed is as strong as evidence gets (p = 0). Float noise in the subtraction (1e-17) must not turn a
-    constant shift into a huge but arbitrary t, hence the tolerance."""
-    scale = max(1.0, max(abs(d) for d in diffs))
-    if max(diffs) - min(diffs) <= 1e-12 * scale:
-        return 1.0 if all(abs(d) <= 1e-12 * scale for d in diffs) else 0.0
-    return float(stats.ttest_rel(diffs, [0.0] * len(diffs)).pvalue)
-
-
-def holm(p_values: Mapping[str, float]) -> dict[str, float]:
-    """Holm's step-down adjustment (controls the family-wise error rate without assuming independence).
-    Written here because scipy has none (`false_discovery_control` is Benjamini-Hochberg/Yekutieli, which
-    controls the false discovery rate instead) and statsmodels would be a heavy dependency for five lines."""
-    ordered = sorted(p_values.items(), key=lambda item: (item[1], item[0]))
-    m = len(ordered)
-    adjusted, running = {}, 0.0
-    for i, (name, p) in enumerate(ordered):
-        running = max(running, min(1.0, (m - i) * p))
-        adjusted[name] = running
-    return adjusted
 
 
 def _compare(rows: dict[str, dict[str, Any]], baseline: str | None, metric: dict[str, Any]) -> None:
@@ -271,17 +226,17 @@ def _rank(rows: list[dict[str, Any]], primary: str, higher: bool) -> list[dict[s
     return ranked + unranked
 
 
-def _cost(here: list, ok: list) -> dict[str, Any]:
+def _cost(here: list[tuple[Any, Record]], ok: list[tuple[Any, Record]]) -> dict[str, Any]:
     def mean_of(field: str) -> float | None:
-        values = [float(r[field]) for _, r in ok if r.get(field) is not None]
+        values = [float(getattr(r, field)) for _, r in ok if getattr(r, field) is not None]
         return statistics.fmean(values) if values else None
 
-    totals = [float(r.get("fit_time_s") or r.get("wall_time_s")) for _, r in ok if r.get("fit_time_s") or r.get("wall_time_s")]
-    memory = [float(r["peak_memory_mb"]) for _, r in ok if r.get("peak_memory_mb")]
-    parameters = [r["parameters"] for _, r in ok if r.get("parameters")]
+    totals = [float(r.fit_time_s or r.wall_time_s) for _, r in ok if r.fit_time_s or r.wall_time_s]
+    memory = [float(r.peak_memory_mb) for _, r in ok if r.peak_memory_mb]
+    parameters = [r.parameters for _, r in ok if r.parameters]
     # What the row cost on the accelerator, failed runs included: every run held its GPUs for its wall time.
-    gpu_seconds = [float(r.get("wall_time_s") or 0.0) * int((r.get("hardware") or {}).get("device_count") or 0)
-                   for _, r in here if (r.get("hardware") or {}).get("accelerator") == "gpu"]
+    gpu_seconds = [float(r.wall_time_s or 0.0) * int((r.hardware or {}).get("device_count") or 0)
+                   for _, r in here if (r.hardware or {}).get("accelerator") == "gpu"]
     return {
         "epochs": mean_of("epochs"),
         "time_per_epoch_s": mean_of("time_per_epoch_s"),

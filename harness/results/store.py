@@ -1,4 +1,4 @@
-"""One immutable JSON record per finished run, written atomically, named by the run key.
+"""The record store: one immutable JSON file per run, written atomically, named by the run key.
 
 Because the file name is the key and a record only appears through an atomic rename, a killed
 process can never leave a half-written record that a reader sees, and a re-run can never duplicate
@@ -11,9 +11,9 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
-FINISHED = ("ok", "failed", "pruned")
+from harness.results.record import Record
 
 
 def runs_dir(explicit: str | os.PathLike | None = None) -> Path:
@@ -29,12 +29,15 @@ class RecordStore:
     def path(self, key: str) -> Path:
         return self.root / f"{key}.json"
 
-    def write(self, record: dict[str, Any]) -> Path:
-        target = self.path(record["key"])
-        fd, tmp = tempfile.mkstemp(prefix=f".{record['key']}.", suffix=".tmp", dir=self.root)
+    def write(self, record: Record | Mapping[str, Any]) -> Path:
+        """A mapping is validated as a Record first: nothing reaches the disk that would not load back."""
+        if not isinstance(record, Record):
+            record = Record.from_dict(record)
+        target = self.path(record.key)
+        fd, tmp = tempfile.mkstemp(prefix=f".{record.key}.", suffix=".tmp", dir=self.root)
         try:
             with os.fdopen(fd, "w") as fh:
-                json.dump(record, fh, indent=1, sort_keys=True, default=str)
+                json.dump(record.to_dict(), fh, indent=1, sort_keys=True, default=str)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, target)
@@ -48,17 +51,17 @@ class RecordStore:
             os.close(dir_fd)
         return target
 
-    def read(self, key: str) -> dict[str, Any] | None:
+    def read(self, key: str) -> Record | None:
         try:
             with open(self.path(key)) as fh:
-                return json.load(fh)
+                return Record.from_dict(json.load(fh))
         except FileNotFoundError:
             return None
-        except json.JSONDecodeError as exc:  # only possible if someone edited the file by hand
+        except (json.JSONDecodeError, ValueError, TypeError) as exc:  # only possible if someone edited the file by hand
             print(f"attnbench: warning: ignoring unreadable record {self.path(key)}: {exc}", file=sys.stderr)
             return None
 
-    def read_many(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+    def read_many(self, keys: Iterable[str]) -> dict[str, Record]:
         found = {}
         for key in keys:
             record = self.read(key)
@@ -66,7 +69,7 @@ class RecordStore:
                 found[key] = record
         return found
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Record]:
         for path in sorted(self.root.glob("*.json")):
             record = self.read(path.stem)
             if record is not None:
@@ -74,6 +77,4 @@ class RecordStore:
 
     def finished(self, key: str, retry_failed: bool = False) -> bool:
         record = self.read(key)
-        if record is None or record.get("status") not in FINISHED or record.get("retryable"):
-            return False
-        return not (retry_failed and record["status"] == "failed")
+        return record is not None and record.is_final(retry_failed)

@@ -59,9 +59,24 @@ class RunSpec:
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
 
+@dataclass(frozen=True)
+class ResolvedAttention:
+    """A variant's name, full config (every field, defaults filled in) and version: resolved once per
+    suite entry or command line, then shared by every task and seed that runs it."""
+
+    name: str
+    config: Mapping[str, Any]
+    version: str
+
+
+def resolve_attention(attention: str | Mapping[str, Any]) -> ResolvedAttention:
+    name, config = resolve_config(attention)
+    return ResolvedAttention(name, {"name": name, **config.to_dict()}, attention_entry(name).cls.version)
+
+
 def make_spec(
     task: str,
-    attention: str | Mapping[str, Any],
+    attention: str | Mapping[str, Any] | ResolvedAttention,
     seed: int,
     params: Mapping[str, Any] | None = None,
     label: str = "",
@@ -70,15 +85,16 @@ def make_spec(
     """Resolve names and defaults now, so that a typo fails before anything runs."""
     task_def = get_task(task)
     resolved_params = dataclasses.asdict(task_def.params(params))
-    name, config = resolve_config(attention)
+    if not isinstance(attention, ResolvedAttention):
+        attention = resolve_attention(attention)
     return RunSpec(
         task=task,
-        variant=name,
-        attention={"name": name, **config.to_dict()},
+        variant=attention.name,
+        attention=dict(attention.config),
         params=resolved_params,
         seed=int(seed),
         task_version=task_def.version,
-        variant_version=attention_entry(name).cls.version,
-        label=label or name,
+        variant_version=attention.version,
+        label=label or attention.name,
         extra=dict(extra or {}),
     )

@@ -23,7 +23,7 @@ One large run on several nodes (DDP) is a single sbatch script, not an array:
 
 srun starts one process per GPU and Lightning's SLURMEnvironment reads SLURM_NTASKS, SLURM_PROCID,
 SLURM_NODELIST, ... to form the process group (it checks that --devices and --num-nodes equal
---ntasks-per-node and --nodes). Only global rank 0 tests and writes the record (harness/distributed.py).
+--ntasks-per-node and --nodes). Only global rank 0 tests and writes the record (harness/run/distributed.py).
 `attnbench tune ... --strategy ddp` works the same way, with a PostgreSQL storage.
 
 Tuning on a cluster: every `attnbench tune` process must reach the same Optuna storage, and SQLite on a
@@ -38,14 +38,20 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Callable, Sequence
 
 from submitit.helpers import Checkpointable
 
-if TYPE_CHECKING:
-    from .spec import RunSpec
+from datamodules.paths import cache_dir as resolve_cache_dir
 
-LAUNCHERS = ("workers", "local", "slurm")
+from harness.plan.spec import RunSpec
+from harness.results.record import Record, Status
+from harness.results.store import RecordStore
+from harness.run.worker import RunWorker, WorkerSettings
+from harness.run.worker_pool import visible_gpus
+
+SKIPPED = "skipped"
+"""A shard's summary of a run it found already recorded (not a record status: nothing was written)."""
 MAX_DEFAULT_SHARDS = 64
 
 
@@ -106,6 +112,9 @@ class Shard:
     gpu: str | None = None
     """Local launcher: the GPU this shard runs on; None: whatever the scheduler gave (or CPU)."""
 
+    def settings(self) -> WorkerSettings:
+        return WorkerSettings(self.runs_dir, self.data_root, self.cache_dir, self.plugin_files, self.commit, self.threads, self.gpu)
+
 
 def shard_runs(specs: Sequence[Any], shards: int) -> list[list[Any]]:
     """Deal runs round-robin into at most `shards` non-empty shards. Round-robin rather than contiguous
@@ -114,10 +123,6 @@ def shard_runs(specs: Sequence[Any], shards: int) -> list[list[Any]]:
         raise LauncherError(f"--shards must be at least 1, got {shards}")
     count = min(shards, len(specs))
     return [list(specs[i::count]) for i in range(count)]
-
-
-def _summary(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: record.get(k) for k in ("key", "status", "error", "metrics", "wall_time_s", "epochs")}
 
 
 class ShardRunner(Checkpointable):
@@ -129,31 +134,16 @@ class ShardRunner(Checkpointable):
         self.completed: set[str] = set()
 
     def __call__(self, shard: Shard) -> list[dict[str, Any]]:
-        if shard.gpu is not None:  # before anything initialises CUDA
-            os.environ["CUDA_VISIBLE_DEVICES"] = shard.gpu
-        import torch
-
-        from modules.registry import load_plugin_file
-
-        from .records import RecordStore
-        from .runner import execute
-        from .spec import RunSpec
-
-        affinity = getattr(os, "sched_getaffinity", None)
-        torch.set_num_threads(shard.threads or (len(affinity(0)) if affinity else os.cpu_count() or 1))
-        for plugin in shard.plugin_files:
-            load_plugin_file(plugin)
-        store = RecordStore(shard.runs_dir)
+        worker = RunWorker(shard.settings())
         summaries = []
         for data in shard.specs:
-            spec = RunSpec.from_dict(data)
-            if spec.key in self.completed or store.finished(spec.key, shard.retry_failed):
-                summaries.append({"key": spec.key, "status": "skipped"})
+            key = RunSpec.from_dict(data).key
+            if key in self.completed or worker.store.finished(key, shard.retry_failed):
+                summaries.append({"key": key, "status": SKIPPED})
                 continue
-            record = execute(spec, data_root=shard.data_root, cache_dir=shard.cache_dir, commit=shard.commit)
-            store.write(record)
-            self.completed.add(spec.key)
-            summaries.append(_summary(record))
+            record = worker.run(data)
+            self.completed.add(key)
+            summaries.append(record.summary())
         return summaries
 
 
@@ -203,7 +193,7 @@ def make_executor(options: SubmititOptions, folder: str | Path, job_name: str):
 
 
 def submit_runs(
-    todo: Sequence["RunSpec"],
+    todo: Sequence[RunSpec],
     options: SubmititOptions,
     *,
     suite_name: str,
@@ -213,12 +203,11 @@ def submit_runs(
     plugin_files: Sequence[str] = (),
     retry_failed: bool = False,
     commit: str | None = None,
+    log: Callable[[str], None] = print,
+    format_duration: Callable[[float], str] = str,
 ) -> LaunchOutcome:
-    """Submit `todo` as a job array; with options.wait, wait for it and report each finished shard."""
-    from datamodules.paths import cache_dir as resolve_cache_dir
-
-    from .bench import _fmt_duration
-    from .executor import log, visible_gpus
+    """Submit `todo` as a job array; with options.wait, wait for it and report each finished shard through
+    `log` (times shown with `format_duration`)."""
 
     runs_root = Path(runs).expanduser().resolve()
     folder = options.folder or str(runs_root / "submitit" / "%j")
@@ -249,7 +238,7 @@ def submit_runs(
         f"{_compact_ids(job_ids)}; logs in {Path(folder).parent if '%j' in Path(folder).name else folder}")
     if not options.wait:
         return LaunchOutcome(job_ids, waited=False)
-    return _wait(jobs, payload, options, job_ids, _fmt_duration, log)
+    return _wait(jobs, payload, options, job_ids, format_duration, log)
 
 
 def _compact_ids(job_ids: list[str]) -> str:
@@ -285,14 +274,14 @@ def _wait(jobs, payload: list[Shard], options: SubmititOptions, job_ids: list[st
                 except Exception as exc:  # noqa: BLE001 - a dead shard is reported, the others go on
                     outcome.lost_shards.append(shard.index)
                     reason = _job_failure(job, exc)
-                    blamed = _record_dead_shard(shard, f"job {job.job_id} {reason}; log {job.paths.stderr}")
+                    blamed = record_dead_shard(shard, f"job {job.job_id} {reason}; log {job.paths.stderr}")
                     outcome.ran += blamed is not None
                     outcome.failed += blamed is not None
                     log(f"[{done:>{width}}/{len(payload)} shards] job {job.job_id} FAILED: {reason} (log {job.paths.stderr})"
                         f"{f'; run {blamed} recorded as failed' if blamed else ''}; its unrecorded runs run on the next bench {clock}")
                     continue
-                ran = [s for s in summaries if s["status"] != "skipped"]
-                failed = [s for s in ran if s["status"] != "ok"]
+                ran = [s for s in summaries if s["status"] != SKIPPED]
+                failed = [s for s in ran if s["status"] != Status.OK]
                 outcome.ran += len(ran)
                 outcome.failed += len(failed)
                 results = ", ".join(_primary(s) for s in ran)
@@ -306,33 +295,19 @@ def _wait(jobs, payload: list[Shard], options: SubmititOptions, job_ids: list[st
     return outcome
 
 
-def _record_dead_shard(shard: Shard, why: str) -> str | None:
+def record_dead_shard(shard: Shard, why: str) -> str | None:
     """A shard runs its specs in order, so when its job dies the first one without a record (or with a
     retryable one from an earlier death) is the run it was in, or about to start. Record that run as failed but retryable, as the worker launcher does for a
     dead worker: the leaderboard shows why, and the next bench runs it again. Returns its key."""
-    from datetime import datetime, timezone
-
-    from .records import RecordStore
-    from .spec import RunSpec
-
     if shard.retry_failed:  # a failed record may be the old one or the re-run's: which run died is not knowable
         return None
     store = RecordStore(shard.runs_dir)
     for data in shard.specs:
         key = RunSpec.from_dict(data).key
         record = store.read(key)
-        if record is not None and not record.get("retryable"):
+        if record is not None and not record.retryable:
             continue
-        store.write({
-            "key": key,
-            "spec": data,
-            "status": "failed",
-            "error": f"ArrayTaskDied: {why}; this is the run it was on (or about to start)",
-            "retryable": True,
-            "metrics": {},
-            "commit": shard.commit,
-            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        })
+        store.write(Record.died(key, data, f"ArrayTaskDied: {why}; this is the run it was on (or about to start)", commit=shard.commit))
         return key
     return None
 
@@ -347,27 +322,10 @@ def _job_failure(job, exc: Exception) -> str:
 
 
 def _primary(summary: dict[str, Any]) -> str:
-    if summary["status"] != "ok":
+    if summary["status"] != Status.OK:
         return f"{summary['status']}: {(summary.get('error') or '')[:80]}"
     name, metric = next(iter(summary["metrics"].items()), (None, None))
     return f"{name}={metric['value']:.4f}" if name else "ok"
-
-
-def add_launcher_arguments(parser) -> None:
-    parser.add_argument("--launcher", choices=LAUNCHERS, default="workers",
-                        help="workers: processes on this machine (default); slurm: a SLURM job array through submitit; "
-                             "local: the same through submitit's local executor")
-    parser.add_argument("--shards", type=int, default=None,
-                        help="array tasks the runs are dealt into (default: min(runs, 64) on slurm, min(runs, GPUs or cores) locally)")
-    parser.add_argument("--no-wait", action="store_true", help="submit the array and exit (print the job ids); "
-                        "`attnbench leaderboard` later")
-    parser.add_argument("--submitit-folder", default=None, help="submitit's pickles and logs, %%j = job id (default: <runs-dir>/submitit/%%j)")
-    parser.add_argument("--slurm-partition", default=None)
-    parser.add_argument("--slurm-time-min", type=int, default=None, help="time limit per array task (default: 240); a task that hits it is requeued and resumes")
-    parser.add_argument("--slurm-gpus-per-task", type=int, default=None, help="GPUs per array task, 0 = CPU (default: 1 on slurm)")
-    parser.add_argument("--slurm-cpus-per-task", type=int, default=None)
-    parser.add_argument("--slurm-array-parallelism", type=int, default=None, help="at most this many array tasks at once")
-    parser.add_argument("--slurm-account", default=None)
 
 
 def options_from_args(args) -> SubmititOptions | None:

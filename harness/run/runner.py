@@ -5,24 +5,27 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import math
-import os
 import platform
 import subprocess
-import sys
 import time
 import traceback
 import warnings
-from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 
-from .distributed import SINGLE, Distribution
-from .spec import RunSpec
+from modules.tasks import get_task
 
-REPO = Path(__file__).resolve().parents[1]
+from harness.plan.spec import RunSpec
+from harness.results.record import Record, utc_now
+from harness.run import distributed
+from harness.run.callbacks import EpochLog, EpochTimer, FollowRankZeroPruning, RestoreBestWeights, early_stopping
+from harness.run.distributed import SINGLE, Distribution
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @lru_cache(maxsize=1)
@@ -130,37 +133,24 @@ def quiet_lightning() -> None:
 
 
 def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | None = None, commit: str | None = None,
-            verbose: bool = False, distribution: Distribution = SINGLE) -> dict[str, Any] | None:
+            verbose: bool = False, distribution: Distribution = SINGLE) -> Record | None:
     """Run one spec and return its record. Never raises for a failing run: failures are data.
 
     Data-parallel (`distribution`), every rank trains and only global rank 0 tests (on one device, so each
     test example counts once) and returns the record; the other ranks return None."""
-    import lightning as L
-
-    from modules.tasks import get_task
-
-    from . import distributed
-    from .callbacks import EpochLog, EpochTimer
-
     quiet_lightning()
-    started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     memory = PeakMemory()
     memory.reset()
-    record: dict[str, Any] = {
-        "key": spec.key,
-        "spec": spec.to_dict(),
-        "status": "failed",
-        "error": None,
-        "metrics": {},
-        "started": started.isoformat(timespec="seconds"),
+    context = {
+        "started": utc_now(),
         "commit": commit or git_commit(),
         "versions": versions(),
         "hardware": hardware(distribution),
+        "distributed": distribution.describe() if distribution.is_distributed else None,
     }
-    if distribution.is_distributed:
-        record["distributed"] = distribution.describe()
     timer = EpochTimer()
+    outcome: dict[str, Any]
     try:
         task = get_task(spec.task)
         trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir, [timer, *([EpochLog(task.monitor.name)] if verbose else [])],
@@ -182,8 +172,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         bad = [name for name, m in metrics.items() if not math.isfinite(m["value"])]
         if bad:
             raise FloatingPointError(f"test metrics {bad} are not finite")
-        record.update(
-            status="ok",
+        outcome = dict(
             metrics=metrics,
             diagnostics={k: float(v) for k, v in tested.items() if k.startswith("test/attn/")},
             best_epoch=best.best_epoch,
@@ -193,27 +182,23 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
     except Exception as exc:  # noqa: BLE001 - any failure of one run is recorded, the suite goes on
         if distributed.global_rank() != 0:
             return None
-        record["error"] = f"{type(exc).__name__}: {exc}"
-        record["traceback"] = traceback.format_exc(limit=8)[-4000:]
-    record.update(
+        outcome = dict(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=8)[-4000:])
+    measured = dict(
         epochs=timer.epochs,
         time_per_epoch_s=timer.mean_epoch_s,
         fit_time_s=timer.total_s,
         wall_time_s=time.perf_counter() - t0,
         peak_memory_mb=memory.peak_mb(),
-        finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        finished=utc_now(),
+        **context,
     )
-    return record
+    if "error" in outcome:
+        return Record.failed(spec, **outcome, **measured)
+    return Record.ok(spec, **outcome, **measured)
 
 
 def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callbacks: list, distribution: Distribution = SINGLE):
     """The seeded trainer, datamodule, module and best-epoch keeper of a run (shared by runs and tuning)."""
-    import lightning as L
-
-    from modules.tasks import get_task
-
-    from .callbacks import RestoreBestWeights, early_stopping
-
     task = get_task(spec.task)
     params = task.Params(**spec.params)
     L.seed_everything(spec.seed, workers=True, verbose=False)
@@ -246,14 +231,11 @@ def fit_for_validation(spec: RunSpec, *, trial=None, data_root: str | None = Non
     callbacks = []
     pruner = None
     if trial is not None:
-        from modules.tasks import get_task
         from optuna_integration import PyTorchLightningPruningCallback
 
         pruner = PyTorchLightningPruningCallback(trial, monitor=get_task(spec.task).monitor.name)
         callbacks.append(pruner)
     elif follow_pruning:
-        from .callbacks import FollowRankZeroPruning
-
         callbacks.append(FollowRankZeroPruning())
     trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir, callbacks, distribution)
     trainer.fit(module, datamodule=datamodule)
@@ -266,11 +248,3 @@ def fit_for_validation(spec: RunSpec, *, trial=None, data_root: str | None = Non
     if best.best_value is None:
         raise FloatingPointError(f"{spec.task} x {spec.variant}: the monitored validation metric was never finite")
     return best.best_value, best.best_metrics
-
-
-def configure_worker_threads(workers: int) -> None:
-    """Split the CPU cores evenly between the worker processes running at once."""
-    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
-    torch.set_num_threads(threads)
-    if sys.platform.startswith("linux"):
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))

@@ -1,4 +1,4 @@
-"""Local executor: N long-lived worker processes (one per GPU when GPUs exist), one run at a time each.
+"""The local worker pool: N long-lived worker processes (one per GPU when GPUs exist), one run at a time each.
 
 Written on multiprocessing rather than concurrent.futures because a worker that dies (segfault, OOM
 kill) must cost exactly the run it held: ProcessPoolExecutor breaks the whole pool and cannot say
@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
 
-from .records import RecordStore
-from .spec import RunSpec
+from harness.plan.spec import RunSpec
+from harness.results.record import Record
+from harness.results.store import RecordStore
+from harness.run.threads import threads_per_worker
+from harness.run.worker import RunWorker, WorkerSettings
 
 
 @dataclass
@@ -31,20 +34,15 @@ class WorkerOptions:
     workers: int = 1
     env: dict[str, str] = field(default_factory=dict)
 
+    def settings(self, gpu: str | None) -> WorkerSettings:
+        """A worker with its own GPU gets every CPU thread; CPU workers split the cores."""
+        return WorkerSettings(self.runs_dir, self.data_root, self.cache_dir, tuple(self.plugin_files), self.commit,
+                              threads=threads_per_worker(1 if gpu is not None else self.workers), gpu=gpu, env=dict(self.env))
 
-def _worker_main(conn: Connection, options: WorkerOptions, gpu: str | None) -> None:
-    # Before torch is imported: each worker sees only its own GPU.
-    if gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    os.environ.update(options.env)
-    from modules.registry import load_plugin_file
 
-    from .runner import configure_worker_threads, execute
-
-    configure_worker_threads(1 if gpu is not None else options.workers)
-    for plugin in options.plugin_files:
-        load_plugin_file(plugin)
-    store = RecordStore(options.runs_dir)
+def serve(conn: Connection, settings: WorkerSettings) -> None:
+    """A worker process: run each spec the coordinator sends, answer with the run's summary."""
+    worker = RunWorker(settings)
     while True:
         try:
             message = conn.recv()
@@ -52,14 +50,7 @@ def _worker_main(conn: Connection, options: WorkerOptions, gpu: str | None) -> N
             return
         if message is None:
             return
-        spec = RunSpec.from_dict(message)
-        record = execute(spec, data_root=options.data_root, cache_dir=options.cache_dir, commit=options.commit)
-        store.write(record)
-        conn.send(_summary(record))
-
-
-def _summary(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: record.get(k) for k in ("key", "status", "error", "metrics", "wall_time_s", "epochs")}
+        conn.send(worker.run(message).summary())
 
 
 @dataclass
@@ -100,7 +91,7 @@ class LocalExecutor:
 
     def _start(self, gpu: str | None) -> _Worker:
         parent, child = self.ctx.Pipe()
-        process = self.ctx.Process(target=_worker_main, args=(child, self.options, gpu), daemon=True)
+        process = self.ctx.Process(target=serve, args=(child, self.options.settings(gpu)), daemon=True)
         process.start()
         child.close()
         return _Worker(process, parent, gpu)
@@ -130,8 +121,7 @@ class LocalExecutor:
                     if worker.process.sentinel in ready or not worker.process.is_alive():
                         worker.process.join(timeout=1)
                         spec, worker.spec = worker.spec, None
-                        record = self._worker_died(spec, worker)
-                        on_result(spec, _summary(record))
+                        on_result(spec, self._worker_died(spec, worker).summary())
                         workers[workers.index(worker)] = self._start(worker.gpu)
         finally:
             for worker in workers:
@@ -144,27 +134,16 @@ class LocalExecutor:
                 if worker.process.is_alive():
                     worker.process.kill()
 
-    def _worker_died(self, spec: RunSpec, worker: _Worker) -> dict[str, Any]:
+    def _worker_died(self, spec: RunSpec, worker: _Worker) -> Record:
         """A worker died mid-run (segfault, OOM kill): that run is recorded as failed, the rest go on."""
         existing = self.store.read(spec.key)
         if existing is not None:  # it finished and wrote its record just before dying
             return existing
-        from datetime import datetime, timezone
-
         code = worker.process.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        record = {
-            "key": spec.key,
-            "spec": spec.to_dict(),
-            "status": "failed",
-            "error": f"WorkerDied: the worker process running this run died ({how}); out of memory, a crash in native code, or killed",
-            # not the run's own fault as far as we can tell: the next bench of the suite tries it again
-            "retryable": True,
-            "metrics": {},
-            "wall_time_s": time.perf_counter() - worker.started,
-            "commit": self.options.commit,
-            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
+        record = Record.died(spec.key, spec.to_dict(),
+                             f"WorkerDied: the worker process running this run died ({how}); out of memory, a crash in native code, or killed",
+                             commit=self.options.commit, wall_time_s=time.perf_counter() - worker.started)
         self.store.write(record)
         return record
 

@@ -13,7 +13,9 @@ from typing import Callable
 
 import torch
 
+from datamodules.planetoid import load_graph
 from modules.attention import DenseGroups, SegmentGroups, build_attention, list_attentions
+from modules.hosts.gat import graph_groups
 
 # Targets from the issue: slowdown relative to softmax that each family should stay within.
 TARGETS = {"fenchel": 1.3, "fenchel-exact": None, "gmm": 1.3, "bam-*": 2.0, "sparsemax": 3.0, "entmax*": 3.0, "align-*": 1.5}
@@ -62,9 +64,6 @@ def dense_problem(batch=8, heads=8, length=256, dim=64):
 
 
 def graph_problem(data_root: str | None, cache_dir: str | None, heads=8, dim=8):
-    from datamodules.planetoid import load_graph
-    from modules.hosts.gat import graph_groups
-
     graph = load_graph("cora", data_root, cache_dir)
     groups: SegmentGroups = graph_groups(graph.edge_index, graph.num_nodes)
     g = torch.Generator().manual_seed(0)

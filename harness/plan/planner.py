@@ -1,0 +1,103 @@
+"""A suite, or one task x variant from the command line -> a `Plan`: the RunSpecs of a command, with each
+task's data checked once and each variant's config resolved once. Every command builds one plan and hands
+it on: `bench` to the executor and then to the leaderboard, `tune` to its studies, `run` to the runner."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from datamodules.paths import MissingDataError
+from modules.tasks import Metric, get_task
+
+from harness.plan.spec import RunSpec, make_spec, resolve_attention
+from harness.plan.suite import Suite, SuiteError
+from harness.plan.tuned import load_tuned
+
+
+@dataclass
+class Plan:
+    suite: Suite | None
+    """None for a single run planned from the command line."""
+    specs: list[RunSpec]
+    skipped_tasks: dict[str, str]
+    """Optional tasks left out because their data is absent -> why."""
+    untuned: list[str] = field(default_factory=list)
+    """With tuned parameters asked for: the task x variant pairs that have no tuned-parameters file."""
+    missing_data: dict[str, str] = field(default_factory=dict)
+    """Required tasks whose data is absent -> why; `require_data` stops a command that would run them."""
+    metrics: dict[str, tuple[Metric, ...]] = field(default_factory=dict)
+    """Each planned task's test metrics, the primary (ranking) one first."""
+
+    def require_data(self) -> None:
+        if self.missing_data:
+            raise MissingDataError("\n".join(self.missing_data.values()))
+
+
+def _check_tasks(tasks: Mapping[str, tuple[Mapping[str, Any], bool]], data_root: str | None) -> tuple[dict[str, str], dict[str, str]]:
+    """task -> (params, optional): the one data check of each task; returns (skipped optional, missing required)."""
+    skipped, missing = {}, {}
+    for name, (params, optional) in tasks.items():
+        task_def = get_task(name)
+        problem = task_def.check_data(data_root, task_def.params(params))
+        if problem:
+            (skipped if optional else missing)[name] = problem
+    return skipped, missing
+
+
+def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None = None, tuned_dir: str | Path | None = None) -> Plan:
+    """Every (task, variant, seed) of the suite as RunSpecs; optional tasks without data are skipped.
+    With `tuned_dir`, each variant that `attnbench tune` has tuned on a task also runs with its tuned
+    parameters, on the same seeds, as its own "<label> (tuned)" row."""
+    task_params = {task.name: {**suite.params, **task.params} for task in suite.tasks}
+    skipped, missing = _check_tasks({t.name: (task_params[t.name], t.optional) for t in suite.tasks}, data_root)
+    variants = [v for v in suite.variants if not variant_filter or any(
+        fnmatch.fnmatch(v.label or v.name, pattern.strip()) for pattern in variant_filter.split(","))]
+    specs: list[RunSpec] = []
+    untuned: list[str] = []
+    metrics = {}
+    for task in suite.tasks:
+        if task.name in skipped:
+            continue
+        params = task_params[task.name]
+        metrics[task.name] = tuple(get_task(task.name).metrics)
+        for variant in variants:
+            where = f"suite {suite.name}: task {task.name}, variant {variant.label or variant.name}"
+            attention = variant.resolved or {"name": variant.name, **variant.config}
+            for seed in suite.seeds:
+                try:
+                    spec = make_spec(task.name, attention, seed, params, label=variant.label, extra={"suite": suite.name})
+                except (ValueError, TypeError) as exc:
+                    raise SuiteError(f"{where}: {exc}") from exc
+                specs.append(spec)
+            if tuned_dir is None:
+                continue
+            tuned = load_tuned(task.name, variant.name, tuned_dir)
+            if tuned is None:
+                untuned.append(f"{task.name} x {variant.label or variant.name}")
+                continue
+            tuned_attention = resolve_attention({**variant.config, **tuned["attention"], "name": variant.name})
+            for seed in suite.seeds:
+                specs.append(make_spec(
+                    task.name,
+                    tuned_attention,
+                    seed,
+                    {**params, **(tuned.get("params") or {})},
+                    label=f"{variant.label or variant.name} (tuned)",
+                    extra={"suite": suite.name, "tuning": tuned.get("tuning", {})},
+                ))
+    return Plan(suite, specs, skipped, untuned, missing, metrics)
+
+
+def plan_runs(jobs: list[tuple[str, str | Mapping[str, Any], int, Mapping[str, Any]]], data_root: str | None,
+              extra: Mapping[str, Any] | None = None) -> Plan:
+    """(task, attention, seed, params) jobs from the command line (`run`, `tune`): names and defaults are
+    resolved and each task's data is checked, once; a missing dataset is in `missing_data`."""
+    specs = [make_spec(task, attention, seed, params, extra=extra) for task, attention, seed, params in jobs]
+    first_params = {}
+    for task, _, _, params in jobs:
+        first_params.setdefault(task, (params, False))
+    _, missing = _check_tasks(first_params, data_root)
+    return Plan(None, specs, {}, missing_data=missing, metrics={task: tuple(get_task(task).metrics) for task in first_params})

@@ -1,0 +1,55 @@
+"""Plan + Records -> leaderboards/<suite>.csv: one row per planned run, flattened, missing runs included."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from typing import Any, Mapping
+
+from harness.plan.planner import Plan
+from harness.results.record import Record
+
+
+CSV_FIELDS = ["key", "suite", "task", "variant", "label", "seed", "status", "error", "epochs", "best_epoch", "time_per_epoch_s",
+              "fit_time_s", "wall_time_s", "peak_memory_mb", "parameters", "hardware", "accelerator", "device", "device_count",
+              "threads", "torch", "python", "lightning", "commit", "finished"]
+HARDWARE_FIELDS = ("accelerator", "device", "device_count", "threads")
+VERSION_FIELDS = ("torch", "python", "lightning")
+
+
+def render_csv(suite, the_plan: Plan, records: Mapping[str, Record]) -> str:
+    """One row per planned run, missing ones included: the per-seed data behind the board's statistics."""
+    metric_names = sorted({name for s in the_plan.specs if s.key in records for name in records[s.key].metrics or {}})
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_FIELDS + metric_names + ["attention", "params"])
+    for spec in sorted(the_plan.specs, key=lambda s: (s.task, s.display, s.seed, s.key)):
+        record = records.get(spec.key)
+        if record is None:
+            row = [spec.key, suite.name, spec.task, spec.variant, spec.display, spec.seed, "missing"] + [""] * (len(CSV_FIELDS) - 7)
+            writer.writerow(row + [""] * len(metric_names) + [_compact(spec.attention), _compact(spec.params)])
+            continue
+        r = record.to_dict()
+        hardware, versions = r.get("hardware") or {}, r.get("versions") or {}
+        values = {
+            "key": spec.key, "suite": suite.name, "task": spec.task, "variant": spec.variant, "label": spec.display,
+            "seed": spec.seed, "status": r.get("status"), "error": (r.get("error") or "").split("\n")[0],
+            "hardware": hardware.get("label", ""),
+            **{f: _num(hardware.get(f)) for f in HARDWARE_FIELDS},
+            **{f: versions.get(f, "") for f in VERSION_FIELDS},
+        }
+        row = [values[f] if f in values else _num(r.get(f)) for f in CSV_FIELDS]
+        row += [_num(r.get("metrics", {}).get(m, {}).get("value")) for m in metric_names]
+        writer.writerow(row + [_compact(spec.attention), _compact(spec.params)])
+    return out.getvalue()
+
+
+def _num(value: Any) -> Any:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.6g}"
+    return "" if value is None else value
+
+
+def _compact(mapping) -> str:
+    return ";".join(f"{k}={v}" for k, v in sorted(dict(mapping).items()))

@@ -1,0 +1,58 @@
+"""The one worker body: a process that runs specs one after another and writes each record itself.
+
+Both launchers use it: a local worker process (worker_pool.py) feeds it specs from a pipe, a job-array task
+(job_array.py) from its shard. Writing the record in the worker (atomic rename) rather than in the
+coordinator means a record survives the coordinator being killed right after a run finished."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from harness.plan.spec import RunSpec
+from harness.results.record import Record
+from harness.results.store import RecordStore
+from harness.run.threads import configure_threads
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything a worker needs, passed explicitly: a job on a compute node sees neither the submitter's
+    environment variables nor its working directory's defaults."""
+
+    runs_dir: str
+    data_root: str | None
+    cache_dir: str | None
+    plugin_files: Sequence[str] = ()
+    commit: str | None = None
+    threads: int | None = None
+    """torch threads; None: every CPU this process may use."""
+    gpu: str | None = None
+    """The one GPU this worker sees (CUDA_VISIBLE_DEVICES); None: whatever the process was given."""
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+class RunWorker:
+    """Set up once per process (GPU pinning before torch initialises CUDA, threads, plugins), then `run`."""
+
+    def __init__(self, settings: WorkerSettings):
+        if settings.gpu is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = settings.gpu
+        os.environ.update(settings.env)
+        # After CUDA_VISIBLE_DEVICES is set: the runner and plugins import torch and may touch CUDA.
+        from harness.run import runner
+        from modules.registry import load_plugin_file
+
+        configure_threads(settings.threads)
+        for plugin in settings.plugin_files:
+            load_plugin_file(plugin)
+        self.runner = runner
+        self.settings = settings
+        self.store = RecordStore(settings.runs_dir)
+
+    def run(self, spec_dict: Mapping[str, Any]) -> Record:
+        record = self.runner.execute(RunSpec.from_dict(spec_dict), data_root=self.settings.data_root,
+                                     cache_dir=self.settings.cache_dir, commit=self.settings.commit)
+        self.store.write(record)
+        return record
