@@ -129,6 +129,9 @@ def _cosine_cost(x: Tensor, y: Tensor) -> Tensor:
     return 1 - F.normalize(x, dim=-1) @ F.normalize(y, dim=-1).transpose(-1, -2)
 
 
+# The authors' navigator_for adds this to the norm it divides by.
+_NAVIGATOR_NORM_EPS = 1e-6
+
 # Below this ratio of largest cost to ε, exp(−C/ε) stays far from float64's underflow (about 1e-308).
 _EXP_DOMAIN_LIMIT = 600.0
 
@@ -245,10 +248,16 @@ class AlignmentAttention(AttentionKernel):
     softmax_limit: ClassVar[dict[str, Any]] = {"weight": 0.0}
     config: AlignmentConfig
 
+    @property
+    def regularised(self) -> bool:
+        """The paper defines L_Align for self-attention only (queries and keys of the same w tokens, n = m):
+        at cross-attention and pooling sites the kernel is plain softmax attention with no aux loss."""
+        return self.site.role == "self"
+
     def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor | None = None, k: Tensor | None = None) -> AttentionResult:
         weights = groups.softmax(logits)
         aux = {}
-        if q is not None and k is not None:
+        if self.regularised and q is not None and k is not None:
             aux["align"] = self.alignment_loss(self.point_clouds(q, k, groups))
         return AttentionResult(weights, aux, standard_diagnostics(weights, groups, self))
 
@@ -259,7 +268,8 @@ class AlignmentAttention(AttentionKernel):
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=groups.mask, dropout_p=dropout_p if self.training else 0.0, scale=scale
             )
-            return out, AttentionResult(None, {"align": self.alignment_loss(self.point_clouds(q, k, groups))})
+            aux = {"align": self.alignment_loss(self.point_clouds(q, k, groups))} if self.regularised else {}
+            return out, AttentionResult(None, aux)
         return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
 
     def point_clouds(self, q: Tensor, k: Tensor, groups: Groups) -> PointClouds:
@@ -356,8 +366,9 @@ class CTAlignmentAttention(AlignmentAttention):
 
     def __init__(self, config: CTAlignmentConfig, shape: HeadShape):
         super().__init__(config, shape)
+        # Two layers with a ReLU, as the authors' navigator_for (se_linear5, ReLU, se_linear6 in modeling_albert.py).
         self.navigator = nn.Sequential(
-            nn.Linear(shape.head_dim, config.hidden), nn.LeakyReLU(0.2), nn.Linear(config.hidden, config.hidden)
+            nn.Linear(shape.head_dim, self.config.hidden), nn.ReLU(), nn.Linear(self.config.hidden, self.config.hidden)
         )
         self.critic = highway_mlp(shape.head_dim, config.hidden, config.hidden)
 
@@ -369,11 +380,13 @@ class CTAlignmentAttention(AlignmentAttention):
         return _cosine_cost(q, k)
 
     def navigator_log_affinity(self, clouds: PointClouds) -> Tensor:
-        """−d_φ(q, k) = −‖τ_φ(q) − τ_φ(k)‖²: the paper's exp(τ_φ(k)ᵀτ_φ(q)) up to per-point terms (equal on
-        the unit sphere, where the authors' code puts τ_φ), written as a distance so π(·|q) favours k near q."""
-        q, k = self.navigator(_joined(clouds)).split([clouds.q.shape[-2], clouds.k.shape[-2]], dim=-2)
-        q_sq, k_sq = q.square().sum(-1, keepdim=True), k.square().sum(-1, keepdim=True)
-        return 2 * q @ k.transpose(-1, -2) - q_sq - k_sq.transpose(-1, -2)
+        """τ_φ(k)ᵀτ_φ(q), the exponent of π(k|q) and π(q|k) in sec. 2.3.3, with τ_φ on the unit sphere as in the
+        authors' navigator_for (x / (‖x‖ + 1e-6)); the affinity is then a cosine in [−1, 1], so the
+        conditional transport stays spread out however large the navigator's raw outputs grow."""
+        features = self.navigator(_joined(clouds))
+        features = features / (features.norm(dim=-1, keepdim=True) + _NAVIGATOR_NORM_EPS)
+        q, k = features.split([clouds.q.shape[-2], clouds.k.shape[-2]], dim=-2)
+        return q @ k.transpose(-1, -2)
 
     def alignment_loss(self, clouds: PointClouds) -> Tensor:
         cost = self.critic_cost(clouds)
