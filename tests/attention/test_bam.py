@@ -305,3 +305,23 @@ def test_bad_configs_are_rejected(bad):
     name = "bam-weibull"
     with pytest.raises(ValueError):
         build_attention({"name": name, **bad}, num_heads=HEADS, head_dim=DIM)
+
+
+def test_describe_defaults_shows_the_gat_and_glue_values_per_host():
+    from modules.attention import list_attentions
+    from modules.attention.registry import REPRESENTATIVE_SITES, describe_defaults
+
+    described = describe_defaults("bam-weibull")
+    assert list(described) == list(REPRESENTATIVE_SITES)
+    graph, text = described["graph self"], described["text self"]
+    assert (graph["k"], graph["alpha"], graph["beta"], graph["prior"], graph["kl_schedule"]) == (1000.0, 1.0, 1.0, "contextual", "sigmoid")
+    assert (text["k"], text["alpha"], text["beta"], text["prior"], text["kl_schedule"]) == (10.0, 1e-4, 1e-4, "fixed", "constant")
+    for label in ("vision-language self-sequence", "vision-language self-grid", "vision-language cross", "vision-language pool"):
+        assert described[label] == text, label
+    # what the user sets wins on every host
+    assert {d["k"] for d in describe_defaults({"name": "bam-weibull", "k": 77.0}).values()} == {77.0}
+    # and a kernel built at a site runs with exactly the described config
+    kern = build_attention("bam-weibull", num_heads=HEADS, head_dim=DIM, site=REPRESENTATIVE_SITES["graph self"])
+    assert kern.config.to_dict() == graph
+    for name in list_attentions():
+        assert set(describe_defaults(name)) == set(REPRESENTATIVE_SITES), name
