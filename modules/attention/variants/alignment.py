@@ -11,9 +11,15 @@ keys within each head and each sample (p_Q = 1/w Σ δ_{q_i}, p_K = 1/w Σ δ_{k
   iterations with ε = 0.01 and cost 1 − cos(q, k) (bounded, so ε means the same at any q/k scale); loss
   <π_ε, C>, differentiated with the plan held fixed.
 - `align-ct` (sec. 2.3.3, eq. 4): bidirectional conditional transport. A navigator τ_φ gives
-  π(k|q) ∝ p_K(k) exp(−d_φ(q, k)) and π(q|k) ∝ p_Q(q) exp(−d_φ(q, k)); a critic τ_η gives the cost
-  c_η(q, k) = 1 − cos(τ_η(q), τ_η(k)); loss = ρ E_q E_{k~π(·|q)} c + (1 − ρ) E_k E_{q~π(·|k)} c (ρ = 1/2 in
-  eq. 4). Q, K and φ minimise it; the critic η maximises it through gradient reversal.
+  π(k|q) ∝ p_K(k) exp(τ_φ(k)ᵀτ_φ(q)) and π(q|k) ∝ p_Q(q) exp(τ_φ(k)ᵀτ_φ(q)), with τ_φ on the unit sphere as
+  in the authors' code (navigator_for in szhang42/alignment_attention, src/transformers/modeling_albert.py);
+  a critic τ_η gives the cost c_η(q, k) = 1 − cos(τ_η(q), τ_η(k)); loss = ρ E_q E_{k~π(·|q)} c +
+  (1 − ρ) E_k E_{q~π(·|k)} c (ρ = 1/2 in eq. 4). Q, K and φ minimise it; the critic η maximises it through
+  gradient reversal.
+
+Where: sec. 2.2 defines L_Align for self-attention ("we assume n = m = w"): the queries and keys of the same
+tokens. The regulariser runs only at sites with `site.role == 'self'`; at cross-attention (caption -> image
+grid) and pooling sites the kernel is plain softmax attention with no aux loss.
 
 Point clouds: on DenseGroups one cloud per sample and head (the valid query tokens vs the valid key tokens); on
 SegmentGroups (graphs) one cloud per head over the batch graph's nodes. Clouds larger than `max_points` are
@@ -245,6 +251,8 @@ class AlignmentAttention(AttentionKernel):
     """Softmax attention plus a query/key distribution-matching regulariser (base of the align-* variants)."""
 
     Config: ClassVar[type[AttentionConfig]] = AlignmentConfig
+    version: ClassVar[str] = "2"
+    """2: regulariser at self-attention sites only; align-ct's navigator on the unit sphere; λ per variant."""
     softmax_limit: ClassVar[dict[str, Any]] = {"weight": 0.0}
     config: AlignmentConfig
 
