@@ -26,7 +26,10 @@ ran two recipes, and they differ enough that one set of defaults cannot serve bo
   sigma = 1e-4, sigma0 = 100, fixed prior, KL weight att_kl = 1 from the first step (their trainer.py has the
   sigmoid commented out; kl_anneal_rate is unused there). The tiny Gamma(1e-4, 1e-4) prior makes the KL's pull
   on the weights about 1e-4 of the GAT settings'. Run with the GAT settings and a per-step anneal, both BAM
-  rows on glue-quick RTE collapsed to a constant 50/50 predictor (NLL exactly ln 2).
+  rows on glue-quick RTE collapsed to a constant 50/50 predictor (NLL exactly ln 2). Measured on scratch
+  RTE (2 layers, steps 0-20): the KL's gradient on the host's parameters is 22-65% of the task loss's with
+  the GAT settings and below 0.004% with the GLUE ones; the KL's value (about 10 per layer, mostly
+  log k + log Gamma(1e-4)) is then a constant offset in the training loss.
 At evaluation S is replaced by its mean (W = w) unless `mc_samples` > 1, which averages that many sampled W.
 
 Softmax limit (Remark in 3.2.3): as k -> infinity (or sigma -> 0) the sampled weights W tend to w, so the
