@@ -252,6 +252,7 @@ class BAMConfig(AttentionConfig):
         return {
             "prior": trial.suggest_categorical("prior", list(PRIORS)),
             "kl_weight": trial.suggest_float("kl_weight", 1e-3, 10.0, log=True),
+            "kl_schedule": trial.suggest_categorical("kl_schedule", list(KL_SCHEDULES)),
             "anneal_rate": trial.suggest_float("anneal_rate", 1e-2, 1.0, log=True),
         }
 
@@ -280,7 +281,9 @@ class WeibullConfig(BAMConfig):
     def suggest(cls, trial: Any) -> dict[str, Any]:
         return {
             **super().suggest(trial),
+            # spans both scripts' values (k 10 and 1000; alpha, beta 1e-4 and 1)
             "k": trial.suggest_float("k", 10.0, 1e4, log=True),
+            "alpha": trial.suggest_float("alpha", 1e-4, 10.0, log=True),
             "beta": trial.suggest_float("beta", 1e-4, 10.0, log=True),
         }
 
@@ -309,7 +312,8 @@ class LognormalConfig(BAMConfig):
     def suggest(cls, trial: Any) -> dict[str, Any]:
         return {
             **super().suggest(trial),
-            "sigma": trial.suggest_float("sigma", 1e-2, 2.0, log=True),
+            # spans both scripts' values (sigma 1e-4 and 1, sigma0 1 and 100)
+            "sigma": trial.suggest_float("sigma", 1e-4, 2.0, log=True),
             "prior_sigma": trial.suggest_float("prior_sigma", 0.1, 100.0, log=True),
         }
 
