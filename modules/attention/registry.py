@@ -85,6 +85,25 @@ def build_attention(
     return kernel
 
 
+REPRESENTATIVE_SITES: dict[str, AttentionSite] = {
+    "graph self": AttentionSite("graph", "self"),
+    "text self": AttentionSite("text", "self", sequence=True),
+    "vision-language self-sequence": AttentionSite("vision-language", "self", sequence=True),
+    "vision-language self-grid": AttentionSite("vision-language", "self"),
+    "vision-language cross": AttentionSite("vision-language", "cross"),
+    "vision-language pool": AttentionSite("vision-language", "pool"),
+}
+"""One site of each kind the hosts have: GAT layers, text-encoder layers, the VQA/captioning question or
+caption self-attention, image-grid self-attention, caption -> grid cross-attention and attention pooling."""
+
+
+def describe_defaults(spec: str | Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The config a kernel of `spec` gets at each representative site, after per-host defaults
+    (site label -> resolved config as a dict), so a user can see what a variant runs with on each host."""
+    _, config = resolve_config(spec)
+    return {label: config.for_site(site).to_dict() for label, site in REPRESENTATIVE_SITES.items()}
+
+
 def _check_fields(name: str, config_cls: type[AttentionConfig], values: Mapping[str, Any]) -> None:
     known = {f.name for f in dataclasses.fields(config_cls)}
     unknown = set(values) - known

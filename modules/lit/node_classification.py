@@ -10,9 +10,13 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from ..hosts.gat import GAT, graph_groups
 from .attention_terms import check_finite, diagnostics, trace_aux_loss
+from .optimization import parameter_groups
 
 
 class NodeClassificationModule(L.LightningModule):
+    kernel_lr_scale: float = 1.0
+    """Learning-rate multiplier of the attention kernels' parameters (set by the task; lit/optimization.py)."""
+
     def __init__(self, model: GAT, num_classes: int, *, lr: float, weight_decay: float):
         super().__init__()
         self.model = model
@@ -58,4 +62,8 @@ class NodeClassificationModule(L.LightningModule):
         self.log_dict({f"test/{k}": v for k, v in diagnostics(trace).items()}, batch_size=1)
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        # GAT's recipe (Adam with L2 on every host parameter); the kernels get their own group (optimization.py).
+        groups = parameter_groups(
+            self, lr=self.lr, weight_decay=self.weight_decay, kernel_lr_scale=self.kernel_lr_scale, decay_vectors=True
+        )
+        return torch.optim.Adam(groups, lr=self.lr)

@@ -29,6 +29,16 @@ class TrainParams:
     """Early stopping on the monitored validation metric; the best epoch's weights are restored."""
 
 
+def resolve_kernel_lr_scale(params: TrainParams) -> None:
+    """In a frozen params' __post_init__: a None `kernel_lr_scale` becomes KERNEL_LR / lr once lr is known."""
+    from ..lit.optimization import kernel_lr_scale_for
+
+    if params.kernel_lr_scale is None and params.lr is not None:
+        object.__setattr__(params, "kernel_lr_scale", kernel_lr_scale_for(params.lr))
+    if params.kernel_lr_scale is not None and not params.kernel_lr_scale > 0:
+        raise ValueError(f"kernel_lr_scale must be > 0, got {params.kernel_lr_scale}")
+
+
 class Task:
     """Subclass, set the class attributes, implement `build`, and decorate with @register_task."""
 

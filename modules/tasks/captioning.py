@@ -18,7 +18,7 @@ from datamodules.image_features import WEIGHTS, ImageEncoderSpec
 
 from ..hosts.captioner import Captioner
 from ..lit.captioning import CaptioningModule
-from .base import Metric, Task, TrainParams, register_task
+from .base import Metric, Task, TrainParams, register_task, resolve_kernel_lr_scale
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,12 @@ class CaptionParams(TrainParams):
     test_fraction: float = 0.1
     max_epochs: int = 15
     patience: int = 5
+    kernel_lr_scale: float | None = None
+    """Learning-rate multiplier of the attention kernels' own parameter group; None = KERNEL_LR / lr, i.e.
+    the kernels train at 1e-2 whatever the host's rate (modules/lit/optimization.py says why)."""
 
     def __post_init__(self):
+        resolve_kernel_lr_scale(self)
         if self.image_weights not in WEIGHTS:
             raise ValueError(f"image_weights must be one of {WEIGHTS}, got {self.image_weights!r}")
         if self.beam_size < 1:
@@ -109,4 +113,5 @@ class CocoCaptionsTask(Task):
             label_smoothing=params.label_smoothing, beam_size=params.beam_size, max_decode_words=params.max_caption_words,
             length_penalty=params.length_penalty, meteor=params.meteor,
         )
+        module.kernel_lr_scale = params.kernel_lr_scale
         return datamodule, module

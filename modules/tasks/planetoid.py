@@ -8,7 +8,7 @@ from datamodules.planetoid import PlanetoidDataModule, data_available
 
 from ..hosts.gat import GAT
 from ..lit.node_classification import NodeClassificationModule
-from .base import Metric, Task, TrainParams, register_task
+from .base import Metric, Task, TrainParams, register_task, resolve_kernel_lr_scale
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,12 @@ class GATParams(TrainParams):
     weight_decay: float = 5e-4
     max_epochs: int = 1000
     patience: int = 100
+    kernel_lr_scale: float | None = None
+    """Learning-rate multiplier of the attention kernels' own parameter group; None = KERNEL_LR / lr, i.e.
+    the kernels train at 1e-2 whatever the host's rate (modules/lit/optimization.py says why)."""
+
+    def __post_init__(self):
+        resolve_kernel_lr_scale(self)
 
 
 @register_task("cora", dataset="cora")
@@ -49,4 +55,6 @@ class PlanetoidTask(Task):
             dropout=params.dropout,
             attn_dropout=params.attn_dropout,
         )
-        return dm, NodeClassificationModule(model, dm.num_classes, lr=params.lr, weight_decay=params.weight_decay)
+        module = NodeClassificationModule(model, dm.num_classes, lr=params.lr, weight_decay=params.weight_decay)
+        module.kernel_lr_scale = params.kernel_lr_scale
+        return dm, module

@@ -19,7 +19,7 @@ from datamodules.text import TextDataModule, TextSplits, holdout, subsample
 
 from ..hosts.text_encoder import load_minilm, minilm_tokenizer, small_bert
 from ..lit.sequence_classification import SequenceClassificationModule, SequenceClassifier
-from .base import Metric, Task, TrainParams, register_task
+from .base import Metric, Task, TrainParams, register_task, resolve_kernel_lr_scale
 
 BACKBONES = ("scratch", "minilm")
 DEFAULT_LR = {"scratch": 5e-4, "minilm": 5e-5}
@@ -54,8 +54,12 @@ class TextParams(TrainParams):
     max_epochs: int | None = None
     """None = the backbone's default (DEFAULT_EPOCHS)."""
     patience: int = 3
+    kernel_lr_scale: float | None = None
+    """Learning-rate multiplier of the attention kernels' own parameter group; None = KERNEL_LR / lr, i.e.
+    the kernels train at 1e-2 whatever the host's rate (modules/lit/optimization.py says why)."""
 
     def __post_init__(self):
+        resolve_kernel_lr_scale(self)
         if self.backbone not in BACKBONES:
             raise ValueError(f"backbone must be one of {BACKBONES}, got {self.backbone!r}")
         if self.mc_samples < 1:
@@ -101,6 +105,7 @@ class TextTask(Task):
             warmup_ratio=params.warmup_ratio,
             mc_samples=params.mc_samples,
         )
+        module.kernel_lr_scale = params.kernel_lr_scale
         return datamodule, module
 
 

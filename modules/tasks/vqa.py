@@ -21,7 +21,7 @@ from datamodules.vqa import (
 
 from ..hosts.mcan import MCAN
 from ..lit.vqa import VQAModule
-from .base import Metric, Task, TrainParams, register_task
+from .base import Metric, Task, TrainParams, register_task, resolve_kernel_lr_scale
 
 DATASETS = ("vqa-v2", "easy-vqa")
 
@@ -66,8 +66,12 @@ class VQAParams(TrainParams):
     max_epochs: int = 13
     """MCAN trains 13 epochs."""
     patience: int = 3
+    kernel_lr_scale: float | None = None
+    """Learning-rate multiplier of the attention kernels' own parameter group; None = KERNEL_LR / lr, i.e.
+    the kernels train at 1e-2 whatever the host's rate (modules/lit/optimization.py says why)."""
 
     def __post_init__(self):
+        resolve_kernel_lr_scale(self)
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
         if self.mc_samples < 1:
@@ -123,4 +127,5 @@ class VQATask(Task):
         )
         module = VQAModule(model, num_answers=datamodule.num_answers, lr=params.lr, weight_decay=params.weight_decay,
                            warmup_ratio=params.warmup_ratio, mc_samples=params.mc_samples, pavpu_threshold=params.pavpu_threshold)
+        module.kernel_lr_scale = params.kernel_lr_scale
         return datamodule, module

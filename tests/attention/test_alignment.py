@@ -87,10 +87,12 @@ def test_ct_critic_ascends_while_navigator_and_points_descend():
     kern.zero_grad()
     fq, fk = kern.critic(q), kern.critic(k)
     cost = 1 - F.cosine_similarity(fq.unsqueeze(-2), fk.unsqueeze(-3), dim=-1)
+    # navigator on the unit sphere (authors' navigator_for), affinity exp(τ(k)ᵀτ(q)) as in sec. 2.3.3
     nq, nk = kern.navigator(q), kern.navigator(k)
-    dist = ((nq.unsqueeze(-2) - nk.unsqueeze(-3)) ** 2).sum(-1)
-    forward = ((-dist).softmax(-1) * cost).sum(-1).mean(-1)
-    backward = ((-dist).softmax(-2) * cost).sum(-2).mean(-1)
+    nq, nk = nq / (nq.norm(dim=-1, keepdim=True) + 1e-6), nk / (nk.norm(dim=-1, keepdim=True) + 1e-6)
+    affinity = (nq.unsqueeze(-2) * nk.unsqueeze(-3)).sum(-1)
+    forward = (affinity.softmax(-1) * cost).sum(-1).mean(-1)
+    backward = (affinity.softmax(-2) * cost).sum(-2).mean(-1)
     (0.5 * forward + 0.5 * backward).mean().backward()
     torch.testing.assert_close(gq, q.grad)
     torch.testing.assert_close(gk, k.grad)
@@ -155,24 +157,40 @@ def test_ot_loss_vanishes_for_equal_clouds_and_grows_with_the_shift():
     assert all(lo < hi for lo, hi in zip(losses, losses[1:])), losses
 
 
-def test_ct_loss_grows_with_the_shift_and_a_trained_navigator_drives_it_to_zero_for_equal_clouds():
+def test_ct_loss_grows_with_the_shift_and_a_trained_navigator_lowers_it():
     kern = kernel("align-ct").eval()
     losses = [kern.alignment_loss(clouds(*shifted_pair(s))).item() for s in (0.0, 1.0, 2.0, 4.0)]
     assert all(lo < hi for lo, hi in zip(losses, losses[1:])), losses
-    # Minimal at q = k: the navigator alone can push the transport onto the zero-cost diagonal; for
-    # shifted clouds it cannot.
+    # The navigator minimises the transport cost; on the unit sphere its affinities are cosines, so it can
+    # sharpen π(·|q) towards near points (measured: -22% for equal clouds in 60 steps) but not collapse it.
     trained = {}
     for shift in (0.0, 4.0):
         kern = kernel("align-ct").train()
         optimiser = torch.optim.Adam(kern.navigator.parameters(), lr=0.05)
         pair = clouds(*shifted_pair(shift))
+        start = kern.alignment_loss(pair).item()
         for _ in range(60):
             optimiser.zero_grad()
             kern.alignment_loss(pair).backward()
             optimiser.step()
         trained[shift] = kern.alignment_loss(pair).item()
-    assert trained[0.0] < 0.02
-    assert trained[4.0] > 10 * trained[0.0]
+        assert trained[shift] < 0.9 * start
+    assert trained[0.0] < trained[4.0]
+
+
+def test_ct_navigator_affinity_is_a_cosine_whatever_the_navigator_scale():
+    """Sec. 2.3.3's exp(τ_φ(k)ᵀτ_φ(q)) with τ_φ on the unit sphere (authors' navigator_for): an unnormalised
+    τ_φ (or −‖τ_φ(q) − τ_φ(k)‖²) lets the navigator's scale act as an inverse temperature."""
+    kern = kernel("align-ct").eval()
+    pair = clouds(*shifted_pair(1.0))
+    affinity = kern.navigator_log_affinity(pair)
+    assert affinity.abs().max() <= 1.0 + 1e-9
+    with torch.no_grad():
+        out_layer = kern.navigator[-1]
+        out_layer.weight.mul_(50.0)
+        out_layer.bias.mul_(50.0)
+    # equal up to the 1e-6 the authors add to the norm
+    torch.testing.assert_close(kern.navigator_log_affinity(pair), affinity, atol=1e-4, rtol=0)
 
 
 def test_gan_discriminator_learns_to_separate_shifted_clouds():
@@ -291,3 +309,35 @@ def test_fused_dense_path_equals_the_weights_path(name):
     valid_rows = p.key_valid.any(-1)
     torch.testing.assert_close(fused[valid_rows], slow[valid_rows], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fused_result.aux_losses["align"], slow_result.aux_losses["align"])
+
+
+# ---- where the regulariser is defined ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_regulariser_only_at_self_attention_sites(name, need_weights):
+    """Sec. 2.2 defines L_Align for self-attention (n = m = w tokens): cross-attention and pooling sites get
+    softmax attention and no aux loss, on the weights path and the fused path alike."""
+    from modules.attention.kernel import AttentionSite
+
+    p = make_problem(dtype=torch.float32)
+    q, k = p.q.clone().requires_grad_(), p.k.clone().requires_grad_()
+    reference = p.dense.softmax(p.dense.scores(p.q, p.k, 0.5))
+    sites = {
+        "text self": AttentionSite("text", "self", sequence=True),
+        "graph self": AttentionSite("graph"),
+        "cross": AttentionSite("vision-language", "cross"),
+        "pool": AttentionSite("vision-language", "pool"),
+    }
+    for label, site in sites.items():
+        torch.manual_seed(0)
+        kern = build_attention(name, num_heads=2, head_dim=4, site=site).train()
+        out, result = kern(q, k, p.v, p.dense, scale=0.5, need_weights=need_weights)
+        if site.role == "self":
+            assert set(result.aux_losses) == {"align"}, label
+            assert result.aux_losses["align"].requires_grad, label
+        else:
+            assert result.aux_losses == {}, label
+        if need_weights:
+            torch.testing.assert_close(result.weights, reference, msg=label)

@@ -1,5 +1,6 @@
 """bam-weibull / bam-lognormal: closed-form KLs against numerical integration, samplers against scipy,
-the KL aux against per-pair references, evaluation modes, annealing and the contextual prior."""
+the KL aux against per-pair references, evaluation modes, the authors' per-host settings and KL schedules,
+the contextual prior, and what the softmax limit does (weights) and does not (KL) reduce."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from scipy import integrate, special, stats
 
 from modules.attention import build_attention
+from modules.attention.kernel import AttentionSite
 from modules.attention.variants.bam import (
     lognormal_kl,
     lognormal_rsample,
@@ -166,13 +168,111 @@ def test_kl_aux_is_the_mean_of_per_pair_closed_forms(name, prior):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_kl_annealing_is_a_monotone_sigmoid_from_zero_to_kl_weight(name):
-    config = kernel(name, kl_weight=0.3, anneal_rate=0.5, anneal_midpoint=20).config
+    config = kernel(name, kl_schedule="sigmoid", kl_weight=0.3, anneal_rate=0.5, anneal_midpoint=20).config
     weights = [config.loss_weights(step)["kl"] for step in range(0, 200)]
     assert all(b >= a for a, b in zip(weights, weights[1:]))
     assert weights[0] < 0.01 * 0.3
     assert weights[20] == pytest.approx(0.15)
     assert weights[-1] == pytest.approx(0.3, rel=1e-6)
     assert config.loss_weights(10**9)["kl"] == pytest.approx(0.3)
+
+
+GAT_HOST, GLUE_HOST = AttentionSite("graph"), AttentionSite("text", "self", sequence=True)
+
+
+def test_weibull_takes_the_authors_gat_settings_on_graphs_and_their_glue_script_on_text():
+    gat = build_attention("bam-weibull", num_heads=HEADS, head_dim=DIM, site=GAT_HOST).config
+    glue = build_attention("bam-weibull", num_heads=HEADS, head_dim=DIM, site=GLUE_HOST).config
+    # GAT/execute_cora.py defaults and GAT/utils/layers.py
+    assert (gat.k, gat.alpha, gat.beta, gat.prior, gat.kl_schedule) == (1000.0, 1.0, 1.0, "contextual", "sigmoid")
+    # run_glue_albert_mrpc.sh: --k_weibull 10 --att_prior_type constant --alpha_gamma 1e-4 --beta_gamma 1e-4 --att_kl 1
+    assert (glue.k, glue.alpha, glue.beta, glue.prior, glue.kl_weight) == (10.0, 1e-4, 1e-4, "fixed", 1.0)
+    assert glue.kl_schedule == "constant"
+    # vision-language hosts and hosts that do not say get the authors' transformer (GLUE) recipe
+    for site in (AttentionSite("vision-language", "cross"), AttentionSite()):
+        assert build_attention("bam-weibull", num_heads=HEADS, head_dim=DIM, site=site).config == glue
+
+
+def test_lognormal_takes_the_sigmas_of_each_script():
+    gat = build_attention("bam-lognormal", num_heads=HEADS, head_dim=DIM, site=GAT_HOST).config
+    glue = build_attention("bam-lognormal", num_heads=HEADS, head_dim=DIM, site=GLUE_HOST).config
+    assert (gat.sigma, gat.prior_sigma, gat.prior_mu) == (1.0, 1.0, 0.0)
+    # --sigma_normal_posterior 1e-4 --sigma_normal_prior 1e2
+    assert (glue.sigma, glue.prior_sigma, glue.prior_mu) == (1e-4, 1e2, 0.0)
+
+
+def test_explicit_values_beat_the_host_defaults():
+    config = build_attention({"name": "bam-weibull", "k": 50.0, "prior": "contextual"}, num_heads=HEADS, head_dim=DIM, site=GLUE_HOST).config
+    assert (config.k, config.prior, config.alpha) == (50.0, "contextual", 1e-4)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kl_schedule_counts_epochs_as_the_gat_code_does(name):
+    ker = build_attention(name, num_heads=HEADS, head_dim=DIM, site=GAT_HOST)
+    assert ker.config.schedule_unit == "epoch"
+    # execute_cora.py: sigmoid(epoch_num * kl_anneal_rate) * att_kl, epoch_num from 0
+    assert ker.loss_weights(step=5000, epoch=0)["kl"] == pytest.approx(0.5)
+    assert ker.loss_weights(step=0, epoch=3)["kl"] == pytest.approx(1 / (1 + math.exp(-3)))
+    # many optimiser steps within the first epoch leave the weight where it is
+    assert ker.loss_weights(step=10, epoch=0) == ker.loss_weights(step=10_000, epoch=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_glue_kl_weight_is_constant_from_the_first_step(name):
+    ker = build_attention(name, num_heads=HEADS, head_dim=DIM, site=GLUE_HOST)
+    assert [ker.loss_weights(step=s, epoch=e)["kl"] for s, e in [(0, 0), (10, 0), (10_000, 5)]] == [1.0, 1.0, 1.0]
+
+
+def logit_gradient_of_kl(ker, p):
+    logits = ker.score(p.q, p.k, p.dense, scale=SCALE).detach().requires_grad_()
+    kl = ker.normalize(logits, p.dense, q=p.q, k=p.k).aux_losses["kl"]
+    (grad,) = torch.autograd.grad(kl, logits)
+    return kl.detach(), grad
+
+
+def test_glue_prior_pulls_the_weights_1e4_times_less_than_the_gat_prior():
+    """Finding 3: the GAT prior applied on text pulled attention to the prior hard enough to flatten it."""
+    p = make_problem()
+    gat = build_attention({"name": "bam-weibull", "prior": "fixed"}, num_heads=HEADS, head_dim=DIM, site=GAT_HOST).double()
+    glue = build_attention("bam-weibull", num_heads=HEADS, head_dim=DIM, site=GLUE_HOST).double()
+    _, gat_grad = logit_gradient_of_kl(gat.eval(), p)
+    _, glue_grad = logit_gradient_of_kl(glue.eval(), p)
+    # per pair dKL/dlog w = -alpha + beta * w: exactly proportional to alpha = beta
+    torch.testing.assert_close(glue_grad, 1e-4 * gat_grad, rtol=1e-9, atol=1e-15)
+    assert gat_grad.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "name, distribution_limit, far, farther",
+    [("bam-weibull", "k", 1e4, 1e8), ("bam-lognormal", "sigma", 1e-4, 1e-8)],
+)
+def test_softmax_limit_matches_the_weights_but_the_kl_diverges_unless_its_weight_is_zero(
+    name, distribution_limit, far, farther
+):
+    """At the limit the forward pass is softmax attention's; the KL is not a vanishing term: its value grows
+    like log k (resp. log(sigma0 / sigma)) and its gradient tends to a finite, nonzero pull towards the
+    prior, so training is softmax training only with kl_weight = 0, which softmax_limit therefore includes."""
+    from modules.attention import attention_entry
+
+    p = make_problem()
+    limit = attention_entry(name).cls.softmax_limit
+    assert limit == {distribution_limit: farther, "kl_weight": 0.0}
+    reference, _ = dense_softmax_reference(p)
+    kls, grads = [], []
+    for value in (far, farther):
+        spec = {"name": name, "prior": "fixed", distribution_limit: value}
+        ker = build_attention(spec, num_heads=HEADS, head_dim=DIM, site=GAT_HOST).double().train()
+        weights = ker.normalize(ker.score(p.q, p.k, p.dense, scale=SCALE), p.dense, q=p.q, k=p.k).weights
+        kl, grad = logit_gradient_of_kl(ker, p)
+        kls.append(kl.item())
+        grads.append(grad)
+    np.testing.assert_allclose(weights.detach().numpy(), reference, atol=1e-6)
+    # the KL grows by log(1e4) per pair when the distribution parameter moves 1e4 further towards the limit
+    assert kls[1] - kls[0] == pytest.approx(math.log(1e4), rel=1e-3)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-3, atol=1e-9)
+    assert grads[1].abs().max() > 1e-3
+    at_limit = build_attention({"name": name, **limit}, num_heads=HEADS, head_dim=DIM, site=GAT_HOST)
+    assert at_limit.loss_weights(step=10**6, epoch=10**6)["kl"] == 0.0
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -191,17 +291,6 @@ def test_contextual_prior_gets_gradients(name, layout):
     assert not list(kernel(name, prior="fixed").parameters())
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_fixed_prior_also_reduces_to_softmax_in_training(name):
-    from modules.attention import attention_entry
-
-    p = make_problem()
-    ker = kernel(name, prior="fixed", **attention_entry(name).cls.softmax_limit).train()
-    reference, _ = dense_softmax_reference(p)
-    weights = ker.normalize(ker.score(p.q, p.k, p.dense, scale=SCALE), p.dense, q=p.q, k=p.k).weights
-    np.testing.assert_allclose(weights.detach().numpy(), reference, atol=1e-6)
-
-
 def test_segment_softmax_survives_logits_spread_over_hundreds_of_nats():
     p = make_problem()
     torch.manual_seed(0)
@@ -212,8 +301,28 @@ def test_segment_softmax_survives_logits_spread_over_hundreds_of_nats():
     torch.testing.assert_close(log_probs, p.segment.softmax(logits).log())
 
 
-@pytest.mark.parametrize("bad", [{"prior": "learned"}, {"mc_samples": 0}, {"k": -1.0}])
+@pytest.mark.parametrize("bad", [{"prior": "learned"}, {"mc_samples": 0}, {"k": -1.0}, {"kl_schedule": "linear"}])
 def test_bad_configs_are_rejected(bad):
     name = "bam-weibull"
     with pytest.raises(ValueError):
         build_attention({"name": name, **bad}, num_heads=HEADS, head_dim=DIM)
+
+
+def test_describe_defaults_shows_the_gat_and_glue_values_per_host():
+    from modules.attention import list_attentions
+    from modules.attention.registry import REPRESENTATIVE_SITES, describe_defaults
+
+    described = describe_defaults("bam-weibull")
+    assert list(described) == list(REPRESENTATIVE_SITES)
+    graph, text = described["graph self"], described["text self"]
+    assert (graph["k"], graph["alpha"], graph["beta"], graph["prior"], graph["kl_schedule"]) == (1000.0, 1.0, 1.0, "contextual", "sigmoid")
+    assert (text["k"], text["alpha"], text["beta"], text["prior"], text["kl_schedule"]) == (10.0, 1e-4, 1e-4, "fixed", "constant")
+    for label in ("vision-language self-sequence", "vision-language self-grid", "vision-language cross", "vision-language pool"):
+        assert described[label] == text, label
+    # what the user sets wins on every host
+    assert {d["k"] for d in describe_defaults({"name": "bam-weibull", "k": 77.0}).values()} == {77.0}
+    # and a kernel built at a site runs with exactly the described config
+    kern = build_attention("bam-weibull", num_heads=HEADS, head_dim=DIM, site=REPRESENTATIVE_SITES["graph self"])
+    assert kern.config.to_dict() == graph
+    for name in list_attentions():
+        assert set(describe_defaults(name)) == set(REPRESENTATIVE_SITES), name

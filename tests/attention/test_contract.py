@@ -103,7 +103,7 @@ def test_aux_losses_finite_scalars_and_diagnostics_detached(name):
             for key, value in result.diagnostics.items():
                 assert value.dim() == 0 and not value.requires_grad, f"diagnostic {key} must be a detached scalar"
     # every aux loss the variant returns has a weight schedule entry (or is deliberately weight 0)
-    assert isinstance(kernel.loss_weights(0), dict)
+    assert isinstance(kernel.loss_weights(0, epoch=0), dict)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

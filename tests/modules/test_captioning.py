@@ -84,7 +84,7 @@ def test_every_variant_trains_a_step_and_reports_aux_losses(variant):
     aux, logs = trace_aux_loss(trace, step=0)
     names = [sorted(result.aux_losses) for _, result in trace]
     assert all(n == names[0] for n in names)  # every attention reports the same terms
-    weighted = {name for kernel, _ in trace for name, w in kernel.loss_weights(0).items() if w}
+    weighted = {name for kernel, _ in trace for name, w in kernel.loss_weights(0, epoch=0).items() if w}
     if variant.startswith(("bam-", "align-")):
         assert weighted and names[0]
     assert set(logs) == {f"aux/{n}" for n in names[0]}

@@ -1,8 +1,9 @@
 """Bayesian Attention Modules (Fan, Zhang, Chen & Zhou, NeurIPS 2020): stochastic attention weights.
 
 Paper: ../shared/papers/bayesian-attention-modules-course.txt, chapter 3 (course notes on Fan et al. 2020).
-The notes leave the parameterisation open; we follow the authors' GAT code (github.com/zhougroup/BAM,
-GAT/utils/layers.py), which makes the *normalised* softmax weights the mean of the random weights.
+The notes leave the parameterisation open; we follow the authors' code (github.com/zhougroup/BAM:
+GAT/utils/layers.py, transformers-master/src/transformers/modeling_albert.py), which makes the *normalised*
+softmax weights the mean of the random weights.
 
 The deterministic weights w = softmax(logits) within each group are the mean of unnormalised positive
 random weights S; training draws S by reparameterisation and normalises it, W = S / sum_group S (3.2.3):
@@ -11,19 +12,36 @@ random weights S; training draws S by reparameterisation and normalises it, W = 
 - `bam-lognormal`: S ~ Lognormal(mu, sigma^2), mu = log w - sigma^2/2 so E[S] = w (Definition 3.1);
                    S = exp(mu + sigma * eps) with eps ~ N(0, 1).
 Aux loss "kl": KL(q(S) || p(S)) per (query, key) pair in closed form, averaged over the valid pairs:
-Weibull || Gamma(alpha, beta) (Property 3.2), Lognormal || Lognormal(mu0, sigma0^2) (Property 3.1). Its
-weight is annealed by a sigmoid of the training step (Algorithm 1, lambda = sigmoid(t * rho), shifted here
-so that it starts near 0).
-Priors (`prior`): "fixed" = constant alpha, beta (resp. mu0 = prior_mu, sigma0 = prior_sigma); "contextual"
-(the paper's BAM-WC / BAM-LC, our default as the paper's best variant) = a per-head MLP F of each key gives a
+Weibull || Gamma(shape alpha, rate beta) (Property 3.2), Lognormal || Lognormal(mu0, sigma0^2) (Property 3.1).
+Priors (`prior`): "fixed" = constant alpha, beta (resp. mu0 = prior_mu, sigma0 = prior_sigma; the authors'
+att_prior_type 'constant'); "contextual" (the paper's BAM-WC / BAM-LC) = a per-head MLP F of each key gives a
 prior distribution over the keys pi = softmax_group(F(k_j)); Weibull prior Gamma(beta * pi_j, beta) (prior
 mean pi_j, as in the authors' code), Lognormal prior mu0 = log pi_j.
+
+Per-host defaults (`BAMConfig.site_defaults`; each field's docstring names its script and flag): the authors
+ran two recipes, and they differ enough that one set of defaults cannot serve both hosts.
+- 'graph' (GAT/execute_cora.py): k = 1000, alpha = beta = 1, sigma = sigma0 = 1, contextual prior, KL weight
+  kl_weight * sigmoid(epoch * kl_anneal_rate) counted in epochs from 0 (so half weight in the first epoch).
+- every other host (transformers-master/examples/run_glue_albert_mrpc.sh): k = 10, alpha = beta = 1e-4,
+  sigma = 1e-4, sigma0 = 100, fixed prior, KL weight att_kl = 1 from the first step (their trainer.py has the
+  sigmoid commented out; kl_anneal_rate is unused there). The tiny Gamma(1e-4, 1e-4) prior makes the KL's pull
+  on the weights about 1e-4 of the GAT settings'. Run with the GAT settings and a per-step anneal, both BAM
+  rows on glue-quick RTE collapsed to a constant 50/50 predictor (NLL exactly ln 2). Measured on scratch
+  RTE (2 layers, steps 0-20): the KL's gradient on the host's parameters is 22-65% of the task loss's with
+  the GAT settings and below 0.004% with the GLUE ones; the KL's value (about 10 per layer, mostly
+  log k + log Gamma(1e-4)) is then a constant offset in the training loss.
 At evaluation S is replaced by its mean (W = w) unless `mc_samples` > 1, which averages that many sampled W.
-k -> infinity or sigma -> 0 recovers softmax attention (Remark in 3.2.3).
+
+Softmax limit (Remark in 3.2.3): as k -> infinity (or sigma -> 0) the sampled weights W tend to w, so the
+forward pass is softmax attention's. The training objective is not: the KL diverges like log k (resp.
+log(sigma0 / sigma)), a constant, while its gradient tends to a finite, nonzero pull of w towards the prior
+(-alpha log w + beta w per pair, resp. (log w - mu0)^2 / (2 sigma0^2)). Training reduces to softmax
+attention only with kl_weight = 0 as well, which is what `softmax_limit` states.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -32,7 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from ..groups import Groups
-from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics
+from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, AttentionSite, HeadShape, standard_diagnostics
 from ..registry import register_attention
 
 EULER_GAMMA = 0.5772156649015329
@@ -97,24 +115,75 @@ def _sigmoid(x: float) -> float:
 
 
 # ---- configs ---------------------------------------------------------------------------------------
+# The authors' published settings (github.com/zhougroup/BAM), flag by flag. Two hosts have them:
+# - graphs: GAT/execute_cora.py (its argparse defaults; the repository has no graph run script that sets them),
+#   KL in GAT/utils/layers.py;
+# - text: transformers-master/examples/run_glue_albert_mrpc.sh (ALBERT on GLUE), KL in
+#   transformers-master/src/transformers/modeling_albert.py, KL weight in .../transformers/trainer.py.
+# The repository publishes nothing for VQA or captioning.
+KL_SCHEDULES = ("sigmoid", "constant")
+
+GAT_SCRIPT = {
+    "prior": "contextual",
+    "kl_schedule": "sigmoid",
+    "k": 1000.0,
+    "alpha": 1.0,
+    "beta": 1.0,
+    "sigma": 1.0,
+    "prior_sigma": 1.0,
+}
+GLUE_SCRIPT = {
+    "prior": "fixed",
+    "kl_schedule": "constant",
+    "k": 10.0,
+    "alpha": 1e-4,
+    "beta": 1e-4,
+    "sigma": 1e-4,
+    "prior_sigma": 1e2,
+}
+
+
 @dataclass(frozen=True)
 class BAMConfig(AttentionConfig):
-    prior: str = "contextual"
-    """"fixed" (constant prior parameters) or "contextual" (prior over keys from an MLP of the keys)."""
+    """Fields left None take the authors' settings for the host (`site_defaults`): their GAT settings on
+    'graph', their GLUE (ALBERT) script on every other host. 'vision-language' and 'any' get the GLUE script
+    because it is the authors' only recipe for a transformer trained by minibatch steps (multi-head scaled
+    dot-product self-attention, AdamW, many steps per epoch), which is what the VQA/captioning hosts and
+    unknown plugin hosts are; the GAT settings assume one full-graph step per epoch, and the repository has
+    no VQA or captioning script."""
+
+    schedule_unit: ClassVar[str] = "epoch"
+    """GAT/execute_cora.py feeds the KL schedule `epoch_num` (on the GAT host an epoch is one full-graph
+    step, so it is also the paper's iteration counter t of Algorithm 1). The GLUE trainer has no schedule."""
+
+    prior: str | None = None
+    """"fixed" (constant prior parameters) or "contextual" (prior over keys from an MLP of the keys).
+    Graph: "contextual", the paper's BAM-WC / BAM-LC as implemented in GAT/utils/layers.py
+    (att_prior_type == 'contextual'); note that execute_cora.py's argparse default is 'constant'.
+    Other hosts: "fixed" (run_glue_albert_mrpc.sh: --att_prior_type constant)."""
     prior_hidden: int = 10
-    """Hidden width of the contextual prior's per-head MLP (authors' code: att_se_hid_size = 10)."""
+    """Hidden width of the contextual prior's per-head MLP (both scripts: att_se_hid_size = 10)."""
     kl_weight: float = 1.0
-    """Final weight of the KL term (authors' run scripts: att_kl = 1)."""
+    """Weight of the KL term once annealed (run_glue_albert_mrpc.sh: --att_kl 1). execute_cora.py's argparse
+    default att_kl = 0 switches the KL off, so the repository publishes no graph value; 1 is used on every host."""
+    kl_schedule: str | None = None
+    """How the KL weight moves. "sigmoid": kl_weight * sigmoid(anneal_rate * (epoch - anneal_midpoint))
+    (execute_cora.py: exp(epoch_num * kl_anneal_rate) / (1 + exp(...)) * KL with epoch_num from 0; the
+    paper's Algorithm 1: lambda = sigmoid(t * rho)); default on 'graph'. "constant": kl_weight from the first
+    step (trainer.py _training_step: the sigmoid is commented out and loss += att_kl * KL from
+    global_step >= kl_start_step = 0; kl_anneal_rate is parsed but unused); default on every other host."""
     anneal_rate: float = 1.0
-    """Slope of the sigmoid KL schedule per step (authors' code: kl_anneal_rate = 1 per epoch)."""
-    anneal_midpoint: float = 5.0
-    """Step at which the KL weight is half of kl_weight (the authors' code used 0, i.e. started at half)."""
+    """Slope of the sigmoid schedule per epoch (both scripts: kl_anneal_rate = 1)."""
+    anneal_midpoint: float = 0.0
+    """Epoch at which the sigmoid weight is half of kl_weight (authors' code: 0, so the first epoch has half)."""
     mc_samples: int = 1
     """Weight sets averaged at evaluation; 1 = the mean weights (deterministic)."""
 
     def __post_init__(self):
-        if self.prior not in PRIORS:
+        if self.prior is not None and self.prior not in PRIORS:
             raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
+        if self.kl_schedule is not None and self.kl_schedule not in KL_SCHEDULES:
+            raise ValueError(f"kl_schedule must be one of {KL_SCHEDULES}, got {self.kl_schedule!r}")
         if self.mc_samples < 1:
             raise ValueError(f"mc_samples must be >= 1, got {self.mc_samples}")
         if self.prior_hidden < 1:
@@ -122,7 +191,18 @@ class BAMConfig(AttentionConfig):
         if self.kl_weight < 0:
             raise ValueError(f"kl_weight must be >= 0, got {self.kl_weight}")
 
+    @classmethod
+    def site_defaults(cls, site: AttentionSite) -> dict[str, Any]:
+        settings = GAT_SCRIPT if site.host == "graph" else GLUE_SCRIPT
+        names = {f.name for f in dataclasses.fields(cls)}
+        return {name: value for name, value in settings.items() if name in names}
+
     def loss_weights(self, step: int) -> dict[str, float]:
+        """The KL weight after `step` completed epochs (`schedule_unit`)."""
+        if self.kl_schedule is None:
+            raise ValueError("kl_schedule is unset: build the kernel at a site (AttentionConfig.for_site) first")
+        if self.kl_schedule == "constant":
+            return {"kl": self.kl_weight}
         return {"kl": self.kl_weight * _sigmoid(self.anneal_rate * (step - self.anneal_midpoint))}
 
     @classmethod
@@ -130,53 +210,68 @@ class BAMConfig(AttentionConfig):
         return {
             "prior": trial.suggest_categorical("prior", list(PRIORS)),
             "kl_weight": trial.suggest_float("kl_weight", 1e-3, 10.0, log=True),
+            "kl_schedule": trial.suggest_categorical("kl_schedule", list(KL_SCHEDULES)),
             "anneal_rate": trial.suggest_float("anneal_rate", 1e-2, 1.0, log=True),
         }
 
 
 @dataclass(frozen=True)
 class WeibullConfig(BAMConfig):
-    k: float = 1000.0
-    """Weibull shape; the coefficient of variation of S is about 1.28 / k (authors' GAT default 1000)."""
-    alpha: float = 1.0
-    """Gamma prior shape of the fixed prior (the contextual prior uses beta * pi_j instead)."""
-    beta: float = 1.0
-    """Gamma prior rate (authors' GAT defaults alpha = beta = 1)."""
+    k: float | None = None
+    """Weibull shape; the coefficient of variation of S is about 1.28 / k. Graph: 1000 (execute_cora.py
+    --k_weibull default); other hosts: 10 (run_glue_albert_mrpc.sh --k_weibull 10)."""
+    alpha: float | None = None
+    """Shape of the fixed Gamma prior (the KL's -alpha log(lambda) and lgamma(alpha) terms in layers.py and
+    modeling_albert.py); the contextual prior uses beta * pi_j instead. Graph: 1 (execute_cora.py
+    --alpha_gamma default); other hosts: 1e-4 (run_glue_albert_mrpc.sh --alpha_gamma 1e-4)."""
+    beta: float | None = None
+    """Rate of the Gamma prior (the KL's beta * lambda * Gamma(1 + 1/k) = beta * E[S] term). Graph: 1
+    (--beta_gamma default); other hosts: 1e-4 (run_glue_albert_mrpc.sh --beta_gamma 1e-4). With
+    alpha = beta = 1e-4 the KL's gradient is about 1e-4 of the GAT settings', a light touch on a pretrained model."""
 
     def __post_init__(self):
         super().__post_init__()
-        if not (self.k > 0 and self.alpha > 0 and self.beta > 0):
+        values = [v for v in (self.k, self.alpha, self.beta) if v is not None]
+        if not all(v > 0 for v in values):
             raise ValueError(f"k, alpha and beta must be > 0, got {self.k}, {self.alpha}, {self.beta}")
 
     @classmethod
     def suggest(cls, trial: Any) -> dict[str, Any]:
         return {
             **super().suggest(trial),
+            # spans both scripts' values (k 10 and 1000; alpha, beta 1e-4 and 1)
             "k": trial.suggest_float("k", 10.0, 1e4, log=True),
+            "alpha": trial.suggest_float("alpha", 1e-4, 10.0, log=True),
             "beta": trial.suggest_float("beta", 1e-4, 10.0, log=True),
         }
 
 
 @dataclass(frozen=True)
 class LognormalConfig(BAMConfig):
-    sigma: float = 1.0
-    """Posterior log-scale sigma; the coefficient of variation of S is sqrt(exp(sigma^2) - 1)
-    (authors' GAT default sigma_normal_posterior = 1)."""
+    sigma: float | None = None
+    """Posterior sigma: the standard deviation of log S itself (modeling_albert.py: mu = log w - sigma^2/2,
+    sample mu + sigma * eps), not a log of it; the coefficient of variation of S is sqrt(exp(sigma^2) - 1).
+    Graph: 1 (execute_cora.py --sigma_normal_posterior default); other hosts: 1e-4
+    (run_glue_albert_mrpc.sh --sigma_normal_posterior 1e-4; that script runs soft_weibull, but its lognormal
+    flags are the only text values published)."""
     prior_mu: float = 0.0
-    """mu0 of the fixed prior (authors' code: 0); the contextual prior uses log pi_j."""
-    prior_sigma: float = 1.0
-    """sigma0 of the prior (authors' GAT default sigma_normal_prior = 1)."""
+    """mu0 of the fixed prior (authors' code: mean_normal_prior = 0); the contextual prior uses log pi_j."""
+    prior_sigma: float | None = None
+    """sigma0 of the prior. Graph: 1 (execute_cora.py --sigma_normal_prior default); other hosts: 100
+    (run_glue_albert_mrpc.sh --sigma_normal_prior 1e2)."""
 
     def __post_init__(self):
         super().__post_init__()
-        if not (self.sigma > 0 and self.prior_sigma > 0):
+        values = [v for v in (self.sigma, self.prior_sigma) if v is not None]
+        if not all(v > 0 for v in values):
             raise ValueError(f"sigma and prior_sigma must be > 0, got {self.sigma}, {self.prior_sigma}")
 
     @classmethod
     def suggest(cls, trial: Any) -> dict[str, Any]:
         return {
             **super().suggest(trial),
-            "sigma": trial.suggest_float("sigma", 1e-2, 2.0, log=True),
+            # spans both scripts' values (sigma 1e-4 and 1, sigma0 1 and 100)
+            "sigma": trial.suggest_float("sigma", 1e-4, 2.0, log=True),
             "prior_sigma": trial.suggest_float("prior_sigma", 0.1, 100.0, log=True),
         }
 
@@ -204,14 +299,16 @@ class BayesianAttention(AttentionKernel):
 
     Config: ClassVar[type[AttentionConfig]] = BAMConfig
     version: ClassVar[str] = "2"
-    """2: the KL and the sampling diagnostic average over the pairs of valid queries only (1 counted padded
-    query rows, so a batch's padding moved the KL)."""
+    """2: per-host paper defaults (GAT vs GLUE script), KL schedule per epoch from the authors' code; the KL
+    and the sampling diagnostic average over the pairs of valid queries only (1 counted padded query rows, so a
+    batch's padding moved the KL)."""
     stochastic: ClassVar[bool] = True
 
     def __init__(self, config: BAMConfig, shape: HeadShape):
         super().__init__(config, shape)
+        # self.config: the prior is a per-host default, resolved for this site by the base class.
         self.key_prior = (
-            KeyPrior(shape.num_heads, shape.head_dim, config.prior_hidden) if config.prior == "contextual" else None
+            KeyPrior(shape.num_heads, shape.head_dim, self.config.prior_hidden) if self.config.prior == "contextual" else None
         )
 
     # distribution-specific
@@ -256,7 +353,7 @@ class WeibullAttention(BayesianAttention):
     """BAM with Weibull attention weights and a Gamma prior (fixed or contextual); Fan et al. 2020."""
 
     Config = WeibullConfig
-    softmax_limit = {"k": 1e8}
+    softmax_limit = {"k": 1e8, "kl_weight": 0.0}
     softmax_limit_atol = 1e-6
 
     def rsample(self, mean: Tensor) -> Tensor:
@@ -290,7 +387,7 @@ class LognormalAttention(BayesianAttention):
     """BAM with Lognormal attention weights and a Lognormal prior (fixed or contextual); Fan et al. 2020."""
 
     Config = LognormalConfig
-    softmax_limit = {"sigma": 1e-8}
+    softmax_limit = {"sigma": 1e-8, "kl_weight": 0.0}
     softmax_limit_atol = 1e-6
 
     def rsample(self, mean: Tensor) -> Tensor:
