@@ -95,28 +95,32 @@ def _put(full: Tensor, rows: Tensor | None, part: Tensor) -> None:
         full.index_copy_(0, rows, part)
 
 
-def _second_moment_of(groups: Groups, templates: Tensor) -> Callable[[Tensor], Tensor]:
-    """weights -> E_p[t tᵀ] per query and head, [..., d, d], for fixed templates (the solver's loop).
-    On graphs: one sparse CSR product of the weights (block-diagonal over heads) with the per-key outer
-    products t tᵀ, formed once per solve. Measured on Cora (8 heads x 8 dims, one thread): 7 ms per call,
-    against 27 ms for forming the d² outer products per edge and summing them into the nodes."""
+def _negated_hessian_of(groups: Groups, templates: Tensor, diagonal: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+    """(weights, mean) -> I/α + Cov_p(t) = diagonal + E_p[t tᵀ] - mean meanᵀ per query and head, [..., d, d],
+    for the fixed templates of one solve. On graphs E_p[t tᵀ] is one sparse CSR product of the weights
+    (block-diagonal over heads) with the per-key outer products t tᵀ, formed once per solve, accumulated onto
+    diagonal - mean meanᵀ in the same pass (addmm). Measured on Cora (8 heads x 8 dims, one thread): this
+    takes a third of the time of forming the d² outer products per edge and summing them into the nodes."""
     d = templates.shape[-1]
     outer = (templates.unsqueeze(-1) * templates.unsqueeze(-2)).flatten(-2)
     if not isinstance(groups, SegmentGroups):
-        return lambda weights: groups.aggregate(weights, outer).unflatten(-1, (d, d))
+        return lambda weights, mean: diagonal + groups.aggregate(weights, outer).unflatten(-1, (d, d)) - mean.unsqueeze(-1) * mean.unsqueeze(-2)
     heads, keys, queries = templates.shape[1], groups.num_src_nodes, groups.num_nodes
     order = torch.argsort(groups.dst, stable=True)
     per_row = torch.bincount(groups.dst, minlength=queries).repeat(heads)
     rows = torch.cat([per_row.new_zeros(1), per_row.cumsum(0)])
     columns = (groups.src[order].unsqueeze(0) + keys * torch.arange(heads, device=order.device).unsqueeze(1)).flatten()
     outer_by_head = outer.transpose(0, 1).reshape(heads * keys, d * d)
+    # Head-major rows (head, query), the CSR product's layout; handed back as an [N, H, d, d] view.
+    diagonal_by_head = diagonal.transpose(0, 1).expand(heads, queries, d, d).reshape(heads * queries, d, d)
 
-    def second_moment(weights: Tensor) -> Tensor:
-        values = weights.index_select(0, order).t().flatten()
-        block = torch.sparse_csr_tensor(rows, columns, values, (heads * queries, heads * keys))
-        return torch.sparse.mm(block, outer_by_head).view(heads, queries, d, d).transpose(0, 1)
+    def negated_hessian(weights: Tensor, mean: Tensor) -> Tensor:
+        block = torch.sparse_csr_tensor(rows, columns, weights.index_select(0, order).t().flatten(), (heads * queries, heads * keys))
+        mean_by_head = mean.transpose(0, 1).reshape(heads * queries, d, 1)
+        base = torch.addcmul(diagonal_by_head, mean_by_head, mean_by_head.transpose(1, 2), value=-1)  # baddbmm: 3x slower
+        return torch.addmm(base.view(heads * queries, d * d), block, outer_by_head).view(heads, queries, d, d).transpose(0, 1)
 
-    return second_moment
+    return negated_hessian
 
 
 @dataclass(frozen=True)
@@ -408,11 +412,11 @@ class FenchelExactAttention(FenchelAttention):
             # The state of every pair; the loop works on `rows` of it (all queries, or on graphs the nodes
             # still unconverged, see _restrict_queries) and writes back what it leaves behind.
             delta_all = torch.zeros_like(mu_)
-            chol_all = torch.zeros(*mu_.shape, d, dtype=mu_.dtype, device=mu_.device)  # factor at each pair's latest δ
+            chol_all = torch.empty(*mu_.shape, d, dtype=mu_.dtype, device=mu_.device)  # factor at each pair's latest δ (all set at step 0)
             converged_all = torch.zeros(mu_.shape[:-1], dtype=torch.bool, device=mu_.device)
             rows, work, exponent_w, mu_w, threshold_w = None, groups, exponent_, mu_, threshold
             delta, chol, needs_factor = delta_all, chol_all, ~converged_all
-            second_moment = _second_moment_of(work, templates_)
+            negated_hessian = _negated_hessian_of(work, templates_, diagonal)
             for iteration in range(self.config.steps + 1):
                 active = needs_factor.any(-1)
                 if iteration > 0 and isinstance(groups, SegmentGroups) and 2 * int(active.sum()) < active.numel():
@@ -422,7 +426,7 @@ class FenchelExactAttention(FenchelAttention):
                     work, edges = _restrict_queries(groups, rows)
                     exponent_w, mu_w, threshold_w = exponent_.index_select(0, edges), mu_.index_select(0, rows), threshold.index_select(0, rows)
                     delta, chol, needs_factor = delta.index_select(0, keep), chol.index_select(0, keep), needs_factor.index_select(0, keep)
-                    second_moment = _second_moment_of(work, templates_)
+                    negated_hessian = _negated_hessian_of(work, templates_, diagonal)
                 shifted = work.fill_invalid(exponent_w + work.scores(delta, templates_, 1.0), float("-inf"))
                 log_weights = shifted - work.per_query(_log_sum_exp(work, shifted))
                 weights = log_weights.exp()
@@ -432,9 +436,12 @@ class FenchelExactAttention(FenchelAttention):
                 # I/α + Cov_p(t) is SPD: Cholesky (batched LU fails on this CPU build, DESIGN.md §7). Only pairs
                 # that moved last iteration are refactored: after 3 steps < 1% of Cora's pairs are left, and
                 # the d×d factorisations are LAPACK calls one matrix at a time (~0.4 µs each, measured).
-                hessian = diagonal + second_moment(weights) - mean.unsqueeze(-1) * mean.unsqueeze(-2)
+                hessian = negated_hessian(weights, mean)
                 moved = needs_factor.flatten().nonzero().squeeze(1)
-                chol.view(-1, d, d)[moved] = torch.linalg.cholesky(hessian.expand(*mean.shape, d).reshape(-1, d, d)[moved])
+                if moved.numel() == needs_factor.numel():
+                    chol = torch.linalg.cholesky(hessian)
+                else:
+                    chol.view(-1, d, d)[moved] = torch.linalg.cholesky(hessian.expand(*mean.shape, d).reshape(-1, d, d)[moved])
                 needs_factor = ~converged
                 if iteration == self.config.steps or not bool(needs_factor.any()):
                     break
