@@ -19,8 +19,9 @@ and the weights are p_i ∝ u_i exp<t_i, λ*> (eq. 15-16). Two variants:
   diagnostic `unconverged` and raises FenchelNotConverged above `max_unconverged` (default 0), so a run is
   never silently trained on wrong weights or gradients. Cost: one d×d Cholesky per query and head and step,
   O(Lk·d² + d³) per query (d = 8 on GAT, 32 in MiniLM); late steps run on the unconverged graph nodes only.
-  Measured on Cora's GAT (one thread, paired epochs at initialisation): ~6.5x softmax per epoch, against
-  ~5.5x for version 2's five undamped steps, which left queries unconverged; 2-3 full steps per solve.
+  Measured on Cora's GAT (one thread, softmax and this variant timed alternately): 6.3-6.9x softmax per
+  epoch at initialisation and 6.8x after 60 epochs, against 5.5x and 6.9x for version 2's five undamped
+  steps, which left queries unconverged; 1-3 full steps per solve.
 
 Units and mapping (one convention for both variants and every host):
 - The logits handed to `normalize` are the first-order term <t_i, z>: on transformer hosts they are
