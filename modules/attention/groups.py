@@ -104,6 +104,21 @@ class Groups(ABC):
         """Sum of x, broadcast to `like` (logits layout), over the valid (query, key) pairs of valid
         query rows. x may be per key (dense [.., 1, Lk]): it is then never expanded to all pairs."""
 
+    def weighted_sum_operator(self, x: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+        """For per-key values x (the layout of k, [..., D]) fixed across calls: (weights, base) -> base +
+        Σ_j w_ij x_j per query ([..., D], the layout of q). For iterative solvers that aggregate the same
+        values under new weights many times; a layout may build its index structures once here."""
+        return lambda weights, base: base + self.aggregate(weights, x)
+
+    can_restrict_queries: bool = False
+    """Whether `restrict_queries` exists for this layout (segment groups: yes; dense rows form a grid)."""
+
+    def restrict_queries(self, rows: Tensor) -> tuple["Groups", Tensor]:
+        """The groups of the query groups `rows` only (renumbered 0..len(rows)-1, keys unchanged) and the
+        indices of the logits they keep: per-query tensors restrict by index_select(0, rows), logits by
+        index_select(0, kept). Lets a solver spend its late iterations on the few unconverged queries."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restrict its queries; check can_restrict_queries")
+
     has_fused_attention: bool = False
     """Whether `fused_attention` exists for this layout (dense: torch's SDPA)."""
 
@@ -472,6 +487,36 @@ class SegmentGroups(Groups):
 
     def softmax(self, logits: Tensor) -> Tensor:
         return segment_softmax(logits, self.dst, num_nodes=self.num_nodes, dim=0)
+
+    def weighted_sum_operator(self, x: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+        # One sparse CSR product of the weights (block-diagonal over heads) with x, whose index structure is
+        # built once here, accumulated onto base by addmm. Measured for fenchel-exact's d² = 64 per-key outer
+        # products on Cora (8 heads, one thread): a third of the time of gathering x per edge and summing
+        # into the nodes, which is what `aggregate` does.
+        heads, width, queries, keys = x.shape[1], x.shape[-1], self.num_nodes, self.num_src_nodes
+        order = torch.argsort(self.dst, stable=True)
+        per_row = torch.bincount(self.dst, minlength=queries).repeat(heads)
+        rows = torch.cat([per_row.new_zeros(1), per_row.cumsum(0)])
+        columns = (self.src[order].unsqueeze(0) + keys * torch.arange(heads, device=order.device).unsqueeze(1)).flatten()
+        x_by_head = x.transpose(0, 1).reshape(heads * keys, width)
+
+        def weighted_sum(weights: Tensor, base: Tensor) -> Tensor:
+            block = torch.sparse_csr_tensor(rows, columns, weights.index_select(0, order).t().flatten(), (heads * queries, heads * keys))
+            base_by_head = base.expand(queries, heads, width).transpose(0, 1).reshape(heads * queries, width)
+            return torch.addmm(base_by_head, block, x_by_head).view(heads, queries, width).transpose(0, 1)
+
+        return weighted_sum
+
+    can_restrict_queries = True
+
+    def restrict_queries(self, rows: Tensor) -> tuple["SegmentGroups", Tensor]:
+        renumber = torch.full((self.num_nodes,), -1, dtype=torch.long, device=rows.device)
+        renumber[rows] = torch.arange(rows.numel(), device=rows.device)
+        new_dst = renumber.index_select(0, self.dst)
+        kept = (new_dst >= 0).nonzero().squeeze(1)
+        sub = SegmentGroups(dst=new_dst.index_select(0, kept), src=self.src.index_select(0, kept), num_nodes=rows.numel(),
+                            num_src_nodes=self.num_src_nodes)
+        return sub, kept
 
     def aggregate(self, weights: Tensor, v: Tensor) -> Tensor:
         return self._sum_into_nodes(self.per_key(v) * weights.unsqueeze(-1))
