@@ -1,6 +1,6 @@
 """Every committed suite's board, rendered from a fixed set of records, must come out byte for byte as the
 harness rendered it before it was reorganised into stage packages (tests/fixtures/boards/expected, written
-by the code at commit 5a34b97). Records, suites and tuned parameters are all fixed here, so any difference
+by the flat harness/ of commit 37ff872 with tests/fixtures/render_pre_move.py). Records, suites and tuned parameters are all fixed here, so any difference
 is a change in planning, record reading, statistics or rendering."""
 
 import json
