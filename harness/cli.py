@@ -6,6 +6,7 @@ mistyped flag answer at once."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -15,18 +16,17 @@ import yaml
 
 
 def parse_sets(pairs: Sequence[str]) -> tuple[dict, dict]:
-    """--set key=value (task parameter) or attention.key=value (variant config); values parse as YAML."""
+    """--set key=value (task parameter) or attention.key=value (variant config); values parse as YAML, and
+    planning checks them against the fields' types (so "5e-5", a string to YAML 1.1, becomes a float there)."""
     params, attention = {}, {}
     for pair in pairs:
         if "=" not in pair:
             raise ValueError(f"--set {pair!r}: write key=value, e.g. --set max_epochs=200 or --set attention.alpha=0.5")
         key, raw = pair.split("=", 1)
-        value = yaml.safe_load(raw)
-        if isinstance(value, str):
-            try:
-                value = float(value)  # YAML 1.1 reads exponents without a dot (5e-5) as strings
-            except ValueError:
-                pass
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
         if key.startswith("attention."):
             attention[key.removeprefix("attention.")] = value
         else:
@@ -169,11 +169,24 @@ def cmd_list(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _values_from_flags():
+    """A ConfigError raised while planning `run`/`tune` is about a --set value: say so in its message."""
+    from modules.validation import ConfigError
+
+    try:
+        yield
+    except ConfigError as exc:
+        prefix = "attention." if exc.owner.startswith("attention") else ""
+        raise exc.at(f"from --set {prefix}{exc.key}") from None
+
+
 def _plan_command_line_runs(args, jobs: list[tuple[str, Any, int, dict]], extra: dict[str, Any]):
     """`run` and `tune` plan like `bench` does: names resolved and each task's data checked, once."""
     from harness.plan.planner import plan_runs
 
-    the_plan = plan_runs(jobs, args.data_root, extra)
+    with _values_from_flags():
+        the_plan = plan_runs(jobs, args.data_root, extra)
     the_plan.require_data()
     return the_plan
 
@@ -265,6 +278,11 @@ def cmd_tune(args) -> int:
         _plan_command_line_runs(args, [(args.task, args.variant, TUNE_SEED, params)], {"command": "tune"})
     else:
         raise ValueError("name a TASK and a VARIANT (attnbench tune cora bam-weibull) or a --suite")
+    from modules.tasks import get_task
+
+    with _values_from_flags():
+        for task, _, job_params in jobs:
+            get_task(task).params(job_params)
     if args.strategy == "ddp" and args.storage and args.storage.startswith("journal:"):
         raise ValueError("pruning data-parallel trials needs an RDB storage (sqlite:///... or postgresql://...), not a journal file")
     distribution, _ = _start_processes(args)
@@ -316,8 +334,22 @@ def cmd_probe(args) -> int:
     return 0
 
 
+def check_counts(args) -> str | None:
+    """Integer flags whose range argparse does not know; the one-line message, or None when they are fine."""
+    bounds = {"seed": 0, "seeds": 1, "trials": 1, "repeats": 1, "shards": 1, "num_nodes": 1}
+    for name, least in bounds.items():
+        value = getattr(args, name, None)
+        if value is not None and value < least:
+            return f"--{name.replace('_', '-')} {value}: expected an integer >= {least} (from the command line)"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = check_counts(args)
+    if problem:
+        print(f"attnbench: error: {problem}", file=sys.stderr)
+        return 2
     # After parsing: `--help` and a usage error need none of this. SuiteError and LauncherError are ValueErrors.
     from datamodules.paths import MissingDataError
     from modules.registry import DuplicateNameError, PluginError, UnknownNameError, load_plugin_file

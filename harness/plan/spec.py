@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from modules.attention import attention_entry, resolve_config
 from modules.tasks import get_task
+from modules.validation import validate_fields
 
 RECORD_SCHEMA = 1
 """Bump when the meaning of a record changes; it is part of every key."""
@@ -70,6 +71,13 @@ class ResolvedAttention:
 
 
 def resolve_attention(attention: str | Mapping[str, Any]) -> ResolvedAttention:
+    """Name and config checked against the Config's declared types and ranges first (ConfigError names the
+    key), then resolved by the registry."""
+    if isinstance(attention, Mapping) and "name" in attention:
+        options = {k: v for k, v in attention.items() if k != "name" and v is not None}
+        checked = validate_fields(attention_entry(attention["name"]).cls.Config, options,
+                                  owner=f"attention {attention['name']!r}", noun="option")
+        attention = {**attention, **checked}
     name, config = resolve_config(attention)
     return ResolvedAttention(name, {"name": name, **config.to_dict()}, attention_entry(name).cls.version)
 

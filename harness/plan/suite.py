@@ -110,13 +110,18 @@ def load_suite(name_or_path: str) -> Suite:
     seeds = data["seeds"]
     if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
         seeds = tuple(range(seeds))
-    elif isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+    elif isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
         seeds = tuple(seeds)
     else:
-        raise SuiteError(f"{where}: seeds must be a positive integer (a count) or a non-empty list of integers, got {seeds!r}")
+        raise SuiteError(f"{where}: seeds must be a positive integer (a count) or a non-empty list of integers >= 0, got {seeds!r}")
     params = data.get("params") or {}
     if not isinstance(params, dict):
         raise SuiteError(f"{where}: params must be a mapping of task parameter -> value")
+    for task in tasks:
+        try:
+            get_task(task.name).params({**params, **task.params})
+        except ValueError as exc:
+            raise SuiteError(f"{where}: params (for task {task.name}): {exc}") from exc
     labels = [v.label or v.name for v in variants]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:

@@ -46,10 +46,12 @@ def test_run_records_and_reuses_a_finished_run(shared_data, capsys, tmp_path):
 
 def test_set_values_parse_as_yaml_and_exponents_as_numbers():
     from harness.cli import parse_sets
+    from modules.tasks import get_task
 
     params, attention = parse_sets(["lr=5e-5", "backbone=minilm", "max_train_examples=null", "attention.alpha=2"])
-    assert params == {"lr": 5e-5, "backbone": "minilm", "max_train_examples": None}
+    assert params == {"lr": "5e-5", "backbone": "minilm", "max_train_examples": None}  # YAML 1.1 reads 5e-5 as a string
     assert attention == {"alpha": 2}
+    assert get_task("glue-rte").params(params).lr == 5e-5  # the field's type makes it a float
 
 
 def test_bench_devices_and_workers_must_agree(capsys):

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+from annotated_types import Ge, Gt
 import torch
 from torch import Tensor, nn
 
@@ -87,7 +88,7 @@ def _second_moment(groups: Groups, weights: Tensor, templates: Tensor) -> Tensor
 
 @dataclass(frozen=True)
 class FenchelConfig(AttentionConfig):
-    alpha: float | None = None
+    alpha: Annotated[float | None, Gt(0)] = None
     """Reliability α of the evidence, as a multiple of the logits handed in (None = 1.0: the standard
     1/√d scaling on transformers, GAT's logits unchanged on graphs)."""
     learn_alpha: bool = False
@@ -95,8 +96,8 @@ class FenchelConfig(AttentionConfig):
     prior: str = "position"
     """Preference prior log u: 'position' (T5 buckets at sequence self-attention sites, the degree prior
     elsewhere: uniform on image grids, cross-attention and pooling, §4.2), 'degree', 'uniform'."""
-    num_buckets: int = 32
-    max_distance: int = 128
+    num_buckets: Annotated[int, Ge(2)] = 32
+    max_distance: Annotated[int, Ge(1)] = 128
 
     def __post_init__(self):
         if self.alpha is not None and not self.alpha > 0:
@@ -209,14 +210,14 @@ class FenchelAttention(AttentionKernel):
 
 @dataclass(frozen=True)
 class FenchelExactConfig(FenchelConfig):
-    steps: int = 5
+    steps: Annotated[int, Ge(0)] = 5
     """Newton steps on the dual from λ = αz (at most: Newton stops once converged, usually after 2-4), or
     fixed-point iterations; 0 gives `fenchel`."""
     solver: str = "newton"
     """'newton' (Cholesky on the d×d Hessian per query and head: O(Lq·Lk·d²) per step, fine on graphs with
     d = 8, ~100x softmax on dense d = 64, measured) or 'fixed_point' (λ ← α(μ + z - E_p[t]): one attention
     pass per step, converges when α·||Cov_p(t)|| < 1; the better choice for wide heads)."""
-    ridge: float = 1e-6
+    ridge: Annotated[float, Ge(0)] = 1e-6
     """Added to the negated Hessian's diagonal, relative to 1/α, against round-off in Cov_p(t)."""
 
     def __post_init__(self):
