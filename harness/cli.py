@@ -63,6 +63,14 @@ def add_launcher_arguments(parser) -> None:
     parser.add_argument("--slurm-account", default=None)
 
 
+def _precision(parser: argparse.ArgumentParser) -> None:
+    from harness.plan import PRECISIONS
+
+    parser.add_argument("--precision", choices=PRECISIONS, default="32",
+                        help="Lightning Trainer precision (default: 32); part of the run key and of the hardware group, "
+                             "so runs in different precisions are never ranked together")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help="import a plugin file that registers variants or tasks (repeatable)")
     parser.add_argument("--data-root", default=None, help="local data folder (default: $ATTNBENCH_DATA; none = download when online)")
@@ -70,8 +78,35 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default=None, help="where processed data is cached (default: $ATTNBENCH_CACHE or the user cache dir)")
 
 
+class VersionAction(argparse.Action):
+    """--version: attnbench, torch and Lightning from the installed metadata (no import), and the commit."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the versions and the git commit, and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    import importlib.metadata
+
+    def installed(package: str) -> str:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    from harness.run.runner import git_commit
+
+    return (f"attnbench {installed('attnbench')} (commit {git_commit()}), torch {installed('torch')}, "
+            f"lightning {installed('lightning')}, python {sys.version.split()[0]}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnbench", description="Benchmark attention variants on the same tasks, seeds and budgets.")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="list variants, tasks and suites")
@@ -84,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter, or attention.KEY=VALUE for the variant")
     p.add_argument("--force", action="store_true", help="run again even if a record for this exact run exists")
+    _precision(p)
     _data_parallel(p)
     _common(p)
 
@@ -98,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", choices=["default", "tuned"], default="default",
                    help="tuned: also run each variant with its tuned parameters (from --params-dir), as its own row")
     p.add_argument("--params-dir", default="leaderboards/params")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (every run, finished/failed/pending, estimated time) and exit; writes nothing")
+    _precision(p)
     add_launcher_arguments(p)
     _common(p)
 
@@ -112,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-optimizer", action="store_true", help="also tune the task's lr and weight_decay")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter held fixed while tuning")
     p.add_argument("--params-dir", default="leaderboards/params", help="where the best parameters are written")
+    p.add_argument("--dry-run", action="store_true", help="print the studies (finished trials of --trials, estimated time) and exit; writes nothing")
+    _precision(p)
     _data_parallel(p)
     _common(p)
 
@@ -186,7 +226,7 @@ def _plan_command_line_runs(args, jobs: list[tuple[str, Any, int, dict]], extra:
     from harness.plan.planner import plan_runs
 
     with _values_from_flags():
-        the_plan = plan_runs(jobs, args.data_root, extra)
+        the_plan = plan_runs(jobs, args.data_root, extra, precision=args.precision)
     the_plan.require_data()
     return the_plan
 
@@ -241,6 +281,8 @@ def cmd_bench(args) -> int:
         args.workers = default_workers()
     if args.workers < 1:
         raise ValueError("--workers/--devices must be at least 1")
+    if args.dry_run:
+        return _print_bench_plan(args)
     run_suite(
         args.suite,
         workers=args.workers,
@@ -254,8 +296,71 @@ def cmd_bench(args) -> int:
         tuned_params_dir=args.params_dir if args.params == "tuned" else None,
         launcher=args.launcher,
         submitit_options=options_from_args(args),
+        precision=args.precision,
     )
     return 0
+
+
+def _print_bench_plan(args) -> int:
+    from harness.plan.planner import plan
+    from harness.plan.preview import format_table, preview_runs, read_records, this_device
+    from harness.plan.suite import load_suite
+    from harness.results.store import runs_dir
+
+    the_plan = plan(load_suite(args.suite), args.data_root, args.variants,
+                    tuned_dir=args.params_dir if args.params == "tuned" else None, precision=args.precision)
+    for task_name, why in the_plan.skipped_tasks.items():
+        print(f"attnbench: skipping optional task {task_name}: {why}")
+    the_plan.require_data()
+    rows = preview_runs(the_plan.specs, read_records(runs_dir(args.runs_dir)), this_device(), args.retry_failed)
+    print(format_table(rows, args.workers))
+    return 0
+
+
+def _print_tune_plan(args, jobs) -> int:
+    """One row per study: its finished trials of --trials, read from the storage only where it exists."""
+    from harness.plan.preview import PreviewRow, format_table
+    from harness.studies.tune import TUNE_SEED
+
+    rows = []
+    for task, variant, job_params in jobs:
+        name, finished, mean_trial_s = study_progress(task, variant, job_params, args.storage, args.runs_dir, args.tune_optimizer,
+                                                      args.precision)
+        remaining = max(0, args.trials - finished)
+        status = "finished" if remaining == 0 else "pending"
+        rows.append(PreviewRow(task, f"{variant} ({finished}/{args.trials} trials)", TUNE_SEED, name, status,
+                               mean_trial_s * remaining if mean_trial_s and remaining else None))
+    print(format_table(rows, noun="studies"))
+    return 0
+
+
+def study_progress(task: str, variant: str, params, storage: str | None, runs: str | None, tune_optimizer: bool,
+                   precision: str = "32"):
+    """(study name, finished trials, mean seconds per finished trial or None) without creating anything: a
+    default SQLite file that is not there yet means a study with no trials."""
+    import dataclasses
+
+    from harness.results.store import runs_dir
+    from harness.studies.tune import open_storage, study_name
+    from modules.tasks import get_task
+
+    name = study_name(task, variant, dataclasses.asdict(get_task(task).params(params)), tune_optimizer)
+    name += f"/{precision}" if precision != "32" else ""  # as tune() names it
+    if storage is None:
+        path = runs_dir(runs) / "optuna.db"
+        if not path.is_file():
+            return name, 0, None
+        storage = f"sqlite:///{path}"
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        study = optuna.load_study(study_name=name, storage=open_storage(storage))
+    except KeyError:  # no such study in the storage yet
+        return name, 0, None
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    seconds = [t.duration.total_seconds() for t in done if t.duration is not None]
+    return name, len(done), (sum(seconds) / len(seconds) if seconds else None)
 
 
 def cmd_tune(args) -> int:
@@ -283,13 +388,15 @@ def cmd_tune(args) -> int:
     with _values_from_flags():
         for task, _, job_params in jobs:
             get_task(task).params(job_params)
+    if args.dry_run:
+        return _print_tune_plan(args, jobs)
     if args.strategy == "ddp" and args.storage and args.storage.startswith("journal:"):
         raise ValueError("pruning data-parallel trials needs an RDB storage (sqlite:///... or postgresql://...), not a journal file")
     distribution, _ = _start_processes(args)
     for task, variant, job_params in jobs:
         result = tune(task, variant, trials=args.trials, params=job_params, storage=args.storage, timeout=args.timeout,
                       tune_optimizer=args.tune_optimizer, runs=args.runs_dir, data_root=args.data_root, cache_dir=args.cache_dir,
-                      distribution=distribution)
+                      distribution=distribution, precision=args.precision)
         if result is not None:  # None: a DDP rank other than 0, which only trained what rank 0 sent
             print(f"attnbench tune: best parameters written to {export(result, args.params_dir)}")
     return 0

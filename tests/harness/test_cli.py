@@ -65,3 +65,92 @@ def test_run_checks_the_data_its_params_point_to(shared_data, tmp_path, capsys):
     assert main(["run", "vqa", "softmax", "--set", "vqa_dir=no-such-vqa", "--data-root", str(shared_data),
                  "--runs-dir", str(tmp_path)]) == 2
     assert "no-such-vqa" in capsys.readouterr().err
+
+
+def test_version_names_attnbench_torch_lightning_and_the_commit(capsys):
+    import importlib.metadata
+
+    from harness.run.runner import git_commit
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert f"torch {importlib.metadata.version('torch')}" in out
+    assert f"lightning {importlib.metadata.version('lightning')}" in out
+    assert f"commit {git_commit()}" in out and out.startswith("attnbench ")
+
+
+def test_bench_dry_run_prints_every_planned_run_and_writes_nothing(shared_data, capsys, tmp_path):
+    argv = ["bench", "--suite", "quick", "--dry-run", "--data-root", str(shared_data), "--runs-dir", str(tmp_path / "runs"),
+            "--leaderboard-dir", str(tmp_path / "leaderboards")]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["task", "variant", "seed", "key", "status", "estimate"]
+    rows, summary = lines[1:-1], lines[-1]
+    assert len(rows) == 72  # 2 tasks x 12 variants x 3 seeds
+    assert all(row.split()[4] == "pending" and row.split()[5] == "?" for row in rows)
+    assert summary.startswith("72 runs: 0 finished, 0 failed, 72 pending (time unknown)")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "leaderboards").exists()
+
+
+def test_dry_run_reads_finished_failed_and_estimates_from_records_on_this_device(shared_data, capsys, tmp_path):
+    from harness.plan.planner import plan
+    from harness.plan.preview import this_device
+    from harness.plan.suite import load_suite
+    from harness.results.record import Record
+    from harness.results.store import RecordStore
+
+    specs = {(s.task, s.display, s.seed): s for s in plan(load_suite("quick"), str(shared_data)).specs}
+    store = RecordStore(tmp_path / "runs")
+    here = {"device": this_device(), "label": "here"}
+    metrics = {"test/acc": {"value": 0.8, "higher_is_better": True}}
+    store.write(Record.ok(specs["cora", "softmax", 0], metrics, wall_time_s=10.0, hardware=here))
+    store.write(Record.ok(specs["cora", "softmax", 1], metrics, wall_time_s=30.0, hardware=here))
+    store.write(Record.failed(specs["cora", "entmax", 0], "RuntimeError: boom", wall_time_s=5.0, hardware=here))
+    store.write(Record.ok(specs["citeseer", "softmax", 0], metrics, wall_time_s=99.0, hardware={"device": "another GPU"}))
+    before = sorted(p.name for p in (tmp_path / "runs").rglob("*"))
+
+    assert main(["bench", "--suite", "quick", "--dry-run", "--workers", "2", "--data-root", str(shared_data),
+                 "--runs-dir", str(tmp_path / "runs")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = {(r.split()[0], r.split()[1], int(r.split()[2])): r.split()[4:] for r in lines[1:-1]}
+    assert rows["cora", "softmax", 0] == ["finished"]
+    assert rows["cora", "entmax", 0] == ["failed"]
+    assert rows["cora", "softmax", 2] == ["pending", "20.0", "s"]  # the mean of seeds 0 and 1 here
+    assert rows["citeseer", "softmax", 1] == ["pending", "?"]  # a record on other hardware says nothing
+    assert lines[-1].startswith("72 runs: 3 finished, 1 failed, 68 pending (about 10.0 s on 2 worker(s); 67 without")
+    assert sorted(p.name for p in (tmp_path / "runs").rglob("*")) == before
+
+
+def test_tune_dry_run_shows_each_study_without_creating_its_storage(shared_data, capsys, tmp_path):
+    assert main(["tune", "cora", "entmax", "--dry-run", "--trials", "7", "--data-root", str(shared_data),
+                 "--runs-dir", str(tmp_path / "runs")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[1].split()[:4] == ["cora", "entmax", "(0/7", "trials)"] and "cora/entmax/" in lines[1]
+    assert lines[-1].startswith("1 studies: 0 finished, 0 failed, 1 pending")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bf16_mixed_runs_on_cpu_with_its_own_key_and_hardware_group(shared_data, capsys, tmp_path):
+    from harness.plan.spec import make_spec
+    from harness.results.store import RecordStore
+
+    argv = ["run", "cora", "softmax", "--set", "max_epochs=2", "--precision", "bf16-mixed", "--data-root", str(shared_data),
+            "--runs-dir", str(tmp_path / "runs")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    record = json.loads(out[out.index("\n{"):])
+    assert record["status"] == "ok" and record["epochs"] == 2
+    fp32, bf16 = make_spec("cora", "softmax", 0, {"max_epochs": 2}), make_spec("cora", "softmax", 0, {"max_epochs": 2}, precision="bf16-mixed")
+    assert record["key"] == bf16.key != fp32.key
+    stored = RecordStore(tmp_path / "runs").read(bf16.key)
+    assert stored.spec["precision"] == "bf16-mixed" and stored.hardware["precision"] == "bf16-mixed"
+    assert stored.hardware_label.endswith(", bf16-mixed)")
+
+
+def test_precision_is_refused_outside_its_choices(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "cora", "softmax", "--precision", "bf16"])
+    assert stop.value.code == 2
+    assert "invalid choice: 'bf16'" in capsys.readouterr().err
