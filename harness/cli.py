@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", nargs="?", choices=["variants", "tasks", "suites", "all"], default="all")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE.py")
 
+    p = sub.add_parser("describe", help="every parameter of a task or variant: type, range, default (per host) and source")
+    p.add_argument("name", help="a task or variant name (see `attnbench list`)")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py")
+
     p = sub.add_parser("run", help="run one task with one variant and seed, and record it")
     p.add_argument("task")
     p.add_argument("variant")
@@ -219,6 +223,13 @@ def _values_from_flags():
     except ConfigError as exc:
         prefix = "attention." if exc.owner.startswith("attention") else ""
         raise exc.at(f"from --set {prefix}{exc.key}") from None
+
+
+def cmd_describe(args) -> int:
+    from harness.plan.describe import describe
+
+    print(describe(args.name))
+    return 0
 
 
 def _plan_command_line_runs(args, jobs: list[tuple[str, Any, int, dict]], extra: dict[str, Any]):
@@ -468,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.data_root = os.path.abspath(args.data_root)
         elif hasattr(args, "data_root"):
             args.data_root = os.environ.get("ATTNBENCH_DATA") or None
-        handler = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "perf": cmd_perf,
+        handler = {"list": cmd_list, "describe": cmd_describe, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "perf": cmd_perf,
                    "probe": cmd_probe, "tune": cmd_tune,
                    "scaling": cmd_scaling}[args.command]
         return handler(args)

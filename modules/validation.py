@@ -56,8 +56,8 @@ def _adapter(annotation: Any):
     return pydantic.TypeAdapter(annotation)
 
 
-def describe_type(annotation: Any) -> str:
-    """`Annotated[float | None, Gt(0)]` -> "float > 0 or None"; what an error message and `describe` print."""
+def split_type(annotation: Any) -> tuple[str, str]:
+    """`Annotated[float | None, Gt(0)]` -> ("float or None", "> 0"): the type and the declared range."""
     bounds = []
     if typing.get_origin(annotation) is typing.Annotated:
         annotation, *metadata = typing.get_args(annotation)
@@ -68,11 +68,20 @@ def describe_type(annotation: Any) -> str:
             if isinstance(item, annotated_types.Interval):
                 bounds += [f"{symbol} {getattr(item, attribute)}" for _, attribute, symbol in BOUND_SYMBOLS
                            if getattr(item, attribute) is not None]
-    members = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union else (annotation,)
-    optional = type(None) in members
+    union = isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
+    members = typing.get_args(annotation) if union else (annotation,)
     names = [getattr(m, "__name__", str(m)) for m in members if m is not type(None)]
-    text = " or ".join(names) + (" " + " and ".join(bounds) if bounds else "")
-    return text + (" or None" if optional else "")
+    return " or ".join(names) + (" or None" if type(None) in members else ""), " and ".join(bounds)
+
+
+def describe_type(annotation: Any) -> str:
+    """`Annotated[float | None, Gt(0)]` -> "float > 0 or None"; what an error message says was expected."""
+    type_text, range_text = split_type(annotation)
+    if not range_text:
+        return type_text
+    if type_text.endswith(" or None"):
+        return f"{type_text.removesuffix(' or None')} {range_text} or None"
+    return f"{type_text} {range_text}"
 
 
 def validate_fields(cls: type, values: Mapping[str, Any], owner: str, noun: str = "key") -> dict[str, Any]:

@@ -154,3 +154,43 @@ def test_precision_is_refused_outside_its_choices(capsys):
         main(["run", "cora", "softmax", "--precision", "bf16"])
     assert stop.value.code == 2
     assert "invalid choice: 'bf16'" in capsys.readouterr().err
+
+
+def test_describe_a_variant_lists_types_ranges_per_host_defaults_and_sources(capsys):
+    from modules.attention.registry import describe_defaults
+
+    assert main(["describe", "bam-weibull"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("variant bam-weibull: ")
+    per_site = describe_defaults("bam-weibull")
+    graph_k, text_k = per_site["graph self"]["k"], per_site["text self"]["k"]
+    assert graph_k != text_k  # the test needs a knob whose default differs by host
+    k_block = out[out.index("\n  k "):out.index("\n  alpha ")]
+    assert "float or None, > 0; default per host:" in k_block
+    assert f"graph self: {graph_k!r}" in k_block and f"text self, " in k_block and f": {text_k!r}" in k_block
+    assert "Weibull shape" in k_block  # the field's docstring, read from the source
+    assert "mc_samples       int, >= 1; default 1\n" in out
+
+
+def test_describe_a_task_shows_the_name_s_preset_as_the_default(capsys):
+    assert main(["describe", "pubmed"]) == 0
+    out = capsys.readouterr().out
+    assert "lr               float, > 0; default 0.01\n" in out  # pubmed's preset, not GATParams' 0.005
+    assert "out_heads        int, >= 1; default 8\n" in out
+    assert "fixed by the task name (pubmed)" in out
+
+
+def test_field_docs_come_from_the_source_of_the_most_derived_class():
+    from harness.plan.describe import field_docs
+    from modules.attention import attention_entry
+
+    docs = field_docs(attention_entry("entmax").cls.Config)
+    assert docs["alpha"].startswith("Tsallis α in (1, 2]")
+    assert "learn_alpha" in docs and "alpha" not in field_docs(attention_entry("softmax").cls.Config)
+
+
+def test_describe_an_unknown_name_suggests_tasks_and_variants(capsys):
+    assert main(["describe", "bam-weibul"]) == 2
+    assert "Did you mean 'bam-weibull'?" in capsys.readouterr().err
+    assert main(["describe", "coraa"]) == 2
+    assert "Did you mean 'cora'?" in capsys.readouterr().err
