@@ -190,27 +190,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_list(args) -> int:
+    print_list(args.what)
+    if not args.plugin:
+        from harness.plan import catalogue
+
+        catalogue.refresh()
+    return 0
+
+
+def print_list(what: str) -> None:
     from harness.plan.suite import list_suites, load_suite
     from modules.attention import attention_entry, list_attentions
     from modules.tasks import get_task, list_tasks
 
-    if args.what in ("variants", "all"):
+    if what in ("variants", "all"):
         print("variants:")
         for name in list_attentions():
             entry = attention_entry(name)
             preset = ", ".join(f"{k}={v}" for k, v in entry.preset.items())
             print(f"  {name:<16} {entry.summary}{f' [{preset}]' if preset else ''}")
-    if args.what in ("tasks", "all"):
+    if what in ("tasks", "all"):
         print("tasks:")
         for name in list_tasks():
             task = get_task(name)
             print(f"  {name:<16} metrics: {', '.join(m.name for m in task.metrics)}")
-    if args.what in ("suites", "all"):
+    if what in ("suites", "all"):
         print("suites:")
         for name in list_suites():
             suite = load_suite(name)
             print(f"  {name:<16} {len(suite.tasks)} tasks x {len(suite.variants)} variants x {len(suite.seeds)} seeds")
-    return 0
 
 
 @contextlib.contextmanager
@@ -226,9 +234,12 @@ def _values_from_flags():
 
 
 def cmd_describe(args) -> int:
+    from harness.plan import catalogue
     from harness.plan.describe import describe
 
     print(describe(args.name))
+    if not args.plugin:
+        catalogue.refresh()
     return 0
 
 
@@ -238,6 +249,10 @@ def _plan_command_line_runs(args, jobs: list[tuple[str, Any, int, dict]], extra:
 
     with _values_from_flags():
         the_plan = plan_runs(jobs, args.data_root, extra, precision=args.precision)
+    if not args.plugin:
+        from harness.plan import catalogue
+
+        catalogue.refresh()
     the_plan.require_data()
     return the_plan
 
@@ -462,12 +477,57 @@ def check_counts(args) -> str | None:
     return None
 
 
+def answer_from_catalogue(args) -> int | None:
+    """`list`, `describe` and a mistyped name or --set value of `run`/`tune`, answered from the cached
+    catalogue (harness/plan/catalogue.py) without importing torch; None: the command goes the full way."""
+    if getattr(args, "suite", None) and args.command in ("bench", "leaderboard", "scaling", "tune"):
+        from harness.plan.suite import SuiteError, suite_path
+
+        try:
+            suite_path(args.suite)
+        except SuiteError as exc:
+            print(f"attnbench: error: {exc}", file=sys.stderr)
+            return 2
+    if getattr(args, "plugin", None) or args.command not in ("list", "describe", "run", "tune"):
+        return None
+    from harness.plan import catalogue
+
+    known = catalogue.load()
+    if known is None:
+        return None
+    if args.command == "list":
+        print("".join(known["list"][what] for what in (("variants", "tasks", "suites") if args.what == "all" else (args.what,))), end="")
+        return 0
+    if args.command == "describe":
+        if args.name in known["describe"]:
+            print(known["describe"][args.name])
+            return 0
+        from harness.plan.describe import unknown_task_or_variant
+
+        print(f"attnbench: error: {unknown_task_or_variant(args.name, [*known['tasks'], *known['variants']])}", file=sys.stderr)
+        return 2
+    if args.task is None or args.variant is None:
+        return None
+    try:
+        params, attention = parse_sets(args.set)
+    except ValueError:
+        return None  # the full path words it
+    problem = catalogue.check_run(known, args.task, args.variant, params, attention)
+    if problem:
+        print(f"attnbench: error: {problem}", file=sys.stderr)
+        return 2
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     problem = check_counts(args)
     if problem:
         print(f"attnbench: error: {problem}", file=sys.stderr)
         return 2
+    answered = answer_from_catalogue(args)
+    if answered is not None:
+        return answered
     # After parsing: `--help` and a usage error need none of this. SuiteError and LauncherError are ValueErrors.
     from datamodules.paths import MissingDataError
     from modules.registry import DuplicateNameError, PluginError, UnknownNameError, load_plugin_file

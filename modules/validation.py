@@ -90,9 +90,13 @@ def validate_fields(cls: type, values: Mapping[str, Any], owner: str, noun: str 
 
     A value that already has a valid type is returned as given (an int for a float field stays an int), so
     that the run keys of existing records, which hash these values, do not change."""
+    return validate_values(field_annotations(cls), values, owner, noun)
+
+
+def validate_values(annotations: Mapping[str, Any], values: Mapping[str, Any], owner: str, noun: str = "key") -> dict[str, Any]:
+    """validate_fields against field name -> annotation (the CLI's catalogue has them without the classes)."""
     import pydantic
 
-    annotations = field_annotations(cls)
     checked = {}
     for key, value in values.items():
         if key not in annotations:

@@ -110,12 +110,16 @@ def describe(name: str) -> str:
     elif name in variants:
         title, rows = describe_variant(name)
     else:
-        import difflib
-
-        close = difflib.get_close_matches(name, tasks + variants, n=3, cutoff=0.5)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise UnknownNameError(f"unknown task or variant {name!r}.{hint} (`attnbench list` shows them.)")
+        raise UnknownNameError(unknown_task_or_variant(name, tasks + variants))
     return format_parameters(title, rows)
+
+
+def unknown_task_or_variant(name: str, known: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return f"unknown task or variant {name!r}.{hint} (`attnbench list` shows them.)"
 
 
 def format_parameters(title: str, rows: list[ParameterInfo]) -> str:

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
-from modules.attention import list_attentions
 from modules.registry import UnknownNameError
-from modules.tasks import get_task
 
-from harness.plan.spec import ResolvedAttention, resolve_attention
+if TYPE_CHECKING:
+    from harness.plan.spec import ResolvedAttention
+
+# The registries (modules.attention, modules.tasks, harness.plan.spec) import torch: they are imported in
+# load_suite, so that `suite_path` answers a mistyped suite name at once (`attnbench bench --suite quik`).
 
 BUILTIN_SUITES = Path(__file__).parents[1] / "suites"
 TOP_LEVEL_KEYS = {"name", "description", "tasks", "variants", "exclude_variants", "seeds", "params"}
@@ -84,6 +86,10 @@ def suite_path(name_or_path: str) -> Path:
 
 
 def load_suite(name_or_path: str) -> Suite:
+    from modules.attention import list_attentions
+
+    from harness.plan.spec import resolve_attention
+
     path = suite_path(name_or_path)
     where = f"suite file {path}"
     try:
@@ -117,6 +123,8 @@ def load_suite(name_or_path: str) -> Suite:
     params = data.get("params") or {}
     if not isinstance(params, dict):
         raise SuiteError(f"{where}: params must be a mapping of task parameter -> value")
+    from modules.tasks import get_task
+
     for task in tasks:
         try:
             get_task(task.name).params({**params, **task.params})
@@ -153,6 +161,8 @@ def _task_entry(item: Any, where: str) -> TaskEntry:
     unknown = set(item) - {"name", "params", "optional"}
     if unknown:
         raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; a task entry has name, params, optional")
+    from modules.tasks import get_task
+
     try:
         task = get_task(item["name"])
         task.params({**(item.get("params") or {})})
@@ -168,6 +178,8 @@ def _variant_entry(item: Any, where: str) -> VariantEntry:
         item = {"name": item}
     if not isinstance(item, dict) or "name" not in item:
         raise SuiteError(f"{where} must be a variant name or a mapping with 'name' (plus 'label' and config fields)")
+    from harness.plan.spec import resolve_attention
+
     item = dict(item)
     name, label = item.pop("name"), str(item.pop("label", "") or "")
     try:

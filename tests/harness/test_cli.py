@@ -194,3 +194,37 @@ def test_describe_an_unknown_name_suggests_tasks_and_variants(capsys):
     assert "Did you mean 'bam-weibull'?" in capsys.readouterr().err
     assert main(["describe", "coraa"]) == 2
     assert "Did you mean 'cora'?" in capsys.readouterr().err
+
+
+def test_the_cached_catalogue_answers_as_the_full_path_does(capsys, tmp_path, monkeypatch):
+    from harness.plan import catalogue
+
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path / "cache"))
+    commands = [["list"], ["list", "variants"], ["describe", "bam-lognormal"], ["describe", "glue-rte"], ["describe", "bam-lognorm"],
+                ["run", "cora", "softmx"], ["run", "cora", "softmax", "--set", "max_epochs=abc"],
+                ["run", "cora", "gmm", "--set", "attention.beta=-1"], ["tune", "cora", "softmax", "--set", "patience=x"]]
+    full = []
+    for argv in commands:
+        if catalogue.cache_file().exists():
+            catalogue.cache_file().unlink()
+        code = main([*argv, *(["--runs-dir", str(tmp_path / "runs")] if argv[0] in ("run", "tune") else [])])
+        full.append((code, capsys.readouterr()))
+    catalogue.refresh()
+    assert catalogue.load() is not None
+
+    def full_path(*args, **kwargs):
+        raise AssertionError("the cached catalogue should have answered")
+
+    import harness.cli
+    import harness.plan.describe
+    import harness.plan.planner
+
+    monkeypatch.setattr(harness.cli, "print_list", full_path)
+    monkeypatch.setattr(harness.plan.describe, "describe", full_path)
+    monkeypatch.setattr(harness.plan.planner, "plan_runs", full_path)
+    monkeypatch.setattr(harness.cli, "_plan_command_line_runs", full_path)
+    for argv, (code, captured) in zip(commands, full):
+        assert main([*argv, *(["--runs-dir", str(tmp_path / "runs")] if argv[0] in ("run", "tune") else [])]) == code, argv
+        fast = capsys.readouterr()
+        assert (fast.out, fast.err) == (captured.out, captured.err), argv
+    assert not (tmp_path / "runs").exists()
