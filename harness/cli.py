@@ -190,35 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_list(args) -> int:
+    from harness.plan.describe import print_list
+
     print_list(args.what)
     if not args.plugin:
         from harness.plan import catalogue
 
         catalogue.refresh()
     return 0
-
-
-def print_list(what: str) -> None:
-    from harness.plan.suite import list_suites, load_suite
-    from modules.attention import attention_entry, list_attentions
-    from modules.tasks import get_task, list_tasks
-
-    if what in ("variants", "all"):
-        print("variants:")
-        for name in list_attentions():
-            entry = attention_entry(name)
-            preset = ", ".join(f"{k}={v}" for k, v in entry.preset.items())
-            print(f"  {name:<16} {entry.summary}{f' [{preset}]' if preset else ''}")
-    if what in ("tasks", "all"):
-        print("tasks:")
-        for name in list_tasks():
-            task = get_task(name)
-            print(f"  {name:<16} metrics: {', '.join(m.name for m in task.metrics)}")
-    if what in ("suites", "all"):
-        print("suites:")
-        for name in list_suites():
-            suite = load_suite(name)
-            print(f"  {name:<16} {len(suite.tasks)} tasks x {len(suite.variants)} variants x {len(suite.seeds)} seeds")
 
 
 @contextlib.contextmanager
@@ -329,7 +308,7 @@ def cmd_bench(args) -> int:
 
 def _print_bench_plan(args) -> int:
     from harness.plan.planner import plan
-    from harness.plan.preview import format_table, preview_runs, read_records, this_device
+    from harness.report.preview import format_table, preview_runs, read_records, this_device
     from harness.plan.suite import load_suite
     from harness.results.store import runs_dir
 
@@ -345,7 +324,7 @@ def _print_bench_plan(args) -> int:
 
 def _print_tune_plan(args, jobs) -> int:
     """One row per study: its finished trials of --trials, read from the storage only where it exists."""
-    from harness.plan.preview import PreviewRow, format_table
+    from harness.report.preview import PreviewRow, format_table
     from harness.studies.tune import TUNE_SEED
 
     rows = []

@@ -80,17 +80,16 @@ def evaluate(annotation_source: str) -> Any:
 
 def build() -> dict[str, Any]:
     """Import the registries and write down what the fast paths need."""
-    from harness.plan.describe import describe
     from modules.attention import attention_entry, list_attentions
     from modules.tasks import get_task, list_tasks
 
-    from harness import cli
+    from harness.plan.describe import describe, print_list
 
     listed = {}
     for what in ("variants", "tasks", "suites"):
         out = io.StringIO()
         with redirect_stdout(out):
-            cli.print_list(what)
+            print_list(what)
         listed[what] = out.getvalue()
     tasks, variants = list_tasks(), list_attentions()
     return {

@@ -137,3 +137,27 @@ def format_parameters(title: str, rows: list[ParameterInfo]) -> str:
         for text in textwrap.wrap(row.doc, 100):
             lines.append(f"  {'':<{width}}    {text}")
     return "\n".join(lines)
+
+
+def print_list(what: str) -> None:
+    """`attnbench list`: variants with their summaries and presets, tasks with their metrics, suites with their sizes."""
+    from harness.plan.suite import list_suites, load_suite
+    from modules.attention import attention_entry, list_attentions
+    from modules.tasks import get_task, list_tasks
+
+    if what in ("variants", "all"):
+        print("variants:")
+        for name in list_attentions():
+            entry = attention_entry(name)
+            preset = ", ".join(f"{k}={v}" for k, v in entry.preset.items())
+            print(f"  {name:<16} {entry.summary}{f' [{preset}]' if preset else ''}")
+    if what in ("tasks", "all"):
+        print("tasks:")
+        for name in list_tasks():
+            task = get_task(name)
+            print(f"  {name:<16} metrics: {', '.join(m.name for m in task.metrics)}")
+    if what in ("suites", "all"):
+        print("suites:")
+        for name in list_suites():
+            suite = load_suite(name)
+            print(f"  {name:<16} {len(suite.tasks)} tasks x {len(suite.variants)} variants x {len(suite.seeds)} seeds")

@@ -96,7 +96,7 @@ def test_bench_dry_run_prints_every_planned_run_and_writes_nothing(shared_data, 
 
 def test_dry_run_reads_finished_failed_and_estimates_from_records_on_this_device(shared_data, capsys, tmp_path):
     from harness.plan.planner import plan
-    from harness.plan.preview import this_device
+    from harness.report.preview import this_device
     from harness.plan.suite import load_suite
     from harness.results.record import Record
     from harness.results.store import RecordStore
@@ -219,7 +219,7 @@ def test_the_cached_catalogue_answers_as_the_full_path_does(capsys, tmp_path, mo
     import harness.plan.describe
     import harness.plan.planner
 
-    monkeypatch.setattr(harness.cli, "print_list", full_path)
+    monkeypatch.setattr(harness.plan.describe, "print_list", full_path)
     monkeypatch.setattr(harness.plan.describe, "describe", full_path)
     monkeypatch.setattr(harness.plan.planner, "plan_runs", full_path)
     monkeypatch.setattr(harness.cli, "_plan_command_line_runs", full_path)
