@@ -62,11 +62,12 @@ def run_suite(
     tuned_params_dir: str | Path | None = None,
     launcher: str = "workers",
     submitit_options: SubmititOptions | None = None,
+    precision: str = "32",
 ) -> dict[str, int]:
     """launcher "workers": processes on this machine; "slurm"/"local": a submitit job array (needs
     `submitit_options`, see harness/run/job_array.py). Planning and the data check are the same for all."""
     suite = load_suite(suite_name)
-    the_plan = plan(suite, data_root, variant_filter, tuned_dir=tuned_params_dir)
+    the_plan = plan(suite, data_root, variant_filter, tuned_dir=tuned_params_dir, precision=precision)
     for pair in the_plan.untuned:
         log(f"attnbench: {pair} has no tuned parameters in {tuned_params_dir} (run `attnbench tune`); only its default row runs")
     for task_name, why in the_plan.skipped_tasks.items():

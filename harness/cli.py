@@ -6,6 +6,7 @@ mistyped flag answer at once."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -15,18 +16,17 @@ import yaml
 
 
 def parse_sets(pairs: Sequence[str]) -> tuple[dict, dict]:
-    """--set key=value (task parameter) or attention.key=value (variant config); values parse as YAML."""
+    """--set key=value (task parameter) or attention.key=value (variant config); values parse as YAML, and
+    planning checks them against the fields' types (so "5e-5", a string to YAML 1.1, becomes a float there)."""
     params, attention = {}, {}
     for pair in pairs:
         if "=" not in pair:
             raise ValueError(f"--set {pair!r}: write key=value, e.g. --set max_epochs=200 or --set attention.alpha=0.5")
         key, raw = pair.split("=", 1)
-        value = yaml.safe_load(raw)
-        if isinstance(value, str):
-            try:
-                value = float(value)  # YAML 1.1 reads exponents without a dot (5e-5) as strings
-            except ValueError:
-                pass
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
         if key.startswith("attention."):
             attention[key.removeprefix("attention.")] = value
         else:
@@ -63,6 +63,14 @@ def add_launcher_arguments(parser) -> None:
     parser.add_argument("--slurm-account", default=None)
 
 
+def _precision(parser: argparse.ArgumentParser) -> None:
+    from harness.plan import PRECISIONS
+
+    parser.add_argument("--precision", choices=PRECISIONS, default="32",
+                        help="Lightning Trainer precision (default: 32); part of the run key and of the hardware group, "
+                             "so runs in different precisions are never ranked together")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help="import a plugin file that registers variants or tasks (repeatable)")
     parser.add_argument("--data-root", default=None, help="local data folder (default: $ATTNBENCH_DATA; none = download when online)")
@@ -70,12 +78,43 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default=None, help="where processed data is cached (default: $ATTNBENCH_CACHE or the user cache dir)")
 
 
+class VersionAction(argparse.Action):
+    """--version: attnbench, torch and Lightning from the installed metadata (no import), and the commit."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the versions and the git commit, and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    import importlib.metadata
+
+    def installed(package: str) -> str:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    from harness.run.runner import git_commit
+
+    return (f"attnbench {installed('attnbench')} (commit {git_commit()}), torch {installed('torch')}, "
+            f"lightning {installed('lightning')}, python {sys.version.split()[0]}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnbench", description="Benchmark attention variants on the same tasks, seeds and budgets.")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="list variants, tasks and suites")
     p.add_argument("what", nargs="?", choices=["variants", "tasks", "suites", "all"], default="all")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py")
+
+    p = sub.add_parser("describe", help="every parameter of a task or variant: type, range, default (per host) and source")
+    p.add_argument("name", help="a task or variant name (see `attnbench list`)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE.py")
 
     p = sub.add_parser("run", help="run one task with one variant and seed, and record it")
@@ -84,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter, or attention.KEY=VALUE for the variant")
     p.add_argument("--force", action="store_true", help="run again even if a record for this exact run exists")
+    _precision(p)
     _data_parallel(p)
     _common(p)
 
@@ -98,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", choices=["default", "tuned"], default="default",
                    help="tuned: also run each variant with its tuned parameters (from --params-dir), as its own row")
     p.add_argument("--params-dir", default="leaderboards/params")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (every run, finished/failed/pending, estimated time) and exit; writes nothing")
+    _precision(p)
     add_launcher_arguments(p)
     _common(p)
 
@@ -112,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-optimizer", action="store_true", help="also tune the task's lr and weight_decay")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter held fixed while tuning")
     p.add_argument("--params-dir", default="leaderboards/params", help="where the best parameters are written")
+    p.add_argument("--dry-run", action="store_true", help="print the studies (finished trials of --trials, estimated time) and exit; writes nothing")
+    _precision(p)
     _data_parallel(p)
     _common(p)
 
@@ -146,26 +190,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_list(args) -> int:
-    from harness.plan.suite import list_suites, load_suite
-    from modules.attention import attention_entry, list_attentions
-    from modules.tasks import get_task, list_tasks
+    from harness.plan.describe import print_list
 
-    if args.what in ("variants", "all"):
-        print("variants:")
-        for name in list_attentions():
-            entry = attention_entry(name)
-            preset = ", ".join(f"{k}={v}" for k, v in entry.preset.items())
-            print(f"  {name:<16} {entry.summary}{f' [{preset}]' if preset else ''}")
-    if args.what in ("tasks", "all"):
-        print("tasks:")
-        for name in list_tasks():
-            task = get_task(name)
-            print(f"  {name:<16} metrics: {', '.join(m.name for m in task.metrics)}")
-    if args.what in ("suites", "all"):
-        print("suites:")
-        for name in list_suites():
-            suite = load_suite(name)
-            print(f"  {name:<16} {len(suite.tasks)} tasks x {len(suite.variants)} variants x {len(suite.seeds)} seeds")
+    print_list(args.what)
+    if not args.plugin:
+        from harness.plan import catalogue
+
+        catalogue.refresh()
+    return 0
+
+
+@contextlib.contextmanager
+def _values_from_flags():
+    """A ConfigError raised while planning `run`/`tune` is about a --set value: say so in its message."""
+    from modules.validation import ConfigError
+
+    try:
+        yield
+    except ConfigError as exc:
+        prefix = "attention." if exc.owner.startswith("attention") else ""
+        raise exc.at(f"from --set {prefix}{exc.key}") from None
+
+
+def cmd_describe(args) -> int:
+    from harness.plan import catalogue
+    from harness.plan.describe import describe
+
+    print(describe(args.name))
+    if not args.plugin:
+        catalogue.refresh()
     return 0
 
 
@@ -173,7 +226,12 @@ def _plan_command_line_runs(args, jobs: list[tuple[str, Any, int, dict]], extra:
     """`run` and `tune` plan like `bench` does: names resolved and each task's data checked, once."""
     from harness.plan.planner import plan_runs
 
-    the_plan = plan_runs(jobs, args.data_root, extra)
+    with _values_from_flags():
+        the_plan = plan_runs(jobs, args.data_root, extra, precision=args.precision)
+    if not args.plugin:
+        from harness.plan import catalogue
+
+        catalogue.refresh()
     the_plan.require_data()
     return the_plan
 
@@ -228,6 +286,8 @@ def cmd_bench(args) -> int:
         args.workers = default_workers()
     if args.workers < 1:
         raise ValueError("--workers/--devices must be at least 1")
+    if args.dry_run:
+        return _print_bench_plan(args)
     run_suite(
         args.suite,
         workers=args.workers,
@@ -241,8 +301,71 @@ def cmd_bench(args) -> int:
         tuned_params_dir=args.params_dir if args.params == "tuned" else None,
         launcher=args.launcher,
         submitit_options=options_from_args(args),
+        precision=args.precision,
     )
     return 0
+
+
+def _print_bench_plan(args) -> int:
+    from harness.plan.planner import plan
+    from harness.report.preview import format_table, preview_runs, read_records, this_device
+    from harness.plan.suite import load_suite
+    from harness.results.store import runs_dir
+
+    the_plan = plan(load_suite(args.suite), args.data_root, args.variants,
+                    tuned_dir=args.params_dir if args.params == "tuned" else None, precision=args.precision)
+    for task_name, why in the_plan.skipped_tasks.items():
+        print(f"attnbench: skipping optional task {task_name}: {why}")
+    the_plan.require_data()
+    rows = preview_runs(the_plan.specs, read_records(runs_dir(args.runs_dir)), this_device(), args.retry_failed)
+    print(format_table(rows, args.workers))
+    return 0
+
+
+def _print_tune_plan(args, jobs) -> int:
+    """One row per study: its finished trials of --trials, read from the storage only where it exists."""
+    from harness.report.preview import PreviewRow, format_table
+    from harness.studies.tune import TUNE_SEED
+
+    rows = []
+    for task, variant, job_params in jobs:
+        name, finished, mean_trial_s = study_progress(task, variant, job_params, args.storage, args.runs_dir, args.tune_optimizer,
+                                                      args.precision)
+        remaining = max(0, args.trials - finished)
+        status = "finished" if remaining == 0 else "pending"
+        rows.append(PreviewRow(task, f"{variant} ({finished}/{args.trials} trials)", TUNE_SEED, name, status,
+                               mean_trial_s * remaining if mean_trial_s and remaining else None))
+    print(format_table(rows, noun="studies"))
+    return 0
+
+
+def study_progress(task: str, variant: str, params, storage: str | None, runs: str | None, tune_optimizer: bool,
+                   precision: str = "32"):
+    """(study name, finished trials, mean seconds per finished trial or None) without creating anything: a
+    default SQLite file that is not there yet means a study with no trials."""
+    import dataclasses
+
+    from harness.results.store import runs_dir
+    from harness.studies.tune import open_storage, study_name
+    from modules.tasks import get_task
+
+    name = study_name(task, variant, dataclasses.asdict(get_task(task).params(params)), tune_optimizer)
+    name += f"/{precision}" if precision != "32" else ""  # as tune() names it
+    if storage is None:
+        path = runs_dir(runs) / "optuna.db"
+        if not path.is_file():
+            return name, 0, None
+        storage = f"sqlite:///{path}"
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        study = optuna.load_study(study_name=name, storage=open_storage(storage))
+    except KeyError:  # no such study in the storage yet
+        return name, 0, None
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    seconds = [t.duration.total_seconds() for t in done if t.duration is not None]
+    return name, len(done), (sum(seconds) / len(seconds) if seconds else None)
 
 
 def cmd_tune(args) -> int:
@@ -265,13 +388,20 @@ def cmd_tune(args) -> int:
         _plan_command_line_runs(args, [(args.task, args.variant, TUNE_SEED, params)], {"command": "tune"})
     else:
         raise ValueError("name a TASK and a VARIANT (attnbench tune cora bam-weibull) or a --suite")
+    from modules.tasks import get_task
+
+    with _values_from_flags():
+        for task, _, job_params in jobs:
+            get_task(task).params(job_params)
+    if args.dry_run:
+        return _print_tune_plan(args, jobs)
     if args.strategy == "ddp" and args.storage and args.storage.startswith("journal:"):
         raise ValueError("pruning data-parallel trials needs an RDB storage (sqlite:///... or postgresql://...), not a journal file")
     distribution, _ = _start_processes(args)
     for task, variant, job_params in jobs:
         result = tune(task, variant, trials=args.trials, params=job_params, storage=args.storage, timeout=args.timeout,
                       tune_optimizer=args.tune_optimizer, runs=args.runs_dir, data_root=args.data_root, cache_dir=args.cache_dir,
-                      distribution=distribution)
+                      distribution=distribution, precision=args.precision)
         if result is not None:  # None: a DDP rank other than 0, which only trained what rank 0 sent
             print(f"attnbench tune: best parameters written to {export(result, args.params_dir)}")
     return 0
@@ -316,8 +446,67 @@ def cmd_probe(args) -> int:
     return 0
 
 
+def check_counts(args) -> str | None:
+    """Integer flags whose range argparse does not know; the one-line message, or None when they are fine."""
+    bounds = {"seed": 0, "seeds": 1, "trials": 1, "repeats": 1, "shards": 1, "num_nodes": 1}
+    for name, least in bounds.items():
+        value = getattr(args, name, None)
+        if value is not None and value < least:
+            return f"--{name.replace('_', '-')} {value}: expected an integer >= {least} (from the command line)"
+    return None
+
+
+def answer_from_catalogue(args) -> int | None:
+    """`list`, `describe` and a mistyped name or --set value of `run`/`tune`, answered from the cached
+    catalogue (harness/plan/catalogue.py) without importing torch; None: the command goes the full way."""
+    if getattr(args, "suite", None) and args.command in ("bench", "leaderboard", "scaling", "tune"):
+        from harness.plan.suite import SuiteError, suite_path
+
+        try:
+            suite_path(args.suite)
+        except SuiteError as exc:
+            print(f"attnbench: error: {exc}", file=sys.stderr)
+            return 2
+    if getattr(args, "plugin", None) or args.command not in ("list", "describe", "run", "tune"):
+        return None
+    from harness.plan import catalogue
+
+    known = catalogue.load()
+    if known is None:
+        return None
+    if args.command == "list":
+        print("".join(known["list"][what] for what in (("variants", "tasks", "suites") if args.what == "all" else (args.what,))), end="")
+        return 0
+    if args.command == "describe":
+        if args.name in known["describe"]:
+            print(known["describe"][args.name])
+            return 0
+        from harness.plan.describe import unknown_task_or_variant
+
+        print(f"attnbench: error: {unknown_task_or_variant(args.name, [*known['tasks'], *known['variants']])}", file=sys.stderr)
+        return 2
+    if args.task is None or args.variant is None:
+        return None
+    try:
+        params, attention = parse_sets(args.set)
+    except ValueError:
+        return None  # the full path words it
+    problem = catalogue.check_run(known, args.task, args.variant, params, attention)
+    if problem:
+        print(f"attnbench: error: {problem}", file=sys.stderr)
+        return 2
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = check_counts(args)
+    if problem:
+        print(f"attnbench: error: {problem}", file=sys.stderr)
+        return 2
+    answered = answer_from_catalogue(args)
+    if answered is not None:
+        return answered
     # After parsing: `--help` and a usage error need none of this. SuiteError and LauncherError are ValueErrors.
     from datamodules.paths import MissingDataError
     from modules.registry import DuplicateNameError, PluginError, UnknownNameError, load_plugin_file
@@ -329,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.data_root = os.path.abspath(args.data_root)
         elif hasattr(args, "data_root"):
             args.data_root = os.environ.get("ATTNBENCH_DATA") or None
-        handler = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "perf": cmd_perf,
+        handler = {"list": cmd_list, "describe": cmd_describe, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "perf": cmd_perf,
                    "probe": cmd_probe, "tune": cmd_tune,
                    "scaling": cmd_scaling}[args.command]
         return handler(args)

@@ -95,12 +95,7 @@ class Registry(Generic[T]):
         if name not in self._items:
             self._load_entry_points()
         if name not in self._items:
-            close = difflib.get_close_matches(name, self._items, n=3, cutoff=0.5)
-            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            raise UnknownNameError(
-                f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(sorted(self._items))}. "
-                f"(`attnbench list` shows them; plugins load with --plugin FILE.py.)"
-            )
+            raise UnknownNameError(unknown_name_message(self.kind, name, self._items))
         return self._items[name]
 
     def names(self, pattern: str | None = None) -> list[str]:
@@ -120,3 +115,11 @@ class Registry(Generic[T]):
 def _origin(item: object) -> str:
     target = getattr(item, "cls", item)
     return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+
+
+def unknown_name_message(kind: str, name: str, known) -> str:
+    """The one wording of an unknown name, also used by the CLI's cached catalogue (harness/plan/catalogue.py)."""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return (f"unknown {kind} {name!r}.{hint} Known: {', '.join(sorted(known))}. "
+            f"(`attnbench list` shows them; plugins load with --plugin FILE.py.)")

@@ -47,7 +47,8 @@ def _check_tasks(tasks: Mapping[str, tuple[Mapping[str, Any], bool]], data_root:
     return skipped, missing
 
 
-def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None = None, tuned_dir: str | Path | None = None) -> Plan:
+def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None = None, tuned_dir: str | Path | None = None,
+         precision: str = "32") -> Plan:
     """Every (task, variant, seed) of the suite as RunSpecs; optional tasks without data are skipped.
     With `tuned_dir`, each variant that `attnbench tune` has tuned on a task also runs with its tuned
     parameters, on the same seeds, as its own "<label> (tuned)" row."""
@@ -68,7 +69,8 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
             attention = variant.resolved or {"name": variant.name, **variant.config}
             for seed in suite.seeds:
                 try:
-                    spec = make_spec(task.name, attention, seed, params, label=variant.label, extra={"suite": suite.name})
+                    spec = make_spec(task.name, attention, seed, params, label=variant.label, extra={"suite": suite.name},
+                                     precision=precision)
                 except (ValueError, TypeError) as exc:
                     raise SuiteError(f"{where}: {exc}") from exc
                 specs.append(spec)
@@ -87,15 +89,16 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
                     {**params, **(tuned.get("params") or {})},
                     label=f"{variant.label or variant.name} (tuned)",
                     extra={"suite": suite.name, "tuning": tuned.get("tuning", {})},
+                    precision=precision,
                 ))
     return Plan(suite, specs, skipped, untuned, missing, metrics)
 
 
 def plan_runs(jobs: list[tuple[str, str | Mapping[str, Any], int, Mapping[str, Any]]], data_root: str | None,
-              extra: Mapping[str, Any] | None = None) -> Plan:
+              extra: Mapping[str, Any] | None = None, precision: str = "32") -> Plan:
     """(task, attention, seed, params) jobs from the command line (`run`, `tune`): names and defaults are
     resolved and each task's data is checked, once; a missing dataset is in `missing_data`."""
-    specs = [make_spec(task, attention, seed, params, extra=extra) for task, attention, seed, params in jobs]
+    specs = [make_spec(task, attention, seed, params, extra=extra, precision=precision) for task, attention, seed, params in jobs]
     first_params = {}
     for task, _, _, params in jobs:
         first_params.setdefault(task, (params, False))

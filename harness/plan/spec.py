@@ -10,9 +10,13 @@ from typing import Any, Mapping
 
 from modules.attention import attention_entry, resolve_config
 from modules.tasks import get_task
+from modules.validation import validate_fields
+
+from harness.plan import PRECISIONS
 
 RECORD_SCHEMA = 1
 """Bump when the meaning of a record changes; it is part of every key."""
+
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,9 @@ class RunSpec:
     """How the leaderboard names this configuration (defaults to the variant name)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Not part of the key: where the spec came from (suite name, tuned-params file, ...)."""
+    precision: str = "32"
+    """The Lightning Trainer's precision. Part of the key only when it is not "32", so that the keys of
+    records written before runs had a precision (all fp32) stay what they were."""
 
     @property
     def key(self) -> str:
@@ -44,6 +51,8 @@ class RunSpec:
             "params": dict(self.params),
             "seed": self.seed,
         }
+        if self.precision != "32":
+            identity["precision"] = self.precision
         blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -70,6 +79,13 @@ class ResolvedAttention:
 
 
 def resolve_attention(attention: str | Mapping[str, Any]) -> ResolvedAttention:
+    """Name and config checked against the Config's declared types and ranges first (ConfigError names the
+    key), then resolved by the registry."""
+    if isinstance(attention, Mapping) and "name" in attention:
+        options = {k: v for k, v in attention.items() if k != "name" and v is not None}
+        checked = validate_fields(attention_entry(attention["name"]).cls.Config, options,
+                                  owner=f"attention {attention['name']!r}", noun="option")
+        attention = {**attention, **checked}
     name, config = resolve_config(attention)
     return ResolvedAttention(name, {"name": name, **config.to_dict()}, attention_entry(name).cls.version)
 
@@ -81,8 +97,11 @@ def make_spec(
     params: Mapping[str, Any] | None = None,
     label: str = "",
     extra: Mapping[str, Any] | None = None,
+    precision: str = "32",
 ) -> RunSpec:
     """Resolve names and defaults now, so that a typo fails before anything runs."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     task_def = get_task(task)
     resolved_params = dataclasses.asdict(task_def.params(params))
     if not isinstance(attention, ResolvedAttention):
@@ -97,4 +116,5 @@ def make_spec(
         variant_version=attention.version,
         label=label or attention.name,
         extra=dict(extra or {}),
+        precision=precision,
     )

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
-from modules.attention import list_attentions
 from modules.registry import UnknownNameError
-from modules.tasks import get_task
 
-from harness.plan.spec import ResolvedAttention, resolve_attention
+if TYPE_CHECKING:
+    from harness.plan.spec import ResolvedAttention
+
+# The registries (modules.attention, modules.tasks, harness.plan.spec) import torch: they are imported in
+# load_suite, so that `suite_path` answers a mistyped suite name at once (`attnbench bench --suite quik`).
 
 BUILTIN_SUITES = Path(__file__).parents[1] / "suites"
 TOP_LEVEL_KEYS = {"name", "description", "tasks", "variants", "exclude_variants", "seeds", "params"}
@@ -84,6 +86,10 @@ def suite_path(name_or_path: str) -> Path:
 
 
 def load_suite(name_or_path: str) -> Suite:
+    from modules.attention import list_attentions
+
+    from harness.plan.spec import resolve_attention
+
     path = suite_path(name_or_path)
     where = f"suite file {path}"
     try:
@@ -110,13 +116,20 @@ def load_suite(name_or_path: str) -> Suite:
     seeds = data["seeds"]
     if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
         seeds = tuple(range(seeds))
-    elif isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+    elif isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
         seeds = tuple(seeds)
     else:
-        raise SuiteError(f"{where}: seeds must be a positive integer (a count) or a non-empty list of integers, got {seeds!r}")
+        raise SuiteError(f"{where}: seeds must be a positive integer (a count) or a non-empty list of integers >= 0, got {seeds!r}")
     params = data.get("params") or {}
     if not isinstance(params, dict):
         raise SuiteError(f"{where}: params must be a mapping of task parameter -> value")
+    from modules.tasks import get_task
+
+    for task in tasks:
+        try:
+            get_task(task.name).params({**params, **task.params})
+        except ValueError as exc:
+            raise SuiteError(f"{where}: params (for task {task.name}): {exc}") from exc
     labels = [v.label or v.name for v in variants]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
@@ -148,6 +161,8 @@ def _task_entry(item: Any, where: str) -> TaskEntry:
     unknown = set(item) - {"name", "params", "optional"}
     if unknown:
         raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; a task entry has name, params, optional")
+    from modules.tasks import get_task
+
     try:
         task = get_task(item["name"])
         task.params({**(item.get("params") or {})})
@@ -163,6 +178,8 @@ def _variant_entry(item: Any, where: str) -> VariantEntry:
         item = {"name": item}
     if not isinstance(item, dict) or "name" not in item:
         raise SuiteError(f"{where} must be a variant name or a mapping with 'name' (plus 'label' and config fields)")
+    from harness.plan.spec import resolve_attention
+
     item = dict(item)
     name, label = item.pop("name"), str(item.pop("label", "") or "")
     try:

@@ -50,10 +50,12 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def hardware(distribution: Distribution = SINGLE) -> dict[str, Any]:
+def hardware(distribution: Distribution = SINGLE, precision: str = "32") -> dict[str, Any]:
     """What a run ran on; the label groups leaderboard rows (runs on different hardware are never ranked
-    together), so a data-parallel run's label names its process count."""
+    together), so a data-parallel run's label names its process count, and a run in a precision other
+    than fp32 its precision (labels of fp32 runs stay as they were before runs had a precision)."""
     ddp = f", DDP {distribution.num_nodes} node(s)" if distribution.num_nodes > 1 else ", DDP" if distribution.is_distributed else ""
+    ddp += f", {precision}" if precision != "32" else ""
     if torch.cuda.is_available():
         count = distribution.world_size
         return {
@@ -62,6 +64,7 @@ def hardware(distribution: Distribution = SINGLE) -> dict[str, Any]:
             "device_count": count,
             "cpu": cpu_model(),
             "label": f"{count}x {torch.cuda.get_device_name(0)}{ddp}",
+            "precision": precision,
         }
     threads = torch.get_num_threads()
     per = f"{distribution.world_size} processes x {threads} thread{'s' if threads > 1 else ''}" if distribution.is_distributed \
@@ -73,6 +76,7 @@ def hardware(distribution: Distribution = SINGLE) -> dict[str, Any]:
         "cpu": cpu_model(),
         "threads": threads,
         "label": f"CPU {cpu_model()} ({per}{ddp})",
+        "precision": precision,
     }
 
 
@@ -146,7 +150,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         "started": utc_now(),
         "commit": commit or git_commit(),
         "versions": versions(),
-        "hardware": hardware(distribution),
+        "hardware": hardware(distribution, spec.precision),
         "distributed": distribution.describe() if distribution.is_distributed else None,
     }
     timer = EpochTimer()
@@ -161,7 +165,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
             distributed.leave()
             if not is_rank_zero:
                 return None
-            trainer = L.Trainer(accelerator="auto", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            trainer = L.Trainer(accelerator="auto", devices=1, precision=spec.precision, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                                 enable_model_summary=False)
         tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
         metrics = {}
@@ -207,6 +211,7 @@ def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callba
     trainer = L.Trainer(
         max_epochs=params.max_epochs,
         accelerator="auto",
+        precision=spec.precision,
         **distribution.trainer_kwargs(),
         logger=False,
         enable_checkpointing=False,

@@ -125,7 +125,8 @@ def _suggest_task_knobs(trial, base: Mapping[str, Any]) -> dict[str, Any]:
 
 def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | None = None, storage: str | None = None,
          timeout: float | None = None, tune_optimizer: bool = False, runs: str | None = None, data_root: str | None = None,
-         cache_dir: str | None = None, sampler_seed: int = 0, distribution: Distribution = SINGLE, log=print) -> TuneResult | None:
+         cache_dir: str | None = None, sampler_seed: int = 0, distribution: Distribution = SINGLE, log=print,
+         precision: str = "32") -> TuneResult | None:
     """Bring the (task, variant) study to `trials` finished trials and return its best configuration
     (on DDP ranks other than 0, which only train what rank 0 sends, None)."""
     if distribution.is_distributed and distributed.global_rank() != 0:
@@ -140,6 +141,8 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
     resolved = dataclasses.asdict(task_def.params(params))
     resolve_config(variant)  # an unknown variant fails here, with the closest names
     name = study_name(task, variant, resolved, tune_optimizer)
+    if precision != "32":  # its own study; fp32 studies keep the names they had before runs had a precision
+        name += f"/{precision}"
     direction = "maximize" if task_def.monitor.higher_is_better else "minimize"
     study = optuna.create_study(
         study_name=name,
@@ -165,7 +168,8 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
         else:
             config = attention_entry(variant).cls.Config.suggest(trial)
             overrides = {**resolved, **(_suggest_task_knobs(trial, resolved) if tune_optimizer else {})}
-        spec = make_spec(task, {"name": variant, **config}, TUNE_SEED, overrides, extra={"command": "tune", "study": name})
+        spec = make_spec(task, {"name": variant, **config}, TUNE_SEED, overrides, extra={"command": "tune", "study": name},
+                         precision=precision)
         distributed.broadcast(spec.to_dict())
         value, metrics = fit_for_validation(spec, trial=trial, data_root=data_root, cache_dir=cache_dir, distribution=distribution)
         trial.set_user_attr(VALIDATION_ATTR, metrics)

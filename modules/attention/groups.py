@@ -454,11 +454,13 @@ class SegmentGroups(Groups):
         """A CSR sparse-dense product sums [E, w] into nodes 2-8x faster than index_add_ on CPU for w <= 64
         (Cora, one thread: 0.15 vs 0.41 ms at w = 8, 0.29 vs 0.65 ms at w = 64) but slower for wider rows
         (14 vs 8 ms at w = 512, fenchel-exact's d x d moments), and its backward is slower than index_add_'s:
-        used without autograd (solver loops, diagnostics), in the dtypes CSR products support everywhere."""
+        used without autograd (solver loops, diagnostics), in the dtypes CSR products support everywhere, and
+        not under autocast (--precision bf16-mixed), which would cast the product to a dtype CSR lacks on CPU."""
         width = x[0].numel() if x.shape[0] else 0
         return (
             not (torch.is_grad_enabled() and x.requires_grad)
             and x.dtype in (torch.float32, torch.float64)
+            and not torch.is_autocast_enabled(x.device.type)
             and 0 < width <= 64
         )
 

@@ -61,6 +61,11 @@ class GATLayer(nn.Module):
             nn.init.xavier_uniform_(p)
 
     def forward(self, x: Tensor, groups: SegmentGroups, trace: Trace | None = None) -> Tensor:
+        if x.is_sparse and torch.is_autocast_enabled(x.device.type):
+            # Under mixed precision (--precision bf16-mixed/16-mixed) the sparse product's backward mixes the
+            # fp32 sparse features with a half-precision gradient, which torch's sparse kernels refuse (CPU:
+            # "expected scalar type Float but found BFloat16"); the dense features cost Cora 15 MB.
+            x = x.to_dense()
         h = torch.sparse.mm(x, self.weight) if x.is_sparse else x @ self.weight
         h = h.view(-1, self.heads, self.out_dim)
         # GAT's score halves a_dst·h_i and a_src·h_j are coordinate sums of these query and key

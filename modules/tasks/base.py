@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Annotated, Any, ClassVar, Mapping
 
 import lightning as L
+from annotated_types import Ge
+
+from ..validation import validate_fields
 
 from ..registry import Registry
 
@@ -24,8 +27,8 @@ class Metric:
 class TrainParams:
     """Knobs every task has; tasks subclass this with their own (frozen) fields and paper defaults."""
 
-    max_epochs: int = 1000
-    patience: int = 100
+    max_epochs: Annotated[int, Ge(1)] = 1000
+    patience: Annotated[int, Ge(0)] = 100
     """Early stopping on the monitored validation metric; the best epoch's weights are restored."""
 
 
@@ -58,11 +61,10 @@ class Task:
         return self.metrics[0]
 
     def params(self, overrides: Mapping[str, Any] | None = None) -> TrainParams:
+        """The task's Params with `overrides` checked against the fields' declared types and ranges
+        (modules/validation.py): a bad value raises ConfigError before anything is built."""
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-        known = {f.name for f in dataclasses.fields(self.Params)}
-        unknown = set(overrides) - known
-        if unknown:
-            raise ValueError(f"task {self.name!r} has no parameter(s) {sorted(unknown)}; its parameters are {sorted(known)}")
+        overrides = validate_fields(self.Params, overrides, owner=f"task {self.name!r}", noun="parameter")
         return self.Params(**{**self.preset, **overrides})
 
     def data_problem(self, data_root: str | None, params: TrainParams | None = None) -> str | None:

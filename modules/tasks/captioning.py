@@ -12,6 +12,9 @@ thread); on the full Karpathy split, raise width, depth and epochs and use `imag
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from annotated_types import Ge, Gt, Interval
 
 from datamodules import coco
 from datamodules.image_features import WEIGHTS, ImageEncoderSpec
@@ -27,38 +30,38 @@ class CaptionParams(TrainParams):
     """timm model giving the frozen image grid (resnet18 at 224 px: 7x7 cells of 512 channels)."""
     image_weights: str = "random"
     """"random" (fixed seed, offline) or "pretrained" (timm's ImageNet weights; needs them downloaded)."""
-    image_size: int = 224
-    width: int = 128
-    heads: int = 4
-    depth: int = 2
+    image_size: Annotated[int, Ge(1)] = 224
+    width: Annotated[int, Ge(1)] = 128
+    heads: Annotated[int, Ge(1)] = 4
+    depth: Annotated[int, Ge(1)] = 2
     """Decoder layers."""
-    encoder_depth: int = 0
+    encoder_depth: Annotated[int, Ge(0)] = 0
     """Self-attention layers over the image grid before the decoder (0 = the projected features directly)."""
-    dropout: float = 0.1
-    max_caption_words: int = 16
+    dropout: Annotated[float, Interval(ge=0, lt=1)] = 0.1
+    max_caption_words: Annotated[int, Ge(1)] = 16
     """Training captions are cut to this many words (Karpathy's preprocessing), and decoding stops after it."""
-    min_word_count: int = 2
+    min_word_count: Annotated[int, Ge(1)] = 2
     """Training-caption words seen fewer times become <unk> (5 on the full COCO training set is usual)."""
-    max_vocab_size: int | None = None
-    batch_size: int = 32
-    lr: float = 5e-4
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    label_smoothing: float = 0.1
-    beam_size: int = 3
+    max_vocab_size: Annotated[int | None, Ge(1)] = None
+    batch_size: Annotated[int, Ge(1)] = 32
+    lr: Annotated[float, Gt(0)] = 5e-4
+    weight_decay: Annotated[float, Ge(0)] = 0.01
+    warmup_ratio: Annotated[float, Interval(ge=0, le=1)] = 0.1
+    label_smoothing: Annotated[float, Interval(ge=0, lt=1)] = 0.1
+    beam_size: Annotated[int, Ge(1)] = 3
     """Beam width of the test captions; 1 = greedy."""
-    length_penalty: float = 0.0
+    length_penalty: Annotated[float, Ge(0)] = 0.0
     """Beam scores are log p / length**length_penalty (0 = plain log-probability)."""
     meteor: bool = True
     """Also log test/meteor when Java is available (its JVM start adds about 10 s to the test)."""
     karpathy_split: str | None = None
     """Path of Karpathy's dataset_coco.json (relative paths are tried under the data root first); None = a
     fixed random split of the images (SPLIT_SEED in datamodules/coco.py) with the two fractions below."""
-    val_fraction: float = 0.1
-    test_fraction: float = 0.1
-    max_epochs: int = 15
-    patience: int = 5
-    kernel_lr_scale: float | None = None
+    val_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.1
+    test_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.1
+    max_epochs: Annotated[int, Ge(1)] = 15
+    patience: Annotated[int, Ge(0)] = 5
+    kernel_lr_scale: Annotated[float | None, Gt(0)] = None
     """Learning-rate multiplier of the attention kernels' own parameter group; None = KERNEL_LR / lr, i.e.
     the kernels train at 1e-2 whatever the host's rate (modules/lit/optimization.py says why)."""
 

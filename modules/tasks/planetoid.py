@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from annotated_types import Ge, Gt, Interval
 
 from datamodules.planetoid import PlanetoidDataModule, data_available
 
@@ -14,16 +17,16 @@ from .base import Metric, Task, TrainParams, register_task, resolve_kernel_lr_sc
 @dataclass(frozen=True)
 class GATParams(TrainParams):
     dataset: str = "cora"
-    hidden: int = 8
-    heads: int = 8
-    out_heads: int = 1
-    dropout: float = 0.6
-    attn_dropout: float = 0.6
-    lr: float = 0.005
-    weight_decay: float = 5e-4
-    max_epochs: int = 1000
-    patience: int = 100
-    kernel_lr_scale: float | None = None
+    hidden: Annotated[int, Ge(1)] = 8
+    heads: Annotated[int, Ge(1)] = 8
+    out_heads: Annotated[int, Ge(1)] = 1
+    dropout: Annotated[float, Interval(ge=0, lt=1)] = 0.6
+    attn_dropout: Annotated[float, Interval(ge=0, lt=1)] = 0.6
+    lr: Annotated[float, Gt(0)] = 0.005
+    weight_decay: Annotated[float, Ge(0)] = 5e-4
+    max_epochs: Annotated[int, Ge(1)] = 1000
+    patience: Annotated[int, Ge(0)] = 100
+    kernel_lr_scale: Annotated[float | None, Gt(0)] = None
     """Learning-rate multiplier of the attention kernels' own parameter group; None = KERNEL_LR / lr, i.e.
     the kernels train at 1e-2 whatever the host's rate (modules/lit/optimization.py says why)."""
 

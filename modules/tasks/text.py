@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
+
+from annotated_types import Ge, Gt, Interval
 
 from datamodules import glue, reviews
 from datamodules.text import TextDataModule, TextSplits, holdout, subsample
@@ -33,28 +35,28 @@ within seed noise (over seeds 0-3 the first two tie at 61.7% and 61.9%); README,
 @dataclass(frozen=True)
 class TextParams(TrainParams):
     backbone: str = "scratch"
-    depth: int = 2
-    width: int = 128
-    heads: int = 4
+    depth: Annotated[int, Ge(1)] = 2
+    width: Annotated[int, Ge(1)] = 128
+    heads: Annotated[int, Ge(1)] = 4
     """depth, width and heads size the from-scratch encoder; the pretrained backbone has its own (6, 384, 12)."""
-    max_length: int = 256
+    max_length: Annotated[int, Ge(1)] = 256
     """Tokens per example after truncation: 256 keeps every RTE pair whole (12% exceed 128 tokens)."""
-    batch_size: int = 32
-    lr: float | None = None
+    batch_size: Annotated[int, Ge(1)] = 32
+    lr: Annotated[float | None, Gt(0)] = None
     """None = the backbone's default (DEFAULT_LR)."""
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    dropout: float = 0.1
-    max_train_examples: int | None = None
+    weight_decay: Annotated[float, Ge(0)] = 0.01
+    warmup_ratio: Annotated[float, Interval(ge=0, le=1)] = 0.1
+    dropout: Annotated[float, Interval(ge=0, lt=1)] = 0.1
+    max_train_examples: Annotated[int | None, Ge(1)] = None
     """Train on a fixed random subset of this size (None = all), for budgets that fit a CPU."""
-    val_fraction: float = 0.1
-    max_val_examples: int = 1000
-    mc_samples: int = 1
+    val_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.1
+    max_val_examples: Annotated[int, Ge(1)] = 1000
+    mc_samples: Annotated[int, Ge(1)] = 1
     """Predictions averaged at evaluation for stochastic variants (BAM); 1 = one deterministic pass."""
-    max_epochs: int | None = None
+    max_epochs: Annotated[int | None, Ge(1)] = None
     """None = the backbone's default (DEFAULT_EPOCHS)."""
-    patience: int = 3
-    kernel_lr_scale: float | None = None
+    patience: Annotated[int, Ge(0)] = 3
+    kernel_lr_scale: Annotated[float | None, Gt(0)] = None
     """Learning-rate multiplier of the attention kernels' own parameter group; None = KERNEL_LR / lr, i.e.
     the kernels train at 1e-2 whatever the host's rate (modules/lit/optimization.py says why)."""
 

@@ -8,6 +8,9 @@ on a validation split, the test split is reported; see datamodules/vqa.py for th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from annotated_types import Ge, Gt, Interval
 
 from datamodules.image_features import ImageEncoderSpec
 from datamodules.vqa import (
@@ -36,37 +39,37 @@ class VQAParams(TrainParams):
     """timm model of the frozen image encoder."""
     image_weights: str = "random"
     """random (fixed seed, offline) or pretrained (timm's ImageNet weights)."""
-    image_size: int = 224
+    image_size: Annotated[int, Ge(1)] = 224
     stage: int = -1
     """Encoder stage whose grid is the image tokens (-1 = the last, stride 32)."""
-    width: int = 128
-    heads: int = 4
-    depth: int = 2
+    width: Annotated[int, Ge(1)] = 128
+    heads: Annotated[int, Ge(1)] = 4
+    depth: Annotated[int, Ge(1)] = 2
     """SA layers on the question and as many SGA layers on the image."""
-    dropout: float = 0.1
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    batch_size: int = 64
-    max_question_words: int = 14
+    dropout: Annotated[float, Interval(ge=0, lt=1)] = 0.1
+    lr: Annotated[float, Gt(0)] = 1e-3
+    weight_decay: Annotated[float, Ge(0)] = 0.01
+    warmup_ratio: Annotated[float, Interval(ge=0, le=1)] = 0.1
+    batch_size: Annotated[int, Ge(1)] = 64
+    max_question_words: Annotated[int, Ge(1)] = 14
     """Words kept per question (MCAN keeps 14)."""
-    top_k_answers: int = 3129
+    top_k_answers: Annotated[int, Ge(1)] = 3129
     """Answer vocabulary: the most frequent training answers (3129 is MCAN's VQA v2 vocabulary size)."""
-    val_fraction: float = 0.1
+    val_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.1
     """Part of the training images held out for model selection where the data has no validation split."""
-    max_train_examples: int | None = None
+    max_train_examples: Annotated[int | None, Ge(1)] = None
     """Train on a fixed random subset of this many questions (None = all), for budgets that fit a CPU."""
-    max_eval_examples: int | None = None
+    max_eval_examples: Annotated[int | None, Ge(1)] = None
     """Validate and test on fixed random subsets of this many questions (None = all)."""
-    mc_samples: int = 1
+    mc_samples: Annotated[int, Ge(1)] = 1
     """Predictions averaged at evaluation for stochastic variants (BAM); 1 = one deterministic pass."""
-    pavpu_threshold: float = 0.5
+    pavpu_threshold: Annotated[float, Interval(ge=0, le=1)] = 0.5
     """PAvPU calls a prediction certain when its predictive entropy is below this many nats (0.5: about an
     80/20 split between two answers; a 50/50 split, 0.69 nats, is uncertain)."""
-    max_epochs: int = 13
+    max_epochs: Annotated[int, Ge(1)] = 13
     """MCAN trains 13 epochs."""
-    patience: int = 3
-    kernel_lr_scale: float | None = None
+    patience: Annotated[int, Ge(0)] = 3
+    kernel_lr_scale: Annotated[float | None, Gt(0)] = None
     """Learning-rate multiplier of the attention kernels' own parameter group; None = KERNEL_LR / lr, i.e.
     the kernels train at 1e-2 whatever the host's rate (modules/lit/optimization.py says why)."""
 

@@ -32,9 +32,10 @@ heads of a layer, as the paper does for the discriminator.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import ot
+from annotated_types import Ge, Gt, Interval
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -177,12 +178,12 @@ def sinkhorn_plan(cost: Tensor, a: Tensor, b: Tensor, eps: float, iterations: in
 
 @dataclass(frozen=True)
 class AlignmentConfig(AttentionConfig):
-    weight: float = 0.02
+    weight: Annotated[float, Ge(0)] = 0.02
     """λ of eq. (1); each variant sets its own (see GANAlignmentConfig, OTAlignmentConfig, CTAlignmentConfig)."""
-    max_points: int = 64
+    max_points: Annotated[int, Ge(2)] = 64
     """Cap on the points per cloud (tokens per sample, nodes per graph); larger clouds are subsampled. 64 keeps
     the regulariser within half a softmax step on the dense (B=8, H=8, L=256) and Cora benchmarks (measured)."""
-    hidden: int = 16
+    hidden: Annotated[int, Ge(1)] = 16
     """Width of the discriminator / critic / navigator MLPs (16 in the authors' script)."""
 
     def __post_init__(self):
@@ -211,7 +212,7 @@ class AlignmentConfig(AttentionConfig):
 
 @dataclass(frozen=True)
 class GANAlignmentConfig(AlignmentConfig):
-    weight: float = 0.02
+    weight: Annotated[float, Ge(0)] = 0.02
     """λ: the authors' published value, converted. run_glue_albert_mnil.sh (szhang42/alignment_attention) runs
     --adver_type gan --att_kl 0.01, and their trainer adds att_kl * L to the loss with L = BCE(real) + BCE(fake)
     (modeling_albert.py: d_loss = d_loss_real + d_loss_fake), twice our mean of the two: 0.02 here. Their L is
@@ -222,7 +223,7 @@ class GANAlignmentConfig(AlignmentConfig):
 
 @dataclass(frozen=True)
 class OTAlignmentConfig(AlignmentConfig):
-    weight: float = 1e-3
+    weight: Annotated[float, Ge(0)] = 1e-3
     """λ: not published for OT (the authors' only script runs the GAN variant; training_args.py's att_kl
     default 1.0 is no tuned value). Chosen to give OT's alignment gradient the same share of the task gradient as
     align-gan's published setting on the text hosts, where the authors published it (table above: 0.02 x 0.09 /
@@ -230,14 +231,14 @@ class OTAlignmentConfig(AlignmentConfig):
     (`attnbench tune cora align-ot`, 100 epochs, 3 trials within this CPU budget) pointed the same way: val/loss
     1.123 at λ = 0.01 (ε = 0.01), 1.157 at 0.044 (ε = 0.027), 1.189 at 0.064 (ε = 0.012); one seed each, so
     weak evidence, but none for a larger λ."""
-    eps: float = 0.01
+    eps: Annotated[float, Gt(0)] = 0.01
     """Entropic regularisation ε (sec. 2.3.2: 0.01), relative to costs in [0, 2] (cosine) or [0, 1] (scaled)."""
     cost: str = "cosine"
     """'cosine': 1 − cos(q, k); 'sqeuclidean': ‖q − k‖² divided by its (detached) maximum per cloud."""
-    iterations: int = 50
+    iterations: Annotated[int, Ge(1)] = 50
     """Most Sinkhorn iterations (the authors' code allows 100); stops earlier once the marginals match to `tol`.
     At ε = 0.01 on 64-point clouds, <π, C> after 50 iterations is within ~1% of its converged value (measured)."""
-    tol: float = 1e-4
+    tol: Annotated[float, Gt(0)] = 1e-4
 
     def __post_init__(self):
         super().__post_init__()
@@ -255,12 +256,12 @@ class OTAlignmentConfig(AlignmentConfig):
 
 @dataclass(frozen=True)
 class CTAlignmentConfig(AlignmentConfig):
-    weight: float = 5e-3
+    weight: Annotated[float, Ge(0)] = 5e-3
     """λ: not published for CT (the authors' only script runs the GAN variant). Chosen as for align-ot: the share
     of the task gradient of align-gan's published setting on scratch text, 0.02 x 0.09 / 0.28 = 6e-3 (table
     above), rounded down to 5e-3. MiniLM's CT ratio was not measured within the CPU budget. A validation-only
     Cora tune (2 trials within the budget) gave val/loss 1.120 at λ = 0.01 and 1.123 at 0.044 (ρ = 0.72)."""
-    rho: float = 0.5
+    rho: Annotated[float, Interval(ge=0, le=1)] = 0.5
     """Share of the query-to-key direction (eq. 4 weighs both by 1/2; the authors' --rho 0.5)."""
 
     def __post_init__(self):

@@ -44,8 +44,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+from annotated_types import Ge, Gt
 import torch
 from torch import Tensor, nn
 
@@ -161,9 +162,9 @@ class BAMConfig(AttentionConfig):
     Graph: "contextual", the paper's BAM-WC / BAM-LC as implemented in GAT/utils/layers.py
     (att_prior_type == 'contextual'); note that execute_cora.py's argparse default is 'constant'.
     Other hosts: "fixed" (run_glue_albert_mrpc.sh: --att_prior_type constant)."""
-    prior_hidden: int = 10
+    prior_hidden: Annotated[int, Ge(1)] = 10
     """Hidden width of the contextual prior's per-head MLP (both scripts: att_se_hid_size = 10)."""
-    kl_weight: float = 1.0
+    kl_weight: Annotated[float, Ge(0)] = 1.0
     """Weight of the KL term once annealed (run_glue_albert_mrpc.sh: --att_kl 1). execute_cora.py's argparse
     default att_kl = 0 switches the KL off, so the repository publishes no graph value; 1 is used on every host."""
     kl_schedule: str | None = None
@@ -176,7 +177,7 @@ class BAMConfig(AttentionConfig):
     """Slope of the sigmoid schedule per epoch (both scripts: kl_anneal_rate = 1)."""
     anneal_midpoint: float = 0.0
     """Epoch at which the sigmoid weight is half of kl_weight (authors' code: 0, so the first epoch has half)."""
-    mc_samples: int = 1
+    mc_samples: Annotated[int, Ge(1)] = 1
     """Weight sets averaged at evaluation; 1 = the mean weights (deterministic)."""
 
     def __post_init__(self):
@@ -217,14 +218,14 @@ class BAMConfig(AttentionConfig):
 
 @dataclass(frozen=True)
 class WeibullConfig(BAMConfig):
-    k: float | None = None
+    k: Annotated[float | None, Gt(0)] = None
     """Weibull shape; the coefficient of variation of S is about 1.28 / k. Graph: 1000 (execute_cora.py
     --k_weibull default); other hosts: 10 (run_glue_albert_mrpc.sh --k_weibull 10)."""
-    alpha: float | None = None
+    alpha: Annotated[float | None, Gt(0)] = None
     """Shape of the fixed Gamma prior (the KL's -alpha log(lambda) and lgamma(alpha) terms in layers.py and
     modeling_albert.py); the contextual prior uses beta * pi_j instead. Graph: 1 (execute_cora.py
     --alpha_gamma default); other hosts: 1e-4 (run_glue_albert_mrpc.sh --alpha_gamma 1e-4)."""
-    beta: float | None = None
+    beta: Annotated[float | None, Gt(0)] = None
     """Rate of the Gamma prior (the KL's beta * lambda * Gamma(1 + 1/k) = beta * E[S] term). Graph: 1
     (--beta_gamma default); other hosts: 1e-4 (run_glue_albert_mrpc.sh --beta_gamma 1e-4). With
     alpha = beta = 1e-4 the KL's gradient is about 1e-4 of the GAT settings', a light touch on a pretrained model."""
@@ -248,7 +249,7 @@ class WeibullConfig(BAMConfig):
 
 @dataclass(frozen=True)
 class LognormalConfig(BAMConfig):
-    sigma: float | None = None
+    sigma: Annotated[float | None, Gt(0)] = None
     """Posterior sigma: the standard deviation of log S itself (modeling_albert.py: mu = log w - sigma^2/2,
     sample mu + sigma * eps), not a log of it; the coefficient of variation of S is sqrt(exp(sigma^2) - 1).
     Graph: 1 (execute_cora.py --sigma_normal_posterior default); other hosts: 1e-4
@@ -256,7 +257,7 @@ class LognormalConfig(BAMConfig):
     flags are the only text values published)."""
     prior_mu: float = 0.0
     """mu0 of the fixed prior (authors' code: mean_normal_prior = 0); the contextual prior uses log pi_j."""
-    prior_sigma: float | None = None
+    prior_sigma: Annotated[float | None, Gt(0)] = None
     """sigma0 of the prior. Graph: 1 (execute_cora.py --sigma_normal_prior default); other hosts: 100
     (run_glue_albert_mrpc.sh --sigma_normal_prior 1e2)."""
 

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import entmax as entmax_package
+from annotated_types import Ge, Interval
 import torch
 from torch import Tensor, nn
 
@@ -54,7 +55,7 @@ def default_solver_steps(dtype: torch.dtype) -> int:
 
 @dataclass(frozen=True)
 class EntmaxConfig(AttentionConfig):
-    alpha: float = 1.5
+    alpha: Annotated[float, Interval(gt=1, le=2)] = 1.5
     """Tsallis α in (1, 2]: 2 = sparsemax, 1.5 = 1.5-entmax, → 1 = softmax. With learn_alpha, the initial
     α of every head (Correia et al. 2019 start at 1.5) and then it must lie below 2."""
     learn_alpha: bool = True
@@ -62,7 +63,7 @@ class EntmaxConfig(AttentionConfig):
     segment_solver: str = "newton"
     """How segment groups (graphs) find τ: 'newton' with segment sums, or 'pad' each destination's edges
     to a dense row and run the entmax package."""
-    solver_steps: int | None = None
+    solver_steps: Annotated[int | None, Ge(1)] = None
     """Iterations of the τ solver: the package's bisection runs exactly this many; for Newton (segment
     solver 'newton') a cap, as it stops once τ is converged. None: 25 / 53 bisection steps in float32 /
     float64, at most NEWTON_STEP_CAP Newton steps."""

@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Annotated, Any, Callable, ClassVar, NamedTuple
 
+from annotated_types import Ge, Gt, Interval
 import torch
 from torch import Tensor, nn
 
@@ -118,7 +119,7 @@ def _negated_hessian_of(groups: Groups, templates: Tensor, diagonal: Tensor) -> 
 
 @dataclass(frozen=True)
 class FenchelConfig(AttentionConfig):
-    alpha: float | None = None
+    alpha: Annotated[float | None, Gt(0)] = None
     """Reliability α of the evidence, as a multiple of the logits handed in (None = 1.0: the standard
     1/√d scaling on transformers, GAT's logits unchanged on graphs)."""
     learn_alpha: bool = False
@@ -126,8 +127,8 @@ class FenchelConfig(AttentionConfig):
     prior: str = "position"
     """Preference prior log u: 'position' (T5 buckets at sequence self-attention sites, the degree prior
     elsewhere: uniform on image grids, cross-attention and pooling, §4.2), 'degree', 'uniform'."""
-    num_buckets: int = 32
-    max_distance: int = 128
+    num_buckets: Annotated[int, Ge(2)] = 32
+    max_distance: Annotated[int, Ge(1)] = 128
 
     def __post_init__(self):
         if self.alpha is not None and not self.alpha > 0:
@@ -288,21 +289,21 @@ def _log_mean_exp_centred(groups: Groups, weights: Tensor, log_weights: Tensor, 
 
 @dataclass(frozen=True)
 class FenchelExactConfig(FenchelConfig):
-    steps: int = 30
+    steps: Annotated[int, Ge(0)] = 30
     """Cap on the damped Newton steps of the dual solve (it stops as soon as every query meets `tolerance`;
     measured on logits of std up to 4 at α up to 4: at most ~12 steps); 0 gives `fenchel` (λ = αz)."""
-    tolerance: float | None = None
+    tolerance: Annotated[float | None, Gt(0)] = None
     """Convergence test per query and head: ||∇ of (13)|| <= tolerance · spread + 4·eps·magnitude·√keys, with
     spread = max_i ||t_i - μ|| over the query's keys (the gradient μ - E_p[t] - δ/α is a difference of points of
     that cloud, so this is relative to the problem's scale and invariant to shifting all templates) and the
     second term the gradient's own rounding error (magnitude = max_i ||t_i||, templates centred per head).
     None = √eps of the compute dtype (1.5e-8 in float64, 3.5e-4 in float32): the returned λ* is one more full
     Newton step, which squares the relative error, so the weights come out accurate to about eps."""
-    max_unconverged: float = 0.0
+    max_unconverged: Annotated[float, Interval(ge=0, le=1)] = 0.0
     """Largest fraction of (query, head) pairs that may miss `tolerance` before the forward raises
     FenchelNotConverged. 0: damped Newton converges on every strongly concave dual, so a miss means a cap too
     low for the problem or non-finite inputs, and the implicit-function gradient would be silently wrong."""
-    ridge: float = 1e-6
+    ridge: Annotated[float, Ge(0)] = 1e-6
     """Added to the negated Hessian's diagonal, relative to 1/α, against round-off in Cov_p(t)."""
 
     def __post_init__(self):

@@ -48,8 +48,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+from annotated_types import Ge, Gt
 import torch
 from torch import Tensor, nn
 
@@ -70,7 +71,7 @@ PRIORS = ("learned", "magnitude", "uniform")
 
 @dataclass(frozen=True)
 class GMMConfig(AttentionConfig):
-    alpha_init: float | None = None
+    alpha_init: Annotated[float | None, Gt(0)] = None
     """Query precision α at initialisation; None: 1/√head_dim (scaled dot product)."""
     learn_precisions: bool = True
     """Learn α (and β when β > 0) per head (the paper's off-line learning of the precisions)."""
@@ -79,15 +80,15 @@ class GMMConfig(AttentionConfig):
     'uniform' ρ=0 (Gaussian distance only), 'learned' ρ_h per head starting at 1."""
     prior_offset: bool = False
     """Add a learned linear log-prior ⟨c_h, ξ_u⟩ per head (zero at init)."""
-    beta: float = 0.0
+    beta: Annotated[float, Ge(0)] = 0.0
     """Value precision β >= 0; β > 0 runs EM value iterations (eq. 13-14)."""
-    iterations: int = 1
+    iterations: Annotated[int, Ge(0)] = 1
     """T: EM value steps after the β-free estimate (only when β > 0)."""
-    gamma: float | None = None
+    gamma: Annotated[float | None, Ge(0)] = None
     """Key adaptation (eq. 28): strength γ >= 0 of the Gaussian prior tying keys to their initial values; None = off."""
-    eta: float | None = None
+    eta: Annotated[float | None, Ge(0)] = None
     """Prior adaptation (eq. 33): Dirichlet concentration η >= 0 of an average unit; None = off."""
-    adapt_steps: int = 1
+    adapt_steps: Annotated[int, Ge(1)] = 1
     """EM steps of inference-time adaptation."""
     adapt_in_training: bool = False
     """Adapt keys / priors in training mode too (the paper adapts at inference time only)."""

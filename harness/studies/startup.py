@@ -1,0 +1,61 @@
+"""How fast `attnbench` answers the commands that should feel instant: `python -m harness.studies.startup`.
+
+Each command runs in a fresh interpreter (as a user types it), a few times; the best and median wall times
+are printed against the 1.5 s target. The first command of a run may build the CLI's catalogue
+(harness/plan/catalogue.py) if the sources changed; that build is timed separately."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+TARGET_S = 1.5
+COMMANDS = (
+    ["--help"],
+    ["run", "--help"],
+    ["list"],
+    ["describe", "bam-weibull"],
+    ["describe", "cora"],
+    ["run", "cora", "softmx"],
+    ["run", "coraa", "softmax"],
+    ["run", "cora", "softmax", "--set", "max_epochs=abc"],
+    ["run", "cora", "softmax", "--set", "lr=-0.1"],
+    ["run", "cora", "entmax", "--set", "attention.alpha=0"],
+    ["run", "cora", "softmax", "--seed", "-1"],
+    ["run", "cora", "softmax", "--precision", "bf16"],
+    ["tune", "cora", "softmax", "--set", "max_epochs=-5"],
+    ["bench", "--suite", "quik"],
+)
+
+
+def time_command(argv: list[str]) -> tuple[float, int]:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "harness.cli", *argv], capture_output=True)
+    return time.perf_counter() - start, done.returncode
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    warm_s, _ = time_command(["list"])
+    print(f"first `attnbench list` (builds the catalogue if the sources changed): {warm_s:.2f} s")
+    print(f"{'command':<56} {'best':>7} {'median':>7}  exit  target {TARGET_S} s")
+    slow = 0
+    for argv in COMMANDS:
+        times, code = [], 0
+        for _ in range(args.repeats):
+            seconds, code = time_command(argv)
+            times.append(seconds)
+        best, median = min(times), statistics.median(times)
+        slow += median > TARGET_S
+        print(f"{'attnbench ' + ' '.join(argv):<56} {best:>6.2f}s {median:>6.2f}s  {code:>4}  {'ok' if median <= TARGET_S else 'SLOW'}")
+    print(f"{len(COMMANDS) - slow} of {len(COMMANDS)} within {TARGET_S} s (median of {args.repeats})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
