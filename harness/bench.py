@@ -11,7 +11,7 @@ from harness.plan.planner import plan
 from harness.plan.spec import RunSpec
 from harness.plan.suite import load_suite
 from harness.report.format import format_duration
-from harness.report.leaderboard import write_boards
+from harness.report.leaderboard import EmptySelection, write_boards
 from harness.results.record import Status
 from harness.results.store import RecordStore, runs_dir
 from harness.run.job_array import SubmititOptions, submit_runs
@@ -63,6 +63,7 @@ def run_suite(
     launcher: str = "workers",
     submitit_options: SubmititOptions | None = None,
     precision: str = "32",
+    force_board: bool = False,
 ) -> dict[str, int]:
     """launcher "workers": processes on this machine; "slurm"/"local": a submitit job array (needs
     `submitit_options`, see harness/run/job_array.py). Planning and the data check are the same for all."""
@@ -73,6 +74,10 @@ def run_suite(
     for task_name, why in the_plan.skipped_tasks.items():
         log(f"attnbench: skipping optional task {task_name}: {why}")
     the_plan.require_data()
+    if not the_plan.specs:
+        raise EmptySelection(f"suite {suite.name}: --variants {variant_filter!r} matches none of its variants "
+                             f"({', '.join(v.label or v.name for v in suite.variants)})" if variant_filter else
+                             f"suite {suite.name} plans no run (every task skipped?)")
     store = RecordStore(runs)
     todo = [s for s in the_plan.specs if not store.finished(s.key, retry_failed)]
     finished = len(the_plan.specs) - len(todo)
@@ -106,7 +111,10 @@ def run_suite(
         )
         LocalExecutor(options).run(todo, progress)
         log(f"attnbench: suite {suite.name}: ran {progress.done} runs in {format_duration(time.perf_counter() - progress.start)}, {progress.failed} failed")
+    # Counted from the store, not from this call's runs: a failure recorded by an earlier bench is still a
+    # failure of the selection, and a script checking the exit status must see it.
+    failed_in_selection = sum(1 for r in store.read_many({s.key for s in the_plan.specs}).values() if r.status is Status.FAILED)
     if leaderboard_dir is not None:
-        paths = write_boards(the_plan, store, leaderboard_dir)
+        paths = write_boards(the_plan, store, leaderboard_dir, force=force_board)
         log("attnbench: leaderboard written to " + ", ".join(str(p) for p in paths))
-    return {"planned": len(the_plan.specs), "ran": progress.done, "failed": progress.failed}
+    return {"planned": len(the_plan.specs), "ran": progress.done, "failed": progress.failed, "failed_in_selection": failed_in_selection}

@@ -139,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tuned: also run each variant with its tuned parameters (from --params-dir), as its own row")
     p.add_argument("--params-dir", default="leaderboards/params")
     p.add_argument("--dry-run", action="store_true", help="print the plan (every run, finished/failed/pending, estimated time) and exit; writes nothing")
+    p.add_argument("--force", action="store_true", help="write the leaderboard even if it has fewer finished records than the board on disk")
     _precision(p)
     add_launcher_arguments(p)
     _common(p)
@@ -185,7 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="leaderboards")
     p.add_argument("--params", choices=["default", "tuned"], default="default", help="tuned: list tuned rows next to the defaults")
     p.add_argument("--params-dir", default="leaderboards/params")
+    p.add_argument("--force", action="store_true", help="overwrite the board even if it has more finished records than the records give")
+    p.add_argument("--skip-unrecorded", action="store_true",
+                   help="leave the board as it is, with a note, when the records hold no run of the suite (`make leaderboard` on a fresh clone)")
     _common(p)
+
+    p = sub.add_parser("results", help="move run records between stores: export to a JSON-lines file, import (merge) one")
+    verbs = p.add_subparsers(dest="results_command", required=True)
+    q = verbs.add_parser("export", help="every record of --runs-dir as one JSON-lines file, sorted by key")
+    q.add_argument("out", metavar="OUT.jsonl")
+    q.add_argument("--runs-dir", default=None, help="the store to export (default: $ATTNBENCH_RUNS or runs)")
+    q = verbs.add_parser("import", help="merge records into a store: identical ones deduplicated, different ones under a known key kept as conflicts")
+    q.add_argument("source", metavar="FILE.jsonl|DIR", help="a file from `results export`, or a runs folder (or its records/ folder)")
+    q.add_argument("--into", default=None, help="the store to merge into (default: $ATTNBENCH_RUNS or runs; the committed records: leaderboards)")
     return parser
 
 
@@ -288,7 +301,7 @@ def cmd_bench(args) -> int:
         raise ValueError("--workers/--devices must be at least 1")
     if args.dry_run:
         return _print_bench_plan(args)
-    run_suite(
+    outcome = run_suite(
         args.suite,
         workers=args.workers,
         runs=args.runs_dir,
@@ -302,7 +315,12 @@ def cmd_bench(args) -> int:
         launcher=args.launcher,
         submitit_options=options_from_args(args),
         precision=args.precision,
+        force_board=args.force,
     )
+    if outcome.get("failed_in_selection"):
+        print(f"attnbench: {outcome['failed_in_selection']} run(s) of the selection failed (see the leaderboard's errors); exit status 1",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -317,6 +335,8 @@ def _print_bench_plan(args) -> int:
     for task_name, why in the_plan.skipped_tasks.items():
         print(f"attnbench: skipping optional task {task_name}: {why}")
     the_plan.require_data()
+    if not the_plan.specs:
+        raise ValueError(f"suite {the_plan.suite.name}: the selection (--variants {args.variants!r}) has no run")
     rows = preview_runs(the_plan.specs, read_records(runs_dir(args.runs_dir)), this_device(), args.retry_failed)
     print(format_table(rows, args.workers))
     return 0
@@ -409,11 +429,36 @@ def cmd_tune(args) -> int:
 
 def cmd_leaderboard(args) -> int:
     from harness.report.leaderboard import write_leaderboard
+    from harness.results.store import runs_dir
 
     tuned = args.params_dir if args.params == "tuned" else None
-    for path in write_leaderboard(args.suite, runs=args.runs_dir, out_dir=args.out, data_root=args.data_root, tuned_params_dir=tuned):
+    paths = write_leaderboard(args.suite, runs=args.runs_dir, out_dir=args.out, data_root=args.data_root, tuned_params_dir=tuned,
+                              force=args.force, skip_unrecorded=args.skip_unrecorded)
+    if not paths:
+        print(f"attnbench leaderboard: {args.suite}: no record of its runs in {runs_dir(args.runs_dir) / 'records'}; board left as it is")
+    for path in paths:
         print(path)
     return 0
+
+
+def cmd_results(args) -> int:
+    """Exit 1 when a record could not be read (the rest is still exported or imported), else 0."""
+    from harness.results.exchange import export_records, import_records
+    from harness.results.store import RecordStore
+
+    if args.results_command == "export":
+        transfer = export_records(RecordStore(args.runs_dir), args.out)
+        summary = f"exported {transfer.counts['record']} record(s)" + (
+            f" and {transfer.counts['conflicting copy']} conflicting cop(ies)" if transfer.counts["conflicting copy"] else "")
+        print(f"attnbench results: {summary} to {args.out}")
+    else:
+        store = RecordStore(args.into)
+        transfer = import_records(args.source, store)
+        print(f"attnbench results: into {store.root}: {transfer.counts['added']} added, {transfer.counts['same']} already there, "
+              f"{transfer.counts['conflict']} conflict(s)" + (f" (kept in {store.conflicts_dir}; the boards show them)" if transfer.counts["conflict"] else ""))
+    for problem in transfer.problems:
+        print(f"attnbench results: error: unreadable record {problem}", file=sys.stderr)
+    return 1 if transfer.problems else 0
 
 
 def cmd_perf(args) -> int:
@@ -518,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.data_root = os.path.abspath(args.data_root)
         elif hasattr(args, "data_root"):
             args.data_root = os.environ.get("ATTNBENCH_DATA") or None
-        handler = {"list": cmd_list, "describe": cmd_describe, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "perf": cmd_perf,
+        handler = {"list": cmd_list, "describe": cmd_describe, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "results": cmd_results, "perf": cmd_perf,
                    "probe": cmd_probe, "tune": cmd_tune,
                    "scaling": cmd_scaling}[args.command]
         return handler(args)

@@ -30,6 +30,12 @@ TEST_DESCRIPTION = "paired t-test over seeds vs softmax, Holm-corrected across t
 UNKNOWN_HARDWARE = "unknown"
 MISSING = "missing"
 """A planned run without a record, counted next to the record statuses."""
+UNREADABLE = "unreadable"
+"""A planned run whose record file exists but does not load (truncated or corrupt JSON): counted apart from
+missing, because its run did happen and its file needs repair or a re-run, not a first run."""
+CONFLICT = "conflict"
+"""A planned run with two different records (an import met a different one under its key): the board shows the
+record the store had first and counts the run here until the wrong copy is deleted."""
 NO_RECORDS = "no records yet"
 """The one group's label when nothing has run: the planned rows are still shown, all missing."""
 
@@ -39,8 +45,14 @@ def is_fraction_metric(metric: str) -> bool:
     return any(metric.endswith(s) for s in ("acc", "accuracy", "f1", "macro_f1"))
 
 
-def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[str, Any]]) -> dict[str, Any]:
-    """`suite` and `the_plan` from harness.plan, `records` run key -> record (missing keys = not run yet)."""
+def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[str, Any]], *,
+                unreadable: Mapping[str, str] | None = None, conflicts: Mapping[str, Iterable[Any]] | None = None) -> dict[str, Any]:
+    """`suite` and `the_plan` from harness.plan, `records` run key -> record (missing keys = not run yet),
+    `unreadable` run key -> why its record file does not load, `conflicts` run key -> its conflicting copies.
+    The unreadable and conflict counts (and their lists) appear only when there are some, so that a board
+    without them reads exactly as before they existed."""
+    unreadable = {k: v for k, v in (unreadable or {}).items() if k not in records}
+    conflicts = conflicts or {}
     records = {key: r if isinstance(r, Record) else Record.from_dict(r) for key, r in records.items()}
     specs = sorted(the_plan.specs, key=lambda s: (s.task, s.display, s.seed, s.key))
     task_order = [t.name for t in suite.tasks]
@@ -70,8 +82,18 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
             "overall": _overall(tables),
         })
 
-    counts = Counter(MISSING if s.key not in records else str(records[s.key].status) for s in specs)
+    counts = Counter(str(records[s.key].status) if s.key in records else UNREADABLE if s.key in unreadable else MISSING for s in specs)
     columns = (*map(str, Status), MISSING)
+    planned_keys = sorted({s.key for s in specs})
+    problems: dict[str, Any] = {}
+    if any(key in unreadable for key in planned_keys):
+        columns += (UNREADABLE,)
+        problems["unreadable"] = {key: unreadable[key] for key in planned_keys if key in unreadable}
+    conflicted = [key for key in planned_keys if conflicts.get(key)]
+    if conflicted:
+        counts[CONFLICT] = len(conflicted)
+        columns += (CONFLICT,)
+        problems["conflicts"] = {key: sorted(map(str, conflicts[key])) for key in conflicted}
     return {
         "suite": suite.name,
         "description": " ".join(str(suite.description or "").split()),
@@ -87,6 +109,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         "test": TEST_DESCRIPTION,
         "ranking": "competition ranking by the primary metric's mean: equal means share the better rank (1, 2, 2, 4)",
         "groups": groups,
+        **problems,
     }
 
 
@@ -178,6 +201,7 @@ def _row(label: str, entries, records: Mapping[str, Record], group: str, metrics
         "failed": sum(1 for _, r in here if r.status is Status.FAILED),
         "pruned": sum(1 for _, r in here if r.status is Status.PRUNED),
         "missing": sum(1 for s in entries if s.key not in records),
+        # (an unreadable record counts as missing in its row; the board's header counts and names it apart)
         "other_hardware": sum(1 for s in entries if s.key in records and hardware_label(records[s.key]) != group),
         "errors": sorted({r.error.split("\n")[0][:120] for _, r in here if r.status is Status.FAILED and r.error}),
         "metrics": {},
@@ -276,3 +300,12 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def problem_lines(board: dict[str, Any]) -> list[str]:
+    """One line per unreadable record file and per run with conflicting records; none on a board without them."""
+    lines = [f"Unreadable record (not counted as missing; repair the file or delete it and re-run): {why}"
+             for why in board.get("unreadable", {}).values()]
+    lines += [f"Conflict: run {key} has a different record in {', '.join(copies)}; the board shows the store's "
+              "own record until the wrong copy is deleted" for key, copies in board.get("conflicts", {}).items()]
+    return lines

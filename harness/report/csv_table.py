@@ -18,8 +18,10 @@ HARDWARE_FIELDS = ("accelerator", "device", "device_count", "threads")
 VERSION_FIELDS = ("torch", "python", "lightning")
 
 
-def render_csv(suite, the_plan: Plan, records: Mapping[str, Record]) -> str:
-    """One row per planned run, missing ones included: the per-seed data behind the board's statistics."""
+def render_csv(suite, the_plan: Plan, records: Mapping[str, Record], unreadable: Mapping[str, str] | None = None) -> str:
+    """One row per planned run, missing ones included: the per-seed data behind the board's statistics. A run
+    whose record file does not load has status "unreadable" and the reason in `error`."""
+    unreadable = unreadable or {}
     metric_names = sorted({name for s in the_plan.specs if s.key in records for name in records[s.key].metrics or {}})
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -27,7 +29,11 @@ def render_csv(suite, the_plan: Plan, records: Mapping[str, Record]) -> str:
     for spec in sorted(the_plan.specs, key=lambda s: (s.task, s.display, s.seed, s.key)):
         record = records.get(spec.key)
         if record is None:
-            row = [spec.key, suite.name, spec.task, spec.variant, spec.display, spec.seed, "missing"] + [""] * (len(CSV_FIELDS) - 7)
+            if spec.key in unreadable:
+                row = [spec.key, suite.name, spec.task, spec.variant, spec.display, spec.seed, "unreadable", unreadable[spec.key]]
+            else:
+                row = [spec.key, suite.name, spec.task, spec.variant, spec.display, spec.seed, "missing"]
+            row += [""] * (len(CSV_FIELDS) - len(row))
             writer.writerow(row + [""] * len(metric_names) + [_compact(spec.attention), _compact(spec.params)])
             continue
         r = record.to_dict()

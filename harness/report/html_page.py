@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from harness.report.format import format_duration, format_p
+from harness.report.board import problem_lines
 
 MARKS = {"better": "▲", "worse": "▼"}
 BAR_COLOR = "#9db4cf"
@@ -116,6 +117,7 @@ def _header(board: dict[str, Any]) -> str:
     parts.append("<ul class=\"meta\">\n")
     parts.append(f"<li>Records: {board['recorded']} of {board['planned']} planned runs ({status}); "
                  f"seeds {_e(', '.join(map(str, board['seeds'])))}</li>\n")
+    parts.extend(f"<li class=\"problem\">{_e(line)}</li>\n" for line in problem_lines(board))
     parts.append(f"<li>Commit(s): {_codes(board['commits'])}; runs finished {_range(board['finished_range'])}</li>\n")
     parts.append(f"<li>Significance: {_e(board['test'])}; marked when the corrected p &lt; {_e(_num(board['alpha']))}. "
                  f"{MARKS['better']} better / {MARKS['worse']} worse than the baseline; hover a cell for its p-values.</li>\n")

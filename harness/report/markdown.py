@@ -6,6 +6,7 @@ import io
 from typing import Any
 
 from harness.report.format import format_duration, format_p
+from harness.report.board import problem_lines
 
 MARKS = {"better": "▲", "worse": "▼"}
 
@@ -18,6 +19,8 @@ def render_markdown(board: dict[str, Any]) -> str:
         out.write(f"{board['description']}\n\n")
     out.write(f"- Records: {board['recorded']} of {board['planned']} planned runs "
               f"({', '.join(f'{status} {n}' for status, n in counts.items())}); seeds {', '.join(map(str, board['seeds']))}\n")
+    for line in problem_lines(board):
+        out.write(f"- {line}\n")
     out.write(f"- Commit(s): {', '.join(board['commits']) or '—'}; runs finished {_date_range(board['finished_range'])}\n")
     hardware = [f"{g['hardware']}: {g['records']} record{'s' if g['records'] != 1 else ''}" for g in board["groups"]]
     out.write(f"- Hardware: {'; '.join(hardware)}\n")
@@ -135,3 +138,4 @@ def _delta_cell(row: dict[str, Any], table: dict[str, Any], primary: dict[str, A
 
 def _date_range(dates: list[str | None]) -> str:
     return f"{dates[0]} to {dates[1]}" if dates[0] else "—"
+

@@ -2,15 +2,24 @@
 
 Because the file name is the key and a record only appears through an atomic rename, a killed
 process can never leave a half-written record that a reader sees, and a re-run can never duplicate
-one: at most one file per key exists."""
+one: at most one file per key exists.
+
+Records from other machines arrive through `import_record` (`attnbench results import`). The same key with
+different content is a conflict: the copy already in the store stays `records/<key>.json` (so the store is
+still one file per key and the board keeps showing what it showed), and the arriving copy is kept beside it
+as `records/conflicts/<key>.<digest>.json`, named by a digest of its content so that importing it twice
+stores it once. The board counts a run with such a copy as a conflict until someone deletes the copy that
+is wrong."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
 from harness.results.record import Record
@@ -21,10 +30,39 @@ def runs_dir(explicit: str | os.PathLike | None = None) -> Path:
     return Path(value).expanduser().resolve()
 
 
+class UnreadableRecord(ValueError):
+    """A record file exists but does not load: truncated or corrupt JSON (a disk that filled up, a bad copy,
+    a hand edit). Reported by name, never taken for a run that has not happened."""
+
+    def __init__(self, path: Path, cause: Exception):
+        super().__init__(f"{path}: {type(cause).__name__}: {cause}")
+        self.path, self.cause = path, cause
+
+
+def record_digest(record: Record) -> str:
+    """A digest of a record's content, independent of how its file was indented."""
+    return hashlib.sha256(json.dumps(record.to_dict(), sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()[:12]
+
+
+@dataclass
+class Loaded:
+    """What a store holds for a set of keys: the records that load, the files that do not (key -> error), and
+    the keys that have a conflicting copy from an import (key -> the copies' paths)."""
+
+    records: dict[str, Record] = field(default_factory=dict)
+    unreadable: dict[str, str] = field(default_factory=dict)
+    conflicts: dict[str, list[str]] = field(default_factory=dict)
+    """Key -> its conflicting copies as `records/conflicts/<file>` (relative, for the same reason)."""
+
+
 class RecordStore:
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = runs_dir(root) / "records"
         self.root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def conflicts_dir(self) -> Path:
+        return self.root / "conflicts"
 
     def path(self, key: str) -> Path:
         return self.root / f"{key}.json"
@@ -33,8 +71,11 @@ class RecordStore:
         """A mapping is validated as a Record first: nothing reaches the disk that would not load back."""
         if not isinstance(record, Record):
             record = Record.from_dict(record)
-        target = self.path(record.key)
-        fd, tmp = tempfile.mkstemp(prefix=f".{record.key}.", suffix=".tmp", dir=self.root)
+        return self._write_atomically(record, self.path(record.key))
+
+    def _write_atomically(self, record: Record, target: Path) -> Path:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{record.key}.", suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "w") as fh:
                 json.dump(record.to_dict(), fh, indent=1, sort_keys=True, default=str)
@@ -44,22 +85,71 @@ class RecordStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        dir_fd = os.open(self.root, os.O_RDONLY)
+        dir_fd = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)  # make the rename itself durable
         finally:
             os.close(dir_fd)
         return target
 
-    def read(self, key: str) -> Record | None:
+    def read_checked(self, key: str) -> Record | None:
+        """The record of `key`, None when there is none; raises UnreadableRecord when its file does not load."""
+        path = self.path(key)
         try:
-            with open(self.path(key)) as fh:
+            with open(path) as fh:
                 return Record.from_dict(json.load(fh))
         except FileNotFoundError:
             return None
-        except (json.JSONDecodeError, ValueError, TypeError) as exc:  # only possible if someone edited the file by hand
-            print(f"attnbench: warning: ignoring unreadable record {self.path(key)}: {exc}", file=sys.stderr)
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError) as exc:
+            raise UnreadableRecord(path, exc) from exc
+
+    def read(self, key: str) -> Record | None:
+        try:
+            return self.read_checked(key)
+        except UnreadableRecord as exc:
+            print(f"attnbench: warning: ignoring unreadable record {exc}", file=sys.stderr)
             return None
+
+    def load(self, keys: Iterable[str]) -> Loaded:
+        """Like `read_many`, but says which files did not load and which keys have conflicting copies."""
+        loaded = Loaded()
+        for key in keys:
+            try:
+                record = self.read_checked(key)
+            except UnreadableRecord as exc:
+                # named relative to the runs dir: boards render it, and must not depend on where the store sits
+                loaded.unreadable[key] = f"records/{exc.path.name}: {type(exc.cause).__name__}: {exc.cause}"
+                continue
+            if record is not None:
+                loaded.records[key] = record
+            copies = self.conflicting_copies(key)
+            if copies:
+                loaded.conflicts[key] = [f"records/conflicts/{copy.name}" for copy in copies]
+        return loaded
+
+    def conflicting_copies(self, key: str) -> list[Path]:
+        return sorted(self.conflicts_dir.glob(f"{key}.*.json")) if self.conflicts_dir.is_dir() else []
+
+    def import_record(self, record: Record) -> str:
+        """Merge one record from another store: "added" (a new key), "same" (an identical record is already
+        here) or "conflict" (the key holds a different record; the arriving one is kept as a conflicting copy,
+        see the module docstring). An unreadable file under the key is never overwritten either."""
+        try:
+            present = self.read_checked(record.key)
+        except UnreadableRecord:
+            present = None
+            unreadable = True
+        else:
+            unreadable = False
+        if present is None and not unreadable:
+            self.write(record)
+            return "added"
+        if present == record:
+            return "same"
+        copy = self.conflicts_dir / f"{record.key}.{record_digest(record)}.json"
+        if not copy.exists():
+            self._write_atomically(record, copy)
+        return "conflict"
 
     def read_many(self, keys: Iterable[str]) -> dict[str, Record]:
         found = {}
