@@ -48,10 +48,13 @@ probe: install ## the Fenchel probe on pretrained MiniLM: writes leaderboards/pr
 tune: install ## Optuna-tune VARIANT on TASK (TRIALS=20), or every pair of SUITE when TASK is unset
 	$(BIN)/attnbench tune $(if $(TASK),$(TASK) $(VARIANT),--suite $(SUITE)) --trials $(TRIALS)
 
-# Every committed board unless SUITE is given on the command line.
+# Every committed board unless SUITE is given on the command line. The records are the committed store
+# (leaderboards/records/, RUNS=dir for another): a fresh clone regenerates every board byte for byte, and a
+# board none of whose records are committed is left as it is with a one-line note, never blanked.
 BOARDS := $(if $(filter command line environment,$(origin SUITE)),$(SUITE),$(basename $(notdir $(wildcard leaderboards/*.md))))
-leaderboard: install ## regenerate every leaderboards/<suite>.{md,csv,html} (or SUITE=name) from the run records
-	@for suite in $(BOARDS); do $(BIN)/attnbench leaderboard --suite $$suite || exit 1; done
+RUNS ?= leaderboards
+leaderboard: install ## regenerate every leaderboards/<suite>.{md,csv,html} (or SUITE=name) from the committed records (RUNS=leaderboards)
+	@for suite in $(BOARDS); do $(BIN)/attnbench leaderboard --suite $$suite --runs-dir $(RUNS) --skip-unrecorded || exit 1; done
 
 # Debian's package, not `playwright install`: offline machines reach the Debian mirror but not Playwright's CDN.
 browser: ## install Debian's chromium for the headless leaderboard page test, when /usr/bin/chromium is missing
