@@ -62,6 +62,10 @@ class Record(Mapping):
     started: str | None = None
     finished: str | None = None
     commit: str | None = None
+    """`git rev-parse --short=12 HEAD` where it ran, with "-dirty" when the work tree had uncommitted changes."""
+    dirty: bool = False
+    """The run's code had uncommitted changes, so its commit alone does not say what ran. Derived from the
+    commit's "-dirty" suffix when a record does not say it (older records), and stored only when true."""
     versions: Mapping[str, str] | None = None
     hardware: Mapping[str, Any] | None = None
     distributed: Mapping[str, Any] | None = None
@@ -71,6 +75,8 @@ class Record(Mapping):
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
             raise ValueError(f"a record needs a non-empty string key, got {self.key!r}")
+        if isinstance(self.commit, str) and self.commit.endswith("-dirty"):
+            object.__setattr__(self, "dirty", True)
         try:
             object.__setattr__(self, "status", Status(self.status))
         except ValueError:
@@ -98,7 +104,7 @@ class Record(Mapping):
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "unknown"}
-        data = {k: v for k, v in data.items() if v is not None and not (k == "retryable" and not v)}
+        data = {k: v for k, v in data.items() if v is not None and not (k in ("retryable", "dirty") and not v)}
         data["status"] = str(self.status)
         return {**self.unknown, **data}
 
