@@ -54,7 +54,7 @@ tune: install ## Optuna-tune VARIANT on TASK (TRIALS=20), or every pair of SUITE
 BOARDS := $(if $(filter command line environment,$(origin SUITE)),$(SUITE),$(basename $(notdir $(wildcard leaderboards/*.md))))
 RUNS ?= leaderboards
 leaderboard: install ## regenerate every leaderboards/<suite>.{md,csv,html} (or SUITE=name) from the committed records (RUNS=leaderboards)
-	@for suite in $(BOARDS); do $(BIN)/attnbench leaderboard --suite $$suite --runs-dir $(RUNS) --skip-unrecorded || exit 1; done
+	@$(BIN)/attnbench leaderboard --suite $(BOARDS) --runs-dir $(RUNS) --skip-unrecorded
 
 # Debian's package, not `playwright install`: offline machines reach the Debian mirror but not Playwright's CDN.
 browser: ## install Debian's chromium for the headless leaderboard page test, when /usr/bin/chromium is missing

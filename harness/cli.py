@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-root", default=None, help="local data folder holding glue/ (default: $ATTNBENCH_DATA)")
 
     p = sub.add_parser("leaderboard", help="regenerate a suite's leaderboard from its records")
-    p.add_argument("--suite", default="quick")
+    p.add_argument("--suite", nargs="+", default=["quick"], metavar="SUITE",
+                   help="one or more suites (one process for all: `make leaderboard` renders every board in one go)")
     p.add_argument("--out", default="leaderboards")
     p.add_argument("--params", choices=["default", "tuned"], default="default", help="tuned: list tuned rows next to the defaults")
     p.add_argument("--params-dir", default="leaderboards/params")
@@ -428,17 +429,25 @@ def cmd_tune(args) -> int:
 
 
 def cmd_leaderboard(args) -> int:
-    from harness.report.leaderboard import write_leaderboard
+    from harness.report.leaderboard import BoardWouldShrink, write_leaderboard
     from harness.results.store import runs_dir
 
     tuned = args.params_dir if args.params == "tuned" else None
-    paths = write_leaderboard(args.suite, runs=args.runs_dir, out_dir=args.out, data_root=args.data_root, tuned_params_dir=tuned,
-                              force=args.force, skip_unrecorded=args.skip_unrecorded)
-    if not paths:
-        print(f"attnbench leaderboard: {args.suite}: no record of its runs in {runs_dir(args.runs_dir) / 'records'}; board left as it is")
-    for path in paths:
-        print(path)
-    return 0
+    refused = 0
+    for suite in args.suite:
+        # One suite's refusal does not stop the others: each board is written or kept on its own merits.
+        try:
+            paths = write_leaderboard(suite, runs=args.runs_dir, out_dir=args.out, data_root=args.data_root, tuned_params_dir=tuned,
+                                      force=args.force, skip_unrecorded=args.skip_unrecorded)
+        except BoardWouldShrink as exc:
+            print(f"attnbench: error: {exc}", file=sys.stderr)
+            refused += 1
+            continue
+        if not paths:
+            print(f"attnbench leaderboard: {suite}: no record of its runs in {runs_dir(args.runs_dir) / 'records'}; board left as it is")
+        for path in paths:
+            print(path)
+    return 2 if refused else 0
 
 
 def cmd_results(args) -> int:
@@ -508,7 +517,8 @@ def answer_from_catalogue(args) -> int | None:
         from harness.plan.suite import SuiteError, suite_path
 
         try:
-            suite_path(args.suite)
+            for name in args.suite if isinstance(args.suite, list) else [args.suite]:
+                suite_path(name)
         except SuiteError as exc:
             print(f"attnbench: error: {exc}", file=sys.stderr)
             return 2

@@ -113,3 +113,19 @@ def test_a_board_without_problems_has_no_problem_counts(tmp_path):
     md = (out / "safety.md").read_text()
     assert "(ok 6, failed 0, pruned 0, missing 0);" in md
     assert "unreadable" not in md and "onflict" not in md
+
+
+def test_several_suites_in_one_call_each_written_or_refused_on_its_own(tmp_path, capsys):
+    suite, _, _ = store_with_records(tmp_path)
+    other = tmp_path / "other.yaml"
+    other.write_text(SUITE.replace("name: safety", "name: other"))
+    out = tmp_path / "boards"
+    assert main(["leaderboard", "--suite", suite, str(other), "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["other.csv", "other.html", "other.md", "safety.csv", "safety.html", "safety.md"]
+    kept = (out / "safety.md").read_bytes()
+    (out / "other.csv").unlink()  # no board on disk for `other`: nothing to protect
+    capsys.readouterr()
+    assert main(["leaderboard", "--suite", suite, str(other), "--runs-dir", str(tmp_path / "empty"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("not overwriting") == 1 and "safety.csv" in err
+    assert (out / "safety.md").read_bytes() == kept and "missing 6" in (out / "other.md").read_text()
