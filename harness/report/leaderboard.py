@@ -41,7 +41,8 @@ def finished_on_board(csv_path: Path) -> int:
     if not csv_path.exists():
         return 0
     with open(csv_path, newline="") as fh:
-        return sum(1 for row in csv.DictReader(fh) if row.get("status") in FINISHED)
+        # by key: a tuned row whose parameters are the defaults lists the default row's runs again
+        return len({row["key"] for row in csv.DictReader(fh) if row.get("status") in FINISHED})
 
 
 def write_leaderboard(suite_name: str, *, runs: str | None = None, out_dir: str | Path = "leaderboards", data_root: str | None = None,

@@ -129,3 +129,28 @@ def test_several_suites_in_one_call_each_written_or_refused_on_its_own(tmp_path,
     err = capsys.readouterr().err
     assert err.count("not overwriting") == 1 and "safety.csv" in err
     assert (out / "safety.md").read_bytes() == kept and "missing 6" in (out / "other.md").read_text()
+
+
+def test_tuned_rows_sharing_the_default_runs_do_not_inflate_the_count_on_disk(tmp_path):
+    import yaml
+
+    from harness.report.leaderboard import finished_on_board, write_leaderboard
+
+    from .test_leaderboard import synthetic
+
+    params = tmp_path / "params" / "cora"
+    params.mkdir(parents=True)
+    # tuned parameters equal to the defaults: the tuned row's runs are the default row's runs (same keys)
+    (params / "softmax.yaml").write_text(yaml.safe_dump({"task": "cora", "variant": "softmax", "attention": {"name": "softmax"}, "params": {}}))
+    suite_path, found = synthetic(tmp_path, tuned_dir=params.parent)
+    store = RecordStore(tmp_path / "runs")
+    for r in found:
+        store.write(r)
+    out = tmp_path / "lb"
+    write_leaderboard(suite_path, runs=str(tmp_path / "runs"), out_dir=out, tuned_params_dir=params.parent)
+    keys = [line.split(",")[0] for line in (out / "synthetic.csv").read_text().splitlines()[1:]]
+    assert len(keys) > len(set(keys)), "the tuned softmax row lists the default row's keys again"
+    assert finished_on_board(out / "synthetic.csv") == len({r["key"] for r in found}) == 39  # ok, failed and pruned, each key once
+    before = (out / "synthetic.csv").read_bytes()
+    write_leaderboard(suite_path, runs=str(tmp_path / "runs"), out_dir=out, tuned_params_dir=params.parent)  # same records: not refused
+    assert (out / "synthetic.csv").read_bytes() == before
