@@ -25,8 +25,14 @@ def render_all(out: Path, runs: Path, data_root: Path) -> list[Path]:
         paths += write_leaderboard(suite, runs=str(runs), out_dir=out, data_root=str(data_root))
     paths += write_leaderboard("quick", runs=str(runs), out_dir=out / "tuned", data_root=str(data_root),
                                tuned_params_dir=FIXTURES / "params")
+    # Loaders may name the data root as given or resolved (through a symlinked ../shared, say): both spellings,
+    # the longer first, become the placeholder.
+    spellings = sorted({str(data_root), str(Path(data_root).resolve())}, key=len, reverse=True)
     for path in paths:
-        path.write_text(path.read_text().replace(str(data_root), DATA_PLACEHOLDER))
+        text = path.read_text()
+        for spelling in spellings:
+            text = text.replace(spelling, DATA_PLACEHOLDER)
+        path.write_text(text)
     return paths
 
 
