@@ -10,7 +10,7 @@ from harness.results.store import RecordStore
 
 REPO = Path(__file__).resolve().parents[2]
 BOARDS = REPO / "leaderboards"
-DIRTY_PENDING_RERUN = {"glue-quick", "minilm-rte", "shift-quick"}
+DIRTY_PENDING_RERUN = {"glue-quick", "minilm-rte"}
 """Boards rendered from dirty trees before records were committed; issue 16 has them re-run. Strict xfail:
 once a clean re-run lands, its test passes and this set must lose the name."""
 
