@@ -10,12 +10,12 @@ from typing import Any, Sequence
 from harness.plan.planner import plan
 from harness.plan.spec import RunSpec
 from harness.plan.suite import load_suite
+from harness.provenance import git_commit
 from harness.report.format import format_duration
 from harness.report.leaderboard import EmptySelection, write_boards
 from harness.results.record import Status
 from harness.results.store import RecordStore, runs_dir
 from harness.run.job_array import SubmititOptions, submit_runs
-from harness.run.runner import git_commit
 from harness.run.worker_pool import LocalExecutor, WorkerOptions, log
 
 

@@ -85,23 +85,10 @@ class VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the versions and the git commit, and exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
+        from harness.provenance import version_line
+
         print(version_line())
         parser.exit()
-
-
-def version_line() -> str:
-    import importlib.metadata
-
-    def installed(package: str) -> str:
-        try:
-            return importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    from harness.run.runner import git_commit
-
-    return (f"attnbench {installed('attnbench')} (commit {git_commit()}), torch {installed('torch')}, "
-            f"lightning {installed('lightning')}, python {sys.version.split()[0]}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,11 +6,9 @@ import importlib.metadata
 import logging
 import math
 import platform
-import subprocess
 import time
 import traceback
 import warnings
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -20,25 +18,11 @@ import torch
 from modules.tasks import get_task
 
 from harness.plan.spec import RunSpec
+from harness.provenance import git_commit
 from harness.results.record import Record, utc_now
 from harness.run import distributed
 from harness.run.callbacks import EpochLog, EpochTimer, FollowRankZeroPruning, RestoreBestWeights, early_stopping
 from harness.run.distributed import SINGLE, Distribution
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@lru_cache(maxsize=1)
-def git_commit() -> str:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        if commit.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
 
 def cpu_model() -> str:
     try:

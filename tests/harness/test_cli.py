@@ -70,7 +70,7 @@ def test_run_checks_the_data_its_params_point_to(shared_data, tmp_path, capsys):
 def test_version_names_attnbench_torch_lightning_and_the_commit(capsys):
     import importlib.metadata
 
-    from harness.run.runner import git_commit
+    from harness.provenance import git_commit
 
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
