@@ -344,7 +344,7 @@ def _print_tune_plan(args, jobs) -> int:
 def study_progress(task: str, variant: str, params, storage: str | None, runs: str | None, tune_optimizer: bool,
                    precision: str = "32"):
     """(study name, finished trials, mean seconds per finished trial or None) without creating anything: a
-    default SQLite file that is not there yet means a study with no trials."""
+    default SQLite file or a journal file that is not there yet means a study with no trials."""
     import dataclasses
 
     from harness.results.store import runs_dir
@@ -358,6 +358,8 @@ def study_progress(task: str, variant: str, params, storage: str | None, runs: s
         if not path.is_file():
             return name, 0, None
         storage = f"sqlite:///{path}"
+    elif storage.startswith("journal:") and not os.path.isfile(os.path.expanduser(storage.removeprefix("journal:"))):
+        return name, 0, None  # opening a journal creates its file
     import optuna
     from optuna.trial import TrialState
 
