@@ -406,7 +406,7 @@ def cmd_tune(args) -> int:
         result = tune(task, variant, trials=args.trials, params=job_params, storage=args.storage, timeout=args.timeout,
                       tune_optimizer=args.tune_optimizer, runs=args.runs_dir, data_root=args.data_root, cache_dir=args.cache_dir,
                       distribution=distribution, precision=args.precision)
-        if result is not None:  # None: a DDP rank other than 0, which only trained what rank 0 sent
+        if result is not None:  # None: a DDP rank other than 0, or the study's last trials run in other processes
             print(f"attnbench tune: best parameters written to {export(result, args.params_dir)}")
     return 0
 
