@@ -16,7 +16,7 @@ endif
 export ATTNBENCH_DATA
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser bench paper-gat perf scaling probe tune leaderboard test test-slow clean
+.PHONY: help install browser postgres bench paper-gat perf startup scaling probe tune leaderboard test test-slow clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ paper-gat: install ## the GAT paper's setup, 10 seeds (slow: hours on a 2-core C
 
 perf: install ## forward+backward time of every variant relative to softmax, dense and on Cora
 	$(BIN)/attnbench perf
+
+startup: install ## how fast --help, --version, list, describe and argument errors answer (target: 1.5 s each)
+	$(BIN)/python -m harness.studies.startup
 
 scaling: install ## the SUITE (default quick) with 1 and with 2 workers in one command: prints the speed-up
 	$(BIN)/attnbench scaling --suite $(SUITE) --workers 1,2
@@ -64,7 +67,16 @@ browser: ## install Debian's chromium for the headless leaderboard page test, wh
 	  echo "make browser: could not install chromium; run 'sudo apt-get install -y chromium' (Debian/Ubuntu). Until then the browser test is skipped."; \
 	fi
 
-test: install browser ## run the test suite (CPU, minutes)
+# Debian's server package for the PostgreSQL storage test (tests/harness/test_postgres.py), which starts its own
+# throwaway server from these programs (in /usr/lib/postgresql/<version>/bin) and runs it as a non-root user.
+postgres: ## install Debian's postgresql server for the PostgreSQL storage test, when it is missing
+	@if command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else SUDO=none; fi; \
+	if [ "$$SUDO" = none ] || ! $$SUDO apt-get install -y --no-install-recommends postgresql; then \
+	  echo "make postgres: could not install postgresql; run 'sudo apt-get install -y postgresql' (Debian/Ubuntu). Until then the PostgreSQL test is skipped."; \
+	fi
+
+test: install browser postgres ## run the test suite (CPU, minutes)
 	$(BIN)/python -m pytest -q
 
 test-slow: install ## also the slow reproduction tests

@@ -10,12 +10,13 @@ from typing import Any, Sequence
 from harness.plan.planner import plan
 from harness.plan.spec import RunSpec
 from harness.plan.suite import load_suite
+from harness.provenance import git_commit
 from harness.report.format import format_duration
 from harness.report.leaderboard import EmptySelection, write_boards
+from harness.report.summary import results_table
 from harness.results.record import Status
 from harness.results.store import RecordStore, runs_dir
 from harness.run.job_array import SubmititOptions, submit_runs
-from harness.run.runner import git_commit
 from harness.run.worker_pool import LocalExecutor, WorkerOptions, log
 
 
@@ -113,7 +114,9 @@ def run_suite(
         log(f"attnbench: suite {suite.name}: ran {progress.done} runs in {format_duration(time.perf_counter() - progress.start)}, {progress.failed} failed")
     # Counted from the store, not from this call's runs: a failure recorded by an earlier bench is still a
     # failure of the selection, and a script checking the exit status must see it.
-    failed_in_selection = sum(1 for r in store.read_many({s.key for s in the_plan.specs}).values() if r.status is Status.FAILED)
+    selection = store.read_many({s.key for s in the_plan.specs})
+    failed_in_selection = sum(1 for r in selection.values() if r.status is Status.FAILED)
+    log(f"attnbench: suite {suite.name}: results\n" + results_table(the_plan, selection))
     if leaderboard_dir is not None:
         paths = write_boards(the_plan, store, leaderboard_dir, force=force_board)
         log("attnbench: leaderboard written to " + ", ".join(str(p) for p in paths))

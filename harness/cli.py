@@ -85,23 +85,10 @@ class VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the versions and the git commit, and exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
+        from harness.provenance import version_line
+
         print(version_line())
         parser.exit()
-
-
-def version_line() -> str:
-    import importlib.metadata
-
-    def installed(package: str) -> str:
-        try:
-            return importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    from harness.run.runner import git_commit
-
-    return (f"attnbench {installed('attnbench')} (commit {git_commit()}), torch {installed('torch')}, "
-            f"lightning {installed('lightning')}, python {sys.version.split()[0]}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,8 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="run a suite (skipping finished runs) and write its leaderboard")
     p.add_argument("--suite", default="quick", help="built-in suite name or a suite .yaml path (default: quick)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per GPU, else one per CPU core)")
-    p.add_argument("--devices", type=int, default=None, help="N GPUs: N workers, each seeing one GPU (CUDA_VISIBLE_DEVICES); "
-                   "on a machine without GPUs, N CPU workers")
+    p.add_argument("--devices", dest="bench_devices", type=int, default=None, help=argparse.SUPPRESS)  # renamed: see RENAMED
     p.add_argument("--retry-failed", action="store_true", help="run failed runs again instead of keeping their records")
     p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching these comma-separated globs, e.g. 'softmax,bam-*'")
     p.add_argument("--leaderboard-dir", default="leaderboards")
@@ -293,13 +279,8 @@ def cmd_bench(args) -> int:
     from harness.run.job_array import options_from_args
     from harness.run.worker_pool import default_workers
 
-    if args.workers is not None and args.devices is not None and args.workers != args.devices:
-        raise ValueError("--workers and --devices both set the number of workers; give one of them")
-    args.workers = next((n for n in (args.devices, args.workers) if n is not None), None)
     if args.workers is None:
         args.workers = default_workers()
-    if args.workers < 1:
-        raise ValueError("--workers/--devices must be at least 1")
     if args.dry_run:
         return _print_bench_plan(args)
     outcome = run_suite(
@@ -363,7 +344,7 @@ def _print_tune_plan(args, jobs) -> int:
 def study_progress(task: str, variant: str, params, storage: str | None, runs: str | None, tune_optimizer: bool,
                    precision: str = "32"):
     """(study name, finished trials, mean seconds per finished trial or None) without creating anything: a
-    default SQLite file that is not there yet means a study with no trials."""
+    default SQLite file or a journal file that is not there yet means a study with no trials."""
     import dataclasses
 
     from harness.results.store import runs_dir
@@ -377,6 +358,8 @@ def study_progress(task: str, variant: str, params, storage: str | None, runs: s
         if not path.is_file():
             return name, 0, None
         storage = f"sqlite:///{path}"
+    elif storage.startswith("journal:") and not os.path.isfile(os.path.expanduser(storage.removeprefix("journal:"))):
+        return name, 0, None  # opening a journal creates its file
     import optuna
     from optuna.trial import TrialState
 
@@ -423,7 +406,7 @@ def cmd_tune(args) -> int:
         result = tune(task, variant, trials=args.trials, params=job_params, storage=args.storage, timeout=args.timeout,
                       tune_optimizer=args.tune_optimizer, runs=args.runs_dir, data_root=args.data_root, cache_dir=args.cache_dir,
                       distribution=distribution, precision=args.precision)
-        if result is not None:  # None: a DDP rank other than 0, which only trained what rank 0 sent
+        if result is not None:  # None: a DDP rank other than 0, or the study's last trials run in other processes
             print(f"attnbench tune: best parameters written to {export(result, args.params_dir)}")
     return 0
 
@@ -484,10 +467,7 @@ def cmd_perf(args) -> int:
 def cmd_scaling(args) -> int:
     from harness.studies.scaling import measure_scaling
 
-    try:
-        counts = [int(n) for n in args.workers.split(",")]
-    except ValueError:
-        raise ValueError(f"--workers takes comma-separated integers, e.g. 1,2; got {args.workers!r}") from None
+    counts = [int(n) for n in args.workers.split(",")]  # checked by check_counts
     measure_scaling(args.suite, counts, variant_filter=args.variants, seeds=args.seeds, data_root=args.data_root, cache_dir=args.cache_dir)
     return 0
 
@@ -500,13 +480,45 @@ def cmd_probe(args) -> int:
     return 0
 
 
+RENAMED = {
+    "bench_devices": "bench --devices N is now --workers N (N independent runs at once, each on one device); "
+                     "--devices N means one data-parallel run over N devices (run/tune --strategy ddp --devices N)",
+}
+"""Old spellings, refused with the new one, so that one flag has one meaning in every subcommand."""
+
+
 def check_counts(args) -> str | None:
-    """Integer flags whose range argparse does not know; the one-line message, or None when they are fine."""
-    bounds = {"seed": 0, "seeds": 1, "trials": 1, "repeats": 1, "shards": 1, "num_nodes": 1}
+    """Integer flags whose range argparse does not know, counts this machine cannot give (workers, DDP
+    devices, against its cores and GPUs) and tune's storage URL: the one-line message, or None when they
+    are fine. Before the catalogue and the registries, so that none of these waits for torch."""
+    for dest, message in RENAMED.items():
+        if getattr(args, dest, None) is not None:
+            return message
+    bounds = {"seed": 0, "seeds": 1, "trials": 1, "repeats": 1, "shards": 1, "num_nodes": 1, "threads": 1}
     for name, least in bounds.items():
         value = getattr(args, name, None)
         if value is not None and value < least:
             return f"--{name.replace('_', '-')} {value}: expected an integer >= {least} (from the command line)"
+    from harness.plan.machine import Machine
+
+    if args.command == "bench" and args.workers is not None and args.launcher == "workers":
+        return Machine.here().worker_problem(args.workers, getattr(args, "workers_per_gpu", None) or 1)
+    if args.command == "scaling":
+        try:
+            counts = [int(n) for n in args.workers.split(",")]
+        except ValueError:
+            return f"--workers takes comma-separated integers, e.g. 1,2; got {args.workers!r}"
+        return next(filter(None, (Machine.here().worker_problem(n) for n in counts)), None)
+    if args.command in ("run", "tune"):
+        problem = Machine.here().ddp_problem(args.devices, args.strategy)
+        if problem or args.command == "run" or args.storage is None:
+            return problem
+        from harness.studies.storage import StorageError, check_storage
+
+        try:
+            check_storage(args.storage)
+        except StorageError as exc:
+            return str(exc)
     return None
 
 

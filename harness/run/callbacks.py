@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import lightning as L
@@ -77,21 +78,66 @@ class EpochTimer(Callback):
 
 
 class EpochLog(Callback):
-    """One line per epoch for `attnbench run`, so that a long run (a pretrained backbone on CPU) shows progress."""
+    """One plain line per epoch (epoch, mean training loss, the monitored validation metric, seconds) for
+    `attnbench run`, so that a long run shows progress in a SLURM log or a pipe, where a progress bar would
+    write a carriage-return stream nobody reads. `write` prints the line (tqdm.write beside a tqdm bar)."""
 
-    def __init__(self, monitor: str):
+    def __init__(self, monitor: str, write=print):
         self.monitor = monitor
+        self.write = write
         self._start = 0.0
+        self._loss_sum = 0.0
+        self._batches = 0
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._start = time.perf_counter()
+        self._loss_sum, self._batches = 0.0, 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            self._loss_sum += float(loss)
+            self._batches += 1
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
         value = trainer.callback_metrics.get(self.monitor)
         shown = f"{float(value):.4f}" if value is not None else "?"
-        print(f"  epoch {trainer.current_epoch}: {self.monitor}={shown} ({time.perf_counter() - self._start:.1f} s)", flush=True)
+        loss = f"train/loss={self._loss_sum / self._batches:.4f} " if self._batches else ""
+        self.write(f"  epoch {trainer.current_epoch}: {loss}{self.monitor}={shown} ({time.perf_counter() - self._start:.1f} s)")
+        sys.stdout.flush()
+
+
+def live_progress(monitor: str, stream=None) -> list[Callback]:
+    """What `attnbench run` shows while it trains. On a terminal: Lightning's progress bar within each epoch
+    (rich when installed, else tqdm, which Lightning itself requires), with the training loss and the
+    monitored metric on it, and a line per epoch above it. Elsewhere (a SLURM log, a pipe): the lines alone.
+    The Trainer must be built with enable_progress_bar when a ProgressBar is returned."""
+    if not (stream or sys.stdout).isatty():
+        return [EpochLog(monitor)]
+    try:
+        import rich  # noqa: F401 - RichProgressBar imports it only when the bar starts
+        from lightning.pytorch.callbacks import RichProgressBar as Bar
+
+        write = print  # rich's live display prints lines above the bar
+    except ImportError:
+        from lightning.pytorch.callbacks import TQDMProgressBar as Bar
+        from tqdm import tqdm
+
+        write = tqdm.write
+
+    class RunProgressBar(Bar):
+        def get_metrics(self, trainer, pl_module):
+            # The modules log the loss without prog_bar (bench workers show no bar); show it here.
+            shown = super().get_metrics(trainer, pl_module)
+            for name in ("train/loss", monitor):
+                value = trainer.callback_metrics.get(name)
+                if value is not None and value.numel() == 1:
+                    shown[name] = float(value)
+            return shown
+
+    return [RunProgressBar(), EpochLog(monitor, write=write)]
 
 
 class FollowRankZeroPruning(Callback):

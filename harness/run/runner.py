@@ -6,38 +6,24 @@ import importlib.metadata
 import logging
 import math
 import platform
-import subprocess
 import time
 import traceback
 import warnings
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ProgressBar
 
 from modules.tasks import get_task
 
 from harness.plan.spec import RunSpec
+from harness.provenance import git_commit
 from harness.results.record import Record, utc_now
 from harness.run import distributed
-from harness.run.callbacks import EpochLog, EpochTimer, FollowRankZeroPruning, RestoreBestWeights, early_stopping
+from harness.run.callbacks import EpochTimer, FollowRankZeroPruning, RestoreBestWeights, early_stopping, live_progress
 from harness.run.distributed import SINGLE, Distribution
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@lru_cache(maxsize=1)
-def git_commit() -> str:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        if commit.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def cpu_model() -> str:
@@ -157,7 +143,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
     outcome: dict[str, Any]
     try:
         task = get_task(spec.task)
-        trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir, [timer, *([EpochLog(task.monitor.name)] if verbose else [])],
+        trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir, [timer, *(live_progress(task.monitor.name) if verbose else [])],
                                                      distribution)
         trainer.fit(module, datamodule=datamodule)
         if distribution.is_distributed:
@@ -215,7 +201,7 @@ def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callba
         **distribution.trainer_kwargs(),
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
+        enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),  # `run` on a terminal: live_progress
         enable_model_summary=False,
         num_sanity_val_steps=0,
         # RestoreBestWeights first: it raises when the monitored metric was never logged, before any

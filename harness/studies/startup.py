@@ -1,4 +1,5 @@
-"""How fast `attnbench` answers the commands that should feel instant: `python -m harness.studies.startup`.
+"""How fast `attnbench` answers the commands that should feel instant: `make startup`
+(`python -m harness.studies.startup`).
 
 Each command runs in a fresh interpreter (as a user types it), a few times; the best and median wall times
 are printed against the 1.5 s target. The first command of a run may build the CLI's catalogue
@@ -15,6 +16,7 @@ import time
 TARGET_S = 1.5
 COMMANDS = (
     ["--help"],
+    ["--version"],
     ["run", "--help"],
     ["list"],
     ["describe", "bam-weibull"],
@@ -28,6 +30,10 @@ COMMANDS = (
     ["run", "cora", "softmax", "--precision", "bf16"],
     ["tune", "cora", "softmax", "--set", "max_epochs=-5"],
     ["bench", "--suite", "quik"],
+    ["bench", "--workers", "64"],
+    ["bench", "--devices", "2"],
+    ["tune", "cora", "softmax", "--storage", "notaurl://x"],
+    ["tune", "cora", "softmax", "--storage", "journal:/missing/dir/j.log"],
 )
 
 

@@ -9,7 +9,8 @@ chose it.
 
 Storage is embedded SQLite under the runs folder unless a URL is given (PostgreSQL on a cluster, or
 `journal:<file>` on a shared filesystem). Several `tune` processes on one storage share a study: each
-stops once the study holds its budget of finished (complete or pruned) trials. With an RDB storage,
+stops once the study's finished (complete or pruned) and running trials make up its budget, so that together
+they finish exactly that many. With an RDB storage,
 trials send heartbeats: a trial whose process was killed is marked failed after the grace period and
 retried once by the next process (Optuna's RetryFailedTrialCallback).
 
@@ -52,6 +53,12 @@ VALIDATION_ATTR = "validation"
 """User attribute holding every validation metric of a trial's best epoch."""
 DEFAULTS_ATTR = "defaults"
 """User attribute of the trial that trains the variant's default configuration."""
+SURPLUS_ATTR = "surplus"
+"""User attribute of a trial that found the budget already taken by other processes' trials (failed, untrained)."""
+
+
+class BudgetReached(Exception):
+    """The study's budget is taken by other processes' finished and running trials."""
 
 
 def default_storage(runs: str | None = None) -> str:
@@ -127,8 +134,9 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
          timeout: float | None = None, tune_optimizer: bool = False, runs: str | None = None, data_root: str | None = None,
          cache_dir: str | None = None, sampler_seed: int = 0, distribution: Distribution = SINGLE, log=print,
          precision: str = "32") -> TuneResult | None:
-    """Bring the (task, variant) study to `trials` finished trials and return its best configuration
-    (on DDP ranks other than 0, which only train what rank 0 sends, None)."""
+    """Bring the (task, variant) study to `trials` finished trials and return its best configuration; None on
+    DDP ranks other than 0 (which only train what rank 0 sends) and when the study has no completed trial yet
+    because the rest of its budget runs in other processes (the last of them returns and exports the best)."""
     if distribution.is_distributed and distributed.global_rank() != 0:
         _follow_rank_zero(distribution, data_root, cache_dir)
         return None
@@ -162,7 +170,24 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
     def finished() -> int:
         return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
+    def budget_taken(before: int | None = None) -> bool:
+        """Finished and running trials (numbered below `before`, if given) already make up the budget. Several
+        processes share a study: stopping only once `trials` have finished would let each of them start one
+        more trial and overshoot; a trial of a killed process is first failed (its heartbeat stopped), so that
+        it does not hold a place in the budget."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)  # a no-op without heartbeats (journal files)
+        taken = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
+        return sum(1 for t in taken if before is None or t.number < before) >= trials
+
     def objective(trial) -> float:
+        if budget_taken(before=trial.number):
+            # Two processes asked for a trial at the same moment and the other one got the last place: this
+            # trial ends at once, marked as surplus (failed, never trained), and this process stops.
+            trial.set_user_attr(SURPLUS_ATTR, True)
+            study.stop()
+            raise BudgetReached(f"study {name} already has {trials} finished or running trials")
         if trial.user_attrs.get(DEFAULTS_ATTR):
             config, overrides = {}, resolved
         else:
@@ -178,7 +203,7 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
         return value
 
     def enough(study_, _trial) -> None:
-        if finished() >= trials:
+        if budget_taken():
             study_.stop()
 
     started = time.perf_counter()
@@ -187,11 +212,15 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
         log(f"attnbench tune: study {name}: {finished()} of {trials} trials finished; running up to {remaining}")
         # Diverged trials (NaN loss) are failures of that configuration, recorded as such; the study goes on.
         try:
-            study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(DivergedError, FloatingPointError),
+            study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(DivergedError, FloatingPointError, BudgetReached),
                            callbacks=[enough])
         finally:
             distributed.broadcast(None)  # the other DDP ranks stop following (a no-op on one process)
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        log(f"attnbench tune: study {name}: the rest of its budget runs in other processes; the last of them to finish "
+            "writes the best parameters")
+        return None
     if not complete:
         raise RuntimeError(f"study {name} has no completed trial (all failed or pruned): see `optuna-dashboard` on its storage")
     best = study.best_trial

@@ -57,6 +57,13 @@ def test_failures_are_recorded_the_suite_goes_on_and_rerun_skips_finished(tmp_pa
         assert field in ok, field
     assert ok["metrics"]["test/acc"]["higher_is_better"] is True
     assert "[6/6]" in done.stdout and "ETA" in done.stdout
+    # The results table (mean ± sd of the primary metric per variant) comes before the leaderboard's paths.
+    import statistics
+
+    accuracies = [r["metrics"]["test/acc"]["value"] for r in by_variant["softmax"]]
+    table = done.stdout[done.stdout.index("variant  cora test/acc"):done.stdout.index("leaderboard written to")]
+    assert f"softmax      {statistics.fmean(accuracies):.4f} ± {statistics.stdev(accuracies):.4f}" in table
+    assert "test-raises  failed" in table and "test-nan     failed" in table
 
     board = (runs / "lb" / "faulty.md").read_text()
     assert "`softmax`" in board and "`test-raises`" in board and "deliberate failure" in board
@@ -88,3 +95,38 @@ def test_sigkill_mid_suite_then_rerun_loses_and_duplicates_nothing(tmp_path, env
     assert len(after) == 6 and all(r["status"] == "ok" for r in after.values())
     assert {k: after[k] for k in before} == before  # finished results were kept, not re-run
     assert sorted(r["spec"]["seed"] for r in after.values()) == list(range(6))
+
+
+def test_the_results_table_shows_mean_and_sd_per_task_and_variant_before_the_paths():
+    """Against statistics.fmean/stdev of the records' primary metric; failed and unrecorded runs named."""
+    import statistics
+
+    from harness.plan.planner import plan
+    from harness.plan.suite import load_suite
+    from harness.report.summary import results_table
+    from harness.results.record import Record
+
+    the_plan = plan(load_suite("quick"), variant_filter="softmax,entmax15,sparsemax")
+    values = {}
+    records = {}
+    for i, spec in enumerate(the_plan.specs):
+        if spec.display == "sparsemax":
+            continue  # never ran
+        if spec.display == "entmax15" and spec.task == "citeseer":
+            records[spec.key] = Record.failed(spec, "RuntimeError: boom")
+            continue
+        if spec.display == "entmax15" and spec.seed == 2:
+            continue  # 2 of 3 seeds finished
+        value = 0.5 + 0.01 * i
+        values.setdefault((spec.task, spec.display), []).append(value)
+        records[spec.key] = Record.ok(spec, {"test/acc": {"value": value, "higher_is_better": True}})
+    lines = results_table(the_plan, records).splitlines()
+    assert lines[0].split() == ["variant", "cora", "test/acc", "citeseer", "test/acc"]
+    row = {line.split()[0]: line for line in lines[1:4]}
+    cora = values["cora", "softmax"]
+    assert f"{statistics.fmean(cora):.4f} ± {statistics.stdev(cora):.4f}" in row["softmax"]
+    entmax = values["cora", "entmax15"]
+    assert f"{statistics.fmean(entmax):.4f} ± {statistics.stdev(entmax):.4f} (2/3)" in row["entmax15"]
+    assert row["entmax15"].rstrip().endswith("failed")
+    assert row["sparsemax"].split()[1:] == ["—", "—"]
+

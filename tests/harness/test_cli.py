@@ -54,11 +54,14 @@ def test_set_values_parse_as_yaml_and_exponents_as_numbers():
     assert get_task("glue-rte").params(params).lr == 5e-5  # the field's type makes it a float
 
 
-def test_bench_devices_and_workers_must_agree(capsys):
-    assert main(["bench", "--suite", "quick", "--workers", "1", "--devices", "2"]) == 2
-    assert "give one of them" in capsys.readouterr().err
-    assert main(["bench", "--suite", "quick", "--devices", "0"]) == 2
-    assert "at least 1" in capsys.readouterr().err
+def test_bench_devices_is_refused_with_its_new_spelling(capsys, tmp_path):
+    """One meaning per flag: --devices is one DDP run's device count everywhere; bench's workers are --workers."""
+    assert main(["bench", "--suite", "quick", "--devices", "2", "--runs-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bench --devices N is now --workers N" in err and "--strategy ddp --devices N" in err
+    assert main(["bench", "--suite", "quick", "--workers", "0", "--runs-dir", str(tmp_path)]) == 2
+    assert "--workers 0: expected an integer >= 1" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_run_checks_the_data_its_params_point_to(shared_data, tmp_path, capsys):
@@ -70,7 +73,7 @@ def test_run_checks_the_data_its_params_point_to(shared_data, tmp_path, capsys):
 def test_version_names_attnbench_torch_lightning_and_the_commit(capsys):
     import importlib.metadata
 
-    from harness.run.runner import git_commit
+    from harness.provenance import git_commit
 
     with pytest.raises(SystemExit) as stop:
         main(["--version"])

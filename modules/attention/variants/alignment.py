@@ -34,7 +34,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
-import ot
 from annotated_types import Ge, Gt, Interval
 import torch
 import torch.nn.functional as F
@@ -153,6 +152,12 @@ def sinkhorn_plan(cost: Tensor, a: Tensor, b: Tensor, eps: float, iterations: in
     (several times faster on CPU than the log-domain ones); beyond that range POT's log-domain solver takes over.
     """
     if float(cost.max()) / eps > _EXP_DOMAIN_LIMIT:
+        # Imported here: POT takes seconds to import and only this rare fallback needs it.
+        try:
+            import ot
+        except ImportError as exc:
+            raise ImportError(f"align-ot's log-domain Sinkhorn (cost/ε above {_EXP_DOMAIN_LIMIT:g}) needs POT: "
+                              "pip install pot (a dependency of attnbench)") from exc
         result = ot.solve_batch(cost, eps, a, b, max_iter=iterations, tol=tol, method="log_sinkhorn", grad="detach")
         return result.plan
     kernel = torch.exp(-cost.double() / eps)
