@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from harness.report.format import format_duration, format_p
+from harness.report.format import format_duration, format_p, resolution_sentence
 from harness.report.board import problem_lines
 
 MARKS = {"better": "▲", "worse": "▼"}
@@ -78,7 +78,7 @@ def _write_task(out: io.StringIO, table: dict[str, Any], several_groups: bool) -
         notes.append("no finished `softmax` runs to compare with")
     notes.append(f"records from commit(s) {', '.join(table['commits']) or '—'}, finished {_date_range(table['finished_range'])}")
     out.write("; ".join(notes) + ".\n\n")
-    out.write(_resolution_line(table) + "\n\n")
+    out.write(resolution_sentence(table, lambda name: f"`{name}`") + "\n\n")
 
     header = ["#", "variant", *[f"`{m['name']}`" for m in metrics], f"Δ `{primary['name']}` (Holm p)", "vs trivial (p)",
               "n", "failed", "pruned", "missing", *(["other hw"] if several_groups else []),
@@ -144,18 +144,6 @@ def _delta_cell(row: dict[str, Any], table: dict[str, Any], primary: dict[str, A
     # One digit more than the cells: a difference smaller than their rounding must not read as "+0.0".
     scale, digits = (100.0, 2) if primary["percent"] else (1.0, 5)
     return f"{comparison['diff'] * scale:+.{digits}f} ({format_p(comparison['p_holm'])})"
-
-
-def _resolution_line(table: dict[str, Any]) -> str:
-    resolution = table.get("resolution")
-    primary = table["metrics"][0]
-    if resolution is None or resolution["difference"] is None:
-        return f"Resolution: none (no variant has 2 seeds paired with `{table['baseline'] or 'softmax'}`, so there is no paired spread to judge a difference by)."
-    scale, digits, unit = (100.0, 2, " points") if primary["percent"] else (1.0, 4, "")
-    return (f"Resolution: with {resolution['pairs']} paired seeds, a difference from `{table['baseline']}` of "
-            f"{resolution['difference'] * scale:.{digits}f}{unit} in `{primary['name']}` is detected with 80% power "
-            f"(paired spread {resolution['spread'] * scale:.{digits}f}{unit}, pooled over {resolution['variants']} variant"
-            f"{'s' if resolution['variants'] != 1 else ''}); smaller differences are invisible here.")
 
 
 def _chance_cell(chance: dict[str, Any] | None) -> str:
