@@ -270,12 +270,34 @@ def _row(label: str, entries, records: Mapping[str, Record], group: str, metrics
         "metrics": {},
         "cost": _cost(here, ok),
     }
+    curves = _mean_curves([r.history for _, r in ok if r.history])
+    if curves:
+        row["history"] = curves  # only when some record has one, so boards of older records are unchanged
     for metric in metrics:
         pairs = [(s.seed, r.metrics[metric["name"]]["value"]) for s, r in ok if metric["name"] in (r.metrics or {})]
         pairs = [(seed, float(v)) for seed, v in pairs if v is not None and math.isfinite(float(v))]
         row["metrics"][metric["name"]] = {"values": [v for _, v in pairs], "seeds": [seed for seed, _ in pairs],
                                           **summarize([v for _, v in pairs]), "vs_baseline": None}
     return row
+
+
+def _mean_curves(histories: list[Mapping[str, Any]]) -> dict[str, list] | None:
+    """The seeds' learning curves averaged point by point on their common epoch axis (seeds that stopped
+    early simply end sooner): {"epoch": [...], <series>: [mean or None]}."""
+    if not histories:
+        return None
+    epochs = sorted({e for h in histories for e in h.get("epoch", [])})
+    names = sorted({name for h in histories for name in h if name != "epoch"})
+    at = [dict(zip(h.get("epoch", []), range(len(h.get("epoch", []))))) for h in histories]
+    curves: dict[str, list] = {"epoch": epochs}
+    for name in names:
+        series = []
+        for epoch in epochs:
+            values = [h[name][index[epoch]] for h, index in zip(histories, at)
+                      if epoch in index and name in h and index[epoch] < len(h[name]) and h[name][index[epoch]] is not None]
+            series.append(statistics.fmean(values) if values else None)
+        curves[name] = series
+    return curves
 
 
 def _compare(rows: dict[str, dict[str, Any]], baseline: str | None, metric: dict[str, Any]) -> None:

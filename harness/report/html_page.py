@@ -300,6 +300,11 @@ def _plots(task: dict[str, Any], alpha: float, plot_ids) -> str:
     timed = [(row, metric) for row, metric in points if row["cost"].get("time_per_epoch_s")]
     if timed:
         figures.append((_cost_plot(timed, task, scale, label), f"{task['primary']} against time per epoch (log scale)."))
+    curves = [(row["variant"], row["history"]) for row in task["rows"] if row.get("history")]
+    if curves:
+        panels = _curve_panels(task, curves)
+        figures.append((_curve_plot(curves, panels, task), "Learning curves, mean over the seeds at each epoch: "
+                        + " and ".join(_e(name) for name in panels) + "; the dot marks the best epoch of the validation curve."))
     parts = ["<div class=\"plots\">\n"]
     for svg, caption in figures:
         parts.append(f"<figure>{_inline_svg(svg, next(plot_ids))}<figcaption>{caption}</figcaption></figure>\n")
@@ -362,6 +367,40 @@ def _cost_plot(points, task: dict[str, Any], scale: float, label: str) -> str:
         ax.set_title(task["task"], loc="left")
         ax.grid(True, which="both", alpha=0.25)
         fig.tight_layout()
+        return _svg(fig)
+
+
+def _curve_panels(task: dict[str, Any], curves) -> list[str]:
+    """Train loss and the validation counterpart of the primary metric (val/acc for test/acc), else val/loss."""
+    present = {name for _, history in curves for name in history}
+    validation = "val/" + task["primary"].split("/", 1)[-1]
+    return [name for name in ("train/loss", validation if validation in present else "val/loss") if name in present]
+
+
+def _curve_plot(curves, panels: list[str], task: dict[str, Any]) -> str:
+    higher = task["higher_is_better"] if panels and panels[-1] != "val/loss" else False
+    with matplotlib.rc_context(_SVG_RC):
+        fig = Figure(figsize=(4.0 * len(panels) + 1.6, 3.4))
+        axes = fig.subplots(1, len(panels), squeeze=False)[0]
+        palette = matplotlib.colormaps["tab20"]
+        for index, (name, history) in enumerate(curves):
+            color = BASELINE_COLOR if name == task.get("baseline") else palette(index % 20)
+            for ax, panel in zip(axes, panels):
+                points = [(e, v) for e, v in zip(history["epoch"], history.get(panel, [])) if v is not None]
+                if not points:
+                    continue
+                ax.plot([e for e, _ in points], [v for _, v in points], color=color, linewidth=1.1 if name == task.get("baseline") else 0.8,
+                        label=name if ax is axes[0] else None)
+                if panel.startswith("val/"):
+                    best = (max if higher else min)(points, key=lambda point: point[1])
+                    ax.plot([best[0]], [best[1]], "o", color=color, markersize=2.5)
+        for ax, panel in zip(axes, panels):
+            ax.set_xlabel("epoch")
+            ax.set_title(panel, loc="left")
+            ax.grid(True, alpha=0.25)
+        fig.legend(loc="center right", fontsize=7, frameon=False)
+        fig.suptitle(task["task"], x=0.01, ha="left")
+        fig.tight_layout(rect=(0, 0, 1 - 1.4 / (4.0 * len(panels) + 1.6), 1))
         return _svg(fig)
 
 
