@@ -150,8 +150,11 @@ class VQATask(Task):
             "test/nll": sum(-math.log(max(prior[t], 1e-12)) for t in known) / len(known) if known else None,
             "test/pavpu": sum(a == certain for a in accurate) / len(accurate),
         }
+        # Where every test answer scores 0 or 1 (easy-vqa: one answer per question), VQA accuracy is a fraction of
+        # correct answers, and one seed can be tested against it with a binomial test.
+        binary = all(score in (0.0, 1.0) for e in splits.test for _, score in e.scores)
         return TrivialBaseline(f"the most frequent training answer for every question ({guess!r}, {prior[guess]:.1%} of training answers)",
-                               values)
+                               values, {"test/vqa_acc": len(splits.test)} if binary else {})
 
     def build(self, params: VQAParams, attention, *, data_root, cache_dir):
         splits = self.splits(params, data_root)

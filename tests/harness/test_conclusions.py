@@ -80,6 +80,11 @@ def test_vqa_baseline_answers_the_most_frequent_training_answer(monkeypatch):
     # the prior's entropy (0.97 nats) is above the 0.5 threshold: uncertain everywhere, so PAvPU counts the inaccurate
     assert baseline.metrics["test/pavpu"] == pytest.approx(1 / 3)
     assert "'yes'" in baseline.predictor
+    assert baseline.test_sizes == {}  # soft scores (2/3): not a count of correct answers, no binomial test
+
+    one_answer = [vqa_example(i, {"yes": 10}) for i in range(3)] + [vqa_example(3, {"no": 10})]
+    monkeypatch.setattr(task, "splits", lambda params, data_root: VQASplits(train, [], one_answer))
+    assert task.trivial_baseline(task.params({}), None).test_sizes == {"test/vqa_acc": 4}
 
 
 def test_rows_not_above_the_trivial_baseline_are_at_chance(tmp_path, shared_data):
