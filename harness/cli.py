@@ -71,6 +71,12 @@ def _precision(parser: argparse.ArgumentParser) -> None:
                              "so runs in different precisions are never ranked together")
 
 
+def _logger(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--logger", choices=["csv", "tensorboard"], default=None,
+                        help="also log every run through Lightning's CSVLogger or TensorBoardLogger, under <runs-dir>/logs "
+                             "(tensorboard needs the `tensorboard` extra); the record keeps its learning curves either way")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help="import a plugin file that registers variants or tasks (repeatable)")
     parser.add_argument("--data-root", default=None, help="local data folder (default: $ATTNBENCH_DATA; none = download when online)")
@@ -111,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter, or attention.KEY=VALUE for the variant")
     p.add_argument("--force", action="store_true", help="run again even if a record for this exact run exists")
     _precision(p)
+    _logger(p)
     _data_parallel(p)
     _common(p)
 
@@ -127,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the plan (every run, finished/failed/pending, estimated time) and exit; writes nothing")
     p.add_argument("--force", action="store_true", help="write the leaderboard even if it has fewer finished records than the board on disk")
     _precision(p)
+    _logger(p)
     add_launcher_arguments(p)
     _common(p)
 
@@ -143,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params-dir", default="leaderboards/params", help="where the best parameters are written")
     p.add_argument("--dry-run", action="store_true", help="print the studies (finished trials of --trials, estimated time) and exit; writes nothing")
     _precision(p)
+    _logger(p)
     _data_parallel(p)
     _common(p)
 
@@ -581,6 +590,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for plugin in getattr(args, "plugin", []):
             load_plugin_file(plugin)
+        if getattr(args, "logger", None):
+            from harness.results.store import runs_dir
+            from harness.run.runner import use_logger
+
+            use_logger(args.logger, runs_dir(getattr(args, "runs_dir", None)) / "logs")
         if getattr(args, "data_root", None):
             args.data_root = os.path.abspath(args.data_root)
         elif hasattr(args, "data_root"):

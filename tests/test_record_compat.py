@@ -76,3 +76,15 @@ def test_died_record_is_failed_and_retryable():
     record = Record.died("abc", {"task": "cora"}, "WorkerDied: gone", commit="c0ffee", wall_time_s=1.5)
     assert record.status is Status.FAILED and record.retryable and not record.is_final()
     assert record.to_dict()["retryable"] is True and record["error"] == "WorkerDied: gone"
+
+
+def test_old_records_have_no_history_and_a_new_one_keeps_its_curves_on_one_line(store, tmp_path):
+    assert all(record.history is None and "history" not in record.to_dict() for record in store)
+    old = next(iter(store))
+    curves = {"epoch": [1, 2, 3], "train/loss": [1.9, 1.2, None], "val/acc": [0.31, 0.52, 0.6], "epoch_s": [0.05, 0.04, 0.04]}
+    new = Record.from_dict({**old.to_dict(), "history": curves})
+    other = RecordStore(tmp_path / "new")
+    path = other.write(new)
+    assert other.read(new.key) == new and other.read(new.key).history == curves
+    text = path.read_text()
+    assert '"train/loss": [1.9,1.2,null]' in text and '"epoch": [1,2,3]' in text

@@ -4,13 +4,14 @@ it on: `bench` to the executor and then to the leaderboard, `tune` to its studie
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from datamodules.paths import MissingDataError
-from modules.tasks import Metric, get_task
+from modules.tasks import Metric, TrivialBaseline, get_task
 
 from harness.plan.spec import RunSpec, make_spec, resolve_attention
 from harness.plan.suite import Suite, SuiteError
@@ -30,6 +31,23 @@ class Plan:
     """Required tasks whose data is absent -> why; `require_data` stops a command that would run them."""
     metrics: dict[str, tuple[Metric, ...]] = field(default_factory=dict)
     """Each planned task's test metrics, the primary (ranking) one first."""
+
+    task_params: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Each planned task's parameters as the plan was given them (before a tuned row's own)."""
+    data_root: str | None = None
+    _baselines: dict[str, TrivialBaseline | None] = field(default_factory=dict, repr=False)
+
+    def trivial_baseline(self, task: str) -> TrivialBaseline | None:
+        """The task's input-blind baseline (Task.trivial_baseline) from the data this plan checked, computed on
+        first use and kept: only the leaderboard asks, so running a suite never pays for it. Values are
+        rounded to 6 significant digits so that float32 noise cannot reach a board."""
+        if task not in self._baselines:
+            task_def = get_task(task)
+            found = task_def.trivial_baseline(task_def.params(self.task_params.get(task)), self.data_root)
+            if found is not None:
+                found = dataclasses.replace(found, metrics={k: (float(f"{v:.6g}") if v is not None else None) for k, v in found.metrics.items()})
+            self._baselines[task] = found
+        return self._baselines[task]
 
     def require_data(self) -> None:
         if self.missing_data:
@@ -91,7 +109,8 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
                     extra={"suite": suite.name, "tuning": tuned.get("tuning", {})},
                     precision=precision,
                 ))
-    return Plan(suite, specs, skipped, untuned, missing, metrics)
+    return Plan(suite, specs, skipped, untuned, missing, metrics, task_params={t: p for t, p in task_params.items() if t in metrics},
+                data_root=data_root)
 
 
 def plan_runs(jobs: list[tuple[str, str | Mapping[str, Any], int, Mapping[str, Any]]], data_root: str | None,
@@ -103,4 +122,5 @@ def plan_runs(jobs: list[tuple[str, str | Mapping[str, Any], int, Mapping[str, A
     for task, _, _, params in jobs:
         first_params.setdefault(task, (params, False))
     _, missing = _check_tasks(first_params, data_root)
-    return Plan(None, specs, {}, missing_data=missing, metrics={task: tuple(get_task(task).metrics) for task in first_params})
+    return Plan(None, specs, {}, missing_data=missing, metrics={task: tuple(get_task(task).metrics) for task in first_params},
+                task_params={task: params for task, (params, _) in first_params.items()}, data_root=data_root)

@@ -12,6 +12,12 @@ Metric names and their order (the primary first) come from the plan; whether hig
 records, which store it with every value.
 Rows are ranked by the mean of the task's primary metric with competition ranking: equal means share
 the better rank and the next rank is skipped (1, 2, 2, 4), so a rank always says how many rows beat it.
+A row with fewer than `MIN_SEEDS_TO_RANK` finished seeds is shown but neither ranked nor marked.
+
+What a table can conclude: each task's trivial baseline (Task.trivial_baseline, an input-blind predictor
+scored on the same test data) is shown, and a row whose primary metric is not significantly better than it
+(one-sided, `above_chance_p`) is marked at chance. Each table states its resolution: the smallest paired
+difference from `softmax` its seeds detect with 80% power, from the paired spread it observed.
 """
 
 from __future__ import annotations
@@ -23,10 +29,17 @@ from typing import Any, Iterable, Mapping
 
 from harness.plan.planner import Plan
 from harness.results.record import Record, Status
-from harness.report.stats import ALPHA, CONFIDENCE, holm, paired_p, summarize
+from datamodules.paths import MissingDataError
+from harness.report.stats import ALPHA, CONFIDENCE, MIN_SEEDS_TO_RANK, POWER, above_chance_p, detectable_difference, holm, paired_p, summarize
 
 BASELINE = "softmax"
 TEST_DESCRIPTION = "paired t-test over seeds vs softmax, Holm-corrected across the variants of a task"
+CHANCE_DESCRIPTION = ("one-sided test that the primary metric beats the task's trivial baseline: a one-sample t-test over the "
+                      "seeds (2 or more), an exact binomial test of the correct count on the test examples (one seed, accuracies "
+                      "only); at chance when p >= α, uncorrected")
+RESOLUTION_DESCRIPTION = ("the smallest true difference from softmax in the primary metric that a two-sided paired t-test at α "
+                          "(before Holm) detects with 80% power at the table's seed count, given the paired spread the table shows "
+                          "(pooled over its variants)")
 UNKNOWN_HARDWARE = "unknown"
 MISSING = "missing"
 """A planned run without a record, counted next to the record statuses."""
@@ -64,12 +77,14 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
     for record in unique:
         by_label[hardware_label(record)].append(record)
     labels = sorted(by_label) or [NO_RECORDS]
+    trivial = {name: _trivial(the_plan, name) for name in tasks}
 
     groups = []
     for label in labels:
         group_records = by_label.get(label, [])
         hw = _group_hardware(group_records)
-        tables = [_task_table(name, the_plan.metrics[name], [s for s in specs if s.task == name], records, label) for name in tasks]
+        tables = [_task_table(name, the_plan.metrics[name], [s for s in specs if s.task == name], records, label, trivial[name])
+                  for name in tasks]
         groups.append({
             "hardware": label,
             **hw,
@@ -107,10 +122,29 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         "alpha": ALPHA,
         "confidence": CONFIDENCE,
         "test": TEST_DESCRIPTION,
-        "ranking": "competition ranking by the primary metric's mean: equal means share the better rank (1, 2, 2, 4)",
+        "chance_test": CHANCE_DESCRIPTION,
+        "resolution": RESOLUTION_DESCRIPTION,
+        "power": POWER,
+        "min_seeds_to_rank": MIN_SEEDS_TO_RANK,
+        "ranking": (f"competition ranking by the primary metric's mean: equal means share the better rank (1, 2, 2, 4); "
+                    f"rows with fewer than {MIN_SEEDS_TO_RANK} finished seeds are not ranked"),
         "groups": groups,
         **problems,
     }
+
+
+def _trivial(the_plan: Plan, task: str) -> dict[str, Any] | None:
+    """The task's trivial baseline as board data; None when it declares none or its data is not here (a plan
+    made without checking data, say, where the board's other numbers still stand)."""
+    if task in the_plan.missing_data:
+        return None
+    try:
+        found = the_plan.trivial_baseline(task)
+    except MissingDataError:
+        return None
+    if found is None:
+        return None
+    return {"predictor": found.predictor, "metrics": dict(found.metrics), "test_sizes": dict(found.test_sizes), "note": found.note}
 
 
 def hardware_label(record: Record) -> str:
@@ -148,7 +182,8 @@ def _direction(name: str, planned: bool, task_records: Iterable[Record]) -> bool
     return next((bool(r.metrics[name]["higher_is_better"]) for r in task_records if r.metrics and name in r.metrics), planned)
 
 
-def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[str, Record], group: str) -> dict[str, Any]:
+def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[str, Record], group: str,
+                trivial: dict[str, Any] | None = None) -> dict[str, Any]:
     task_records = [records[s.key] for s in task_specs if s.key in records]
     metrics = [{"name": m.name, "higher_is_better": _direction(m.name, m.higher_is_better, task_records), "percent": is_fraction_metric(m.name)}
                for m in planned_metrics]
@@ -162,6 +197,8 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
         _compare(rows, baseline, metric)
 
     primary = metrics[0]["name"]
+    for row in rows.values():
+        row["chance"] = _chance(row["metrics"][primary]["values"], trivial, primary, metrics[0]["higher_is_better"])
     ordered = _rank(list(rows.values()), primary, metrics[0]["higher_is_better"])
     table_records = _unique_records(records[s.key] for s in task_specs if s.key in records and hardware_label(records[s.key]) == group)
     tuning = {s.display: _plain(s.extra["tuning"]) for s in task_specs if s.extra.get("tuning")}
@@ -173,9 +210,35 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
         "commits": _commits(table_records),
         "finished_range": _finished_range(table_records),
         "baseline": baseline,
+        "trivial": trivial,
+        "resolution": _resolution(rows, baseline, primary),
         "rows": ordered,
         "tuning": dict(sorted(tuning.items())),
     }
+
+
+def _chance(values: list[float], trivial: dict[str, Any] | None, metric: str, higher: bool) -> dict[str, Any] | None:
+    chance = (trivial or {}).get("metrics", {}).get(metric)
+    if chance is None:
+        return None
+    tested = above_chance_p(values, chance, higher, trivial["test_sizes"].get(metric))
+    if tested is None:
+        return None
+    p, test = tested
+    return {"p": p, "test": test, "at_chance": p >= ALPHA}
+
+
+def _resolution(rows: Mapping[str, dict[str, Any]], baseline: str | None, primary: str) -> dict[str, Any] | None:
+    """The detectable difference at the most paired seeds any row has, from the paired spread pooled over the
+    rows (each row's variance of differences weighted by its degrees of freedom); None without two pairs."""
+    compared = [row["metrics"][primary]["vs_baseline"] for label, row in rows.items() if label != baseline]
+    compared = [c for c in compared if c and c["n_pairs"] >= 2]
+    if not compared:
+        return None
+    dof = sum(c["n_pairs"] - 1 for c in compared)
+    spread = math.sqrt(sum((c["n_pairs"] - 1) * c["spread"] ** 2 for c in compared) / dof)
+    pairs = max(c["n_pairs"] for c in compared)
+    return {"pairs": pairs, "spread": spread, "variants": len(compared), "difference": detectable_difference(spread, pairs)}
 
 
 def _baseline_label(by_label: Mapping[str, list], rows: Mapping[str, dict[str, Any]]) -> str | None:
@@ -207,12 +270,34 @@ def _row(label: str, entries, records: Mapping[str, Record], group: str, metrics
         "metrics": {},
         "cost": _cost(here, ok),
     }
+    curves = _mean_curves([r.history for _, r in ok if r.history])
+    if curves:
+        row["history"] = curves  # only when some record has one, so boards of older records are unchanged
     for metric in metrics:
         pairs = [(s.seed, r.metrics[metric["name"]]["value"]) for s, r in ok if metric["name"] in (r.metrics or {})]
         pairs = [(seed, float(v)) for seed, v in pairs if v is not None and math.isfinite(float(v))]
         row["metrics"][metric["name"]] = {"values": [v for _, v in pairs], "seeds": [seed for seed, _ in pairs],
                                           **summarize([v for _, v in pairs]), "vs_baseline": None}
     return row
+
+
+def _mean_curves(histories: list[Mapping[str, Any]]) -> dict[str, list] | None:
+    """The seeds' learning curves averaged point by point on their common epoch axis (seeds that stopped
+    early simply end sooner): {"epoch": [...], <series>: [mean or None]}."""
+    if not histories:
+        return None
+    epochs = sorted({e for h in histories for e in h.get("epoch", [])})
+    names = sorted({name for h in histories for name in h if name != "epoch"})
+    at = [dict(zip(h.get("epoch", []), range(len(h.get("epoch", []))))) for h in histories]
+    curves: dict[str, list] = {"epoch": epochs}
+    for name in names:
+        series = []
+        for epoch in epochs:
+            values = [h[name][index[epoch]] for h, index in zip(histories, at)
+                      if epoch in index and name in h and index[epoch] < len(h[name]) and h[name][index[epoch]] is not None]
+            series.append(statistics.fmean(values) if values else None)
+        curves[name] = series
+    return curves
 
 
 def _compare(rows: dict[str, dict[str, Any]], baseline: str | None, metric: dict[str, Any]) -> None:
@@ -228,25 +313,26 @@ def _compare(rows: dict[str, dict[str, Any]], baseline: str | None, metric: dict
         diffs = [v - base[seed] for seed, v in zip(cell["seeds"], cell["values"]) if seed in base]
         if len(diffs) < 2:
             continue
-        cell["vs_baseline"] = {"diff": statistics.fmean(diffs), "n_pairs": len(diffs), "p": paired_p(diffs), "p_holm": None, "mark": None}
+        cell["vs_baseline"] = {"diff": statistics.fmean(diffs), "spread": statistics.stdev(diffs), "n_pairs": len(diffs),
+                               "p": paired_p(diffs), "p_holm": None, "mark": None}
         tests[label] = cell["vs_baseline"]["p"]
     for label, p_holm in holm(tests).items():
         comparison = rows[label]["metrics"][name]["vs_baseline"]
         comparison["p_holm"] = p_holm
-        if p_holm < ALPHA and comparison["diff"] != 0:
+        if p_holm < ALPHA and comparison["diff"] != 0 and comparison["n_pairs"] >= MIN_SEEDS_TO_RANK:
             comparison["mark"] = "better" if (comparison["diff"] > 0) == metric["higher_is_better"] else "worse"
 
 
 def _rank(rows: list[dict[str, Any]], primary: str, higher: bool) -> list[dict[str, Any]]:
     # Exact equality is safe for ties: fmean sums with fsum (correctly rounded), so the same values in
     # any order give the same mean.
-    ranked = [r for r in rows if r["metrics"][primary]["n"]]
+    ranked = [r for r in rows if r["metrics"][primary]["n"] >= MIN_SEEDS_TO_RANK]
     ranked.sort(key=lambda r: (-r["metrics"][primary]["mean"] if higher else r["metrics"][primary]["mean"], r["variant"]))
     for position, row in enumerate(ranked, 1):
         previous = ranked[position - 2] if position > 1 else None
         same = previous is not None and previous["metrics"][primary]["mean"] == row["metrics"][primary]["mean"]
         row["rank"] = previous["rank"] if same else position
-    unranked = sorted((r for r in rows if not r["metrics"][primary]["n"]), key=lambda r: r["variant"])
+    unranked = sorted((r for r in rows if r["metrics"][primary]["n"] < MIN_SEEDS_TO_RANK), key=lambda r: (not r["metrics"][primary]["n"], r["variant"]))
     return ranked + unranked
 
 

@@ -1,6 +1,8 @@
-"""How every rendering shows a time or a p-value: the one place these formats are defined."""
+"""How every rendering shows a time, a p-value or a table's resolution: the one place these formats are defined."""
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 
 def format_duration(seconds: float | None) -> str:
@@ -17,3 +19,18 @@ def format_p(p: float | None) -> str:
     if p is None:
         return "—"
     return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def resolution_sentence(table: dict[str, Any], quote: Callable[[str], str] = str) -> str:
+    """The sentence under a task's heading saying the smallest difference from the baseline its seeds can see."""
+    resolution = table.get("resolution")
+    primary = table["metrics"][0]
+    if resolution is None or resolution["difference"] is None:
+        return (f"Resolution: none (no variant has 2 seeds paired with {quote(table.get('baseline') or 'softmax')}, "
+                "so there is no paired spread to judge a difference by).")
+    scale, digits, unit = (100.0, 2, " points") if primary.get("percent") else (1.0, 4, "")
+    variants = resolution["variants"]
+    return (f"Resolution: with {resolution['pairs']} paired seeds, a difference from {quote(table['baseline'])} of "
+            f"{resolution['difference'] * scale:.{digits}f}{unit} in {quote(primary['name'])} is detected with 80% power "
+            f"(paired spread {resolution['spread'] * scale:.{digits}f}{unit}, pooled over {variants} variant{'s' if variants != 1 else ''}); "
+            "smaller differences are invisible here.")

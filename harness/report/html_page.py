@@ -16,7 +16,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from harness.report.format import format_duration, format_p
+from harness.report.format import format_duration, format_p, resolution_sentence
 from harness.report.board import problem_lines
 
 MARKS = {"better": "▲", "worse": "▼"}
@@ -46,7 +46,7 @@ th,td{padding:.25em .55em;border-bottom:1px solid #e3e3e3;text-align:right;white
 th{background:#f3f4f6;cursor:pointer;user-select:none;position:relative}
 th.text,td.text{text-align:left}
 th[aria-sort=ascending]::after{content:" \\2191"}th[aria-sort=descending]::after{content:" \\2193"}
-tr.baseline td{background:#fdf4ea}
+tr.baseline td{background:#fdf4ea}tr.chance td{color:#888}tr.trivial td{background:#f6f6f6;font-style:italic}
 .ci{display:block;color:#777;font-size:.82em}
 .mark{font-weight:bold;cursor:help}.mark.better{color:#1a7f37}.mark.worse{color:#c62828}
 .bad{color:#c62828}.none{color:#aaa}
@@ -122,6 +122,13 @@ def _header(board: dict[str, Any]) -> str:
     parts.append(f"<li>Significance: {_e(board['test'])}; marked when the corrected p &lt; {_e(_num(board['alpha']))}. "
                  f"{MARKS['better']} better / {MARKS['worse']} worse than the baseline; hover a cell for its p-values.</li>\n")
     parts.append("<li>Intervals: mean ± std over seeds, 95% Student-t confidence interval below.</li>\n")
+    if board.get("min_seeds_to_rank"):
+        parts.append(f"<li>Ranks: rows with fewer than {_e(str(board['min_seeds_to_rank']))} finished seeds show their values but get no rank "
+                     f"and no {MARKS['better']}/{MARKS['worse']}.</li>\n")
+    if board.get("chance_test"):
+        parts.append(f"<li><em>trivial</em>: each task's input-blind baseline on the same test data; vs trivial: {_e(board['chance_test'])}.</li>\n")
+    if board.get("resolution"):
+        parts.append(f"<li>Resolution: {_e(board['resolution'])}.</li>\n")
     parts.append("</ul>\n")
     for task, why in sorted(board["skipped_tasks"].items()):
         parts.append(f"<p class=\"skipped\"><code>{_e(task)}</code> skipped: {_e(why)}</p>\n")
@@ -171,9 +178,10 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
                  f"{'metrics ' + ', '.join(f'<code>{_e(n)}</code>' for n in percent) + ' in %; ' if percent else ''}"
                  f"commit(s) {_codes(task['commits'])}; runs finished {_range(task['finished_range'])}. "
                  + (f"Marks compare with <code>{_e(baseline)}</code>.</p>\n" if baseline else "No baseline with ok runs here, so no marks.</p>\n"))
+    parts.append(f"<p class=\"resolution\">{_e(resolution_sentence(task))}</p>\n")
     header = [("#", False), ("variant", True)]
     header += [(m["name"] + (" (%)" if m.get("percent") else ""), False) for m in metrics]
-    header += [("n", False), ("failed", False), ("pruned", False), ("missing", False), ("epochs", False),
+    header += [("vs trivial (p)", False), ("n", False), ("failed", False), ("pruned", False), ("missing", False), ("epochs", False),
                ("time/epoch", False), ("total time", False), ("peak mem", False), ("params", False)]
     body = []
     for row in task["rows"]:
@@ -181,6 +189,11 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
         cells = [_cell(str(row["rank"]) if row["rank"] is not None else _NONE, row["rank"]),
                  _cell(f"<code>{_e(row['variant'])}</code>", row["variant"], text=True)]
         cells += [_metric_cell(row["metrics"].get(m["name"]), m, baseline) for m in metrics]
+        chance = row.get("chance")
+        cells.append(_cell(_e(f"{'at chance' if chance['at_chance'] else 'above'} ({format_p(chance['p'])})") if chance else _NONE,
+                           chance["p"] if chance else None,
+                           title=f"{'binomial test of the correct count' if chance['test'] == 'binomial' else 't-test over seeds'} "
+                                 f"against the trivial baseline, one-sided" if chance else ""))
         extra = f" <span class=\"none\" title=\"runs recorded on other hardware\">(+{row['other_hardware']} elsewhere)</span>" if row.get("other_hardware") else ""
         cells += [
             _cell(f"{row['n']}/{row['planned']}{extra}", row["n"]),
@@ -194,8 +207,20 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
             _cell(_e(f"{cost['parameters']:,}" if cost.get("parameters") else "—"), cost.get("parameters")),
         ]
         css = " class=\"baseline\"" if baseline is not None and row["variant"] == baseline else ""
+        css = css or (" class=\"chance\"" if chance and chance["at_chance"] else "")
         body.append(f"<tr{css}>{''.join(cells)}</tr>\n")
+    trivial = task.get("trivial")
+    if trivial:
+        cells = [_cell(_NONE, None), _cell("<em>trivial</em>", "~trivial", text=True, title=trivial["predictor"])]
+        for m in metrics:
+            value = trivial["metrics"].get(m["name"])
+            scale, digits = (100.0, 1) if m.get("percent") else (1.0, 4)
+            cells.append(_cell(_e(_fixed(value * scale, digits)) if value is not None else "<span class=\"none\">undefined</span>", value))
+        cells += [_cell(_NONE, None)] * (len(header) - len(cells))
+        body.append(f"<tr class=\"trivial\">{''.join(cells)}</tr>\n")
     parts.append(_table(header, body, "task"))
+    if trivial:
+        parts.append(f"<p><em>trivial</em>: {_e(trivial['predictor'])}." + (f" {_e(trivial['note'])}." if trivial["note"] else "") + "</p>\n")
     failures = [(row["variant"], error) for row in task["rows"] for error in row.get("errors", [])]
     if failures:
         parts.append("<p>Failures:</p>\n<ul>\n")
@@ -237,6 +262,7 @@ def _metric_cell(metric: dict[str, Any] | None, spec: dict[str, Any], baseline: 
 _NONE = "<span class=\"none\">—</span>"
 
 
+
 def _cell(content: str, sort_value: Any, *, text: bool = False, title: str = "") -> str:
     """`content` is already-escaped HTML; `sort_value` the raw value the column sorts by."""
     if sort_value is None or (isinstance(sort_value, float) and math.isnan(sort_value)):
@@ -274,6 +300,11 @@ def _plots(task: dict[str, Any], alpha: float, plot_ids) -> str:
     timed = [(row, metric) for row, metric in points if row["cost"].get("time_per_epoch_s")]
     if timed:
         figures.append((_cost_plot(timed, task, scale, label), f"{task['primary']} against time per epoch (log scale)."))
+    curves = [(row["variant"], row["history"]) for row in task["rows"] if row.get("history")]
+    if curves:
+        panels = _curve_panels(task, curves)
+        figures.append((_curve_plot(curves, panels, task), "Learning curves, mean over the seeds at each epoch: "
+                        + " and ".join(_e(name) for name in panels) + "; the dot marks the best epoch of the validation curve."))
     parts = ["<div class=\"plots\">\n"]
     for svg, caption in figures:
         parts.append(f"<figure>{_inline_svg(svg, next(plot_ids))}<figcaption>{caption}</figcaption></figure>\n")
@@ -300,6 +331,10 @@ def _bar_plot(points, task: dict[str, Any], scale: float, label: str) -> str:
         # Zoomed to the data: differences between variants are often a fraction of a point, invisible on an axis from 0.
         span = (high - low) or abs(high) or 1.0
         ax.set_xlim(low - 0.15 * span, high + 0.12 * span)
+        chance = ((task.get("trivial") or {}).get("metrics") or {}).get(task["primary"])
+        if chance is not None and low - 0.15 * span <= chance * scale <= high + 0.12 * span:
+            ax.axvline(chance * scale, color="#888", linestyle="--", linewidth=0.8)
+            ax.text(chance * scale, -0.6, " trivial", color="#666", fontsize=7, va="bottom")
         for position, (row, metric), mean, hi in zip(positions, points, means, highs):
             mark = (metric.get("vs_baseline") or {}).get("mark")
             if mark in MARKS:
@@ -332,6 +367,40 @@ def _cost_plot(points, task: dict[str, Any], scale: float, label: str) -> str:
         ax.set_title(task["task"], loc="left")
         ax.grid(True, which="both", alpha=0.25)
         fig.tight_layout()
+        return _svg(fig)
+
+
+def _curve_panels(task: dict[str, Any], curves) -> list[str]:
+    """Train loss and the validation counterpart of the primary metric (val/acc for test/acc), else val/loss."""
+    present = {name for _, history in curves for name in history}
+    validation = "val/" + task["primary"].split("/", 1)[-1]
+    return [name for name in ("train/loss", validation if validation in present else "val/loss") if name in present]
+
+
+def _curve_plot(curves, panels: list[str], task: dict[str, Any]) -> str:
+    higher = task["higher_is_better"] if panels and panels[-1] != "val/loss" else False
+    with matplotlib.rc_context(_SVG_RC):
+        fig = Figure(figsize=(4.0 * len(panels) + 1.6, 3.4))
+        axes = fig.subplots(1, len(panels), squeeze=False)[0]
+        palette = matplotlib.colormaps["tab20"]
+        for index, (name, history) in enumerate(curves):
+            color = BASELINE_COLOR if name == task.get("baseline") else palette(index % 20)
+            for ax, panel in zip(axes, panels):
+                points = [(e, v) for e, v in zip(history["epoch"], history.get(panel, [])) if v is not None]
+                if not points:
+                    continue
+                ax.plot([e for e, _ in points], [v for _, v in points], color=color, linewidth=1.1 if name == task.get("baseline") else 0.8,
+                        label=name if ax is axes[0] else None)
+                if panel.startswith("val/"):
+                    best = (max if higher else min)(points, key=lambda point: point[1])
+                    ax.plot([best[0]], [best[1]], "o", color=color, markersize=2.5)
+        for ax, panel in zip(axes, panels):
+            ax.set_xlabel("epoch")
+            ax.set_title(panel, loc="left")
+            ax.grid(True, alpha=0.25)
+        fig.legend(loc="center right", fontsize=7, frameon=False)
+        fig.suptitle(task["task"], x=0.01, ha="left")
+        fig.tight_layout(rect=(0, 0, 1 - 1.4 / (4.0 * len(panels) + 1.6), 1))
         return _svg(fig)
 
 

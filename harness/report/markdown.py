@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from harness.report.format import format_duration, format_p
+from harness.report.format import format_duration, format_p, resolution_sentence
 from harness.report.board import problem_lines
 
 MARKS = {"better": "▲", "worse": "▼"}
@@ -33,7 +33,10 @@ def render_markdown(board: dict[str, Any]) -> str:
         f"▲ / ▼: significantly better / worse than `softmax` of the same table: paired t-test over the seeds both finished, "
         f"p Holm-corrected across the table's variants (one family per metric), Holm p < {board['alpha']:g}. "
         "Δ: mean paired difference from `softmax` on the primary metric, with its Holm p. "
-        "Equal means share the better rank (1, 2, 2, 4); rows on different hardware are never ranked together.\n\n"
+        "Equal means share the better rank (1, 2, 2, 4); rows on different hardware are never ranked together. "
+        f"Rows with fewer than {board['min_seeds_to_rank']} finished seeds show their values but get no rank and no ▲ / ▼. "
+        f"*trivial*: the task's input-blind baseline on the same test data; vs trivial: {board['chance_test']}. "
+        f"Resolution: {board['resolution']}.\n\n"
     )
     several = len(board["groups"]) > 1
     for group in board["groups"]:
@@ -75,8 +78,9 @@ def _write_task(out: io.StringIO, table: dict[str, Any], several_groups: bool) -
         notes.append("no finished `softmax` runs to compare with")
     notes.append(f"records from commit(s) {', '.join(table['commits']) or '—'}, finished {_date_range(table['finished_range'])}")
     out.write("; ".join(notes) + ".\n\n")
+    out.write(resolution_sentence(table, lambda name: f"`{name}`") + "\n\n")
 
-    header = ["#", "variant", *[f"`{m['name']}`" for m in metrics], f"Δ `{primary['name']}` (Holm p)",
+    header = ["#", "variant", *[f"`{m['name']}`" for m in metrics], f"Δ `{primary['name']}` (Holm p)", "vs trivial (p)",
               "n", "failed", "pruned", "missing", *(["other hw"] if several_groups else []),
               "epochs", "time/epoch", "total time", "peak mem", "params"]
     out.write("| " + " | ".join(header) + " |\n")
@@ -88,6 +92,7 @@ def _write_task(out: io.StringIO, table: dict[str, Any], several_groups: bool) -
             f"`{row['variant']}`",
             *[_metric_cell(row["metrics"][m["name"]], m["percent"]) for m in metrics],
             _delta_cell(row, table, primary),
+            _chance_cell(row.get("chance")),
             f"{row['n']}/{row['planned']}",
             str(row["failed"]),
             str(row["pruned"]),
@@ -100,6 +105,11 @@ def _write_task(out: io.StringIO, table: dict[str, Any], several_groups: bool) -
             f"{cost['parameters']:,}" if cost["parameters"] else "—",
         ]
         out.write("| " + " | ".join(cells) + " |\n")
+    trivial = table.get("trivial")
+    if trivial:
+        values = [_trivial_cell(trivial["metrics"].get(m["name"]), m["percent"]) for m in metrics]
+        out.write("| " + " | ".join(["—", "*trivial*", *values, *["—"] * (len(header) - 2 - len(values))]) + " |\n")
+        out.write(f"\n*trivial*: {trivial['predictor']}." + (f" {trivial['note']}." if trivial["note"] else "") + "\n")
     failures = [(row["variant"], e) for row in table["rows"] for e in row["errors"]]
     if failures:
         out.write("\nFailures:\n")
@@ -134,6 +144,19 @@ def _delta_cell(row: dict[str, Any], table: dict[str, Any], primary: dict[str, A
     # One digit more than the cells: a difference smaller than their rounding must not read as "+0.0".
     scale, digits = (100.0, 2) if primary["percent"] else (1.0, 5)
     return f"{comparison['diff'] * scale:+.{digits}f} ({format_p(comparison['p_holm'])})"
+
+
+def _chance_cell(chance: dict[str, Any] | None) -> str:
+    if chance is None:
+        return "—"
+    return f"{'at chance' if chance['at_chance'] else 'above'} ({format_p(chance['p'])})"
+
+
+def _trivial_cell(value: float | None, percent: bool) -> str:
+    if value is None:
+        return "undefined"
+    scale, digits = (100.0, 1) if percent else (1.0, 4)
+    return f"{value * scale:.{digits}f}"
 
 
 def _date_range(dates: list[str | None]) -> str:

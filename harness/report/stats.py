@@ -2,7 +2,10 @@
 
 - mean, sample standard deviation (ddof 1) and a `CONFIDENCE` Student-t interval over the seeds that finished;
 - against the baseline: a two-sided paired t-test over the seeds both finished, Holm-corrected across the
-  variants of a table (one family per table and metric); significant when the Holm p is below `ALPHA`."""
+  variants of a table (one family per table and metric); significant when the Holm p is below `ALPHA`;
+- against the task's trivial baseline (a fixed number): a one-sided test that the row is better than it
+  (`above_chance_p`), and a table's resolution, the smallest paired difference its seeds can detect
+  (`detectable_difference`)."""
 
 from __future__ import annotations
 
@@ -10,10 +13,14 @@ import math
 import statistics
 from typing import Any, Mapping
 
-from scipy import stats
+from scipy import integrate, stats
 
 ALPHA = 0.05
 CONFIDENCE = 0.95
+POWER = 0.8
+MIN_SEEDS_TO_RANK = 3
+"""Below this many finished seeds a row shows its values but gets no rank and no mark: with two seeds a
+paired t-test has one degree of freedom, and the spread it rests on is itself a guess."""
 
 
 def summarize(values: list[float]) -> dict[str, Any]:
@@ -51,3 +58,50 @@ def holm(p_values: Mapping[str, float]) -> dict[str, float]:
         running = max(running, min(1.0, (m - i) * p))
         adjusted[name] = running
     return adjusted
+
+
+def above_chance_p(values: list[float], chance: float, higher_is_better: bool, test_size: int | None = None) -> tuple[float, str] | None:
+    """(p, test) for "this row is better than the trivial baseline's value `chance`", one-sided; None when
+    no test applies. With >= 2 values a one-sample t-test over seeds (the baseline is a fixed number, so the
+    seeds' spread is the only noise); with one value that is a fraction of `test_size` correct predictions,
+    an exact binomial test of its count against the baseline's rate. Constant values have no t statistic:
+    all beyond chance is as strong as evidence gets (p = 0), anything else is none (p = 1)."""
+    if len(values) >= 2:
+        beyond = [(v - chance) if higher_is_better else (chance - v) for v in values]
+        scale = max(1.0, max(abs(b) for b in beyond))
+        if max(beyond) - min(beyond) <= 1e-12 * scale:
+            return (0.0 if min(beyond) > 1e-12 * scale else 1.0), "t"
+        return float(stats.ttest_1samp(beyond, 0.0, alternative="greater").pvalue), "t"
+    if len(values) == 1 and test_size and 0.0 < chance < 1.0:
+        correct = round(values[0] * test_size)
+        return float(stats.binomtest(correct, test_size, chance, alternative="greater" if higher_is_better else "less").pvalue), "binomial"
+    return None
+
+
+def detectable_difference(spread: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """The smallest true mean difference a two-sided paired t-test over `n` pairs detects with probability
+    `power` at level `alpha`, when the paired differences have standard deviation `spread`. Exact, from the
+    noncentral t distribution of the statistic (the normal approximation is far off at 3 seeds). None below
+    2 pairs (no spread to test with)."""
+    if n < 2 or not spread > 0:
+        return None
+    df = n - 1
+    critical = float(stats.t.ppf(1 - alpha / 2, df))
+
+    def shortfall(effect: float) -> float:
+        # P(|T| > critical) for T = (Z + shift) / sqrt(V / df), V ~ chi2(df): integrated over V, because
+        # scipy's noncentral t returns NaN in the far tail at df = 1 (two seeds), where this is needed.
+        shift = effect * math.sqrt(n)
+
+        def rejecting(v: float) -> float:
+            scaled = critical * math.sqrt(v / df)
+            return (stats.norm.sf(scaled - shift) + stats.norm.cdf(-scaled - shift)) * stats.chi2.pdf(v, df)
+
+        return float(integrate.quad(rejecting, 0.0, math.inf, limit=200)[0]) - power
+
+    high = 1.0
+    while shortfall(high) < 0:
+        high *= 2
+    from scipy.optimize import brentq
+
+    return float(brentq(shortfall, 0.0, high, xtol=1e-10)) * spread

@@ -59,6 +59,10 @@ class Record(Mapping):
     fit_time_s: float | None = None
     wall_time_s: float | None = None
     peak_memory_mb: float | None = None
+    history: Mapping[str, Any] | None = None
+    """Learning curves (harness/run/callbacks.py History): {"epoch": [...], "train/loss": [...], "val/<m>": [...],
+    "aux/<term>": [...], "epoch_s": [...]}, one value per epoch or per block of epochs on long fits, None
+    where a series was not logged. Records written before it existed have none."""
     started: str | None = None
     finished: str | None = None
     commit: str | None = None

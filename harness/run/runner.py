@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import logging
 import math
+import os
 import platform
 import time
 import traceback
@@ -22,7 +24,7 @@ from harness.plan.spec import RunSpec
 from harness.provenance import git_commit
 from harness.results.record import Record, utc_now
 from harness.run import distributed
-from harness.run.callbacks import EpochTimer, FollowRankZeroPruning, RestoreBestWeights, early_stopping, live_progress
+from harness.run.callbacks import EpochTimer, FollowRankZeroPruning, History, RestoreBestWeights, early_stopping, live_progress
 from harness.run.distributed import SINGLE, Distribution
 
 
@@ -122,6 +124,38 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
+LOGGERS = ("csv", "tensorboard")
+LOGGER_ENV, LOG_DIR_ENV = "ATTNBENCH_LOGGER", "ATTNBENCH_LOG_DIR"
+"""`--logger` reaches every run through the environment: bench's worker processes and SLURM tasks inherit it,
+so no launcher has to carry it."""
+
+
+def use_logger(kind: str | None, log_dir: str | Path) -> None:
+    """`--logger csv|tensorboard`: every run this process (or its workers) starts logs through Lightning's
+    CSVLogger or TensorBoardLogger under `log_dir`/<task>/<label>/seed<seed>-<key>. Checked now, so that a
+    missing tensorboard stops the command before anything runs."""
+    if not kind:
+        return
+    if kind not in LOGGERS:
+        raise ValueError(f"--logger {kind!r}: expected one of {', '.join(LOGGERS)}")
+    if kind == "tensorboard" and not (importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")):
+        raise ValueError("--logger tensorboard needs the tensorboard package: pip install 'attnbench[tensorboard]' "
+                         "(or pip install tensorboard), or use --logger csv")
+    os.environ[LOGGER_ENV] = kind
+    os.environ[LOG_DIR_ENV] = str(Path(log_dir).resolve())
+
+
+def experiment_logger(spec: RunSpec):
+    """The Lightning logger `use_logger` chose for this run, or False (no logger: the record is the result)."""
+    kind = os.environ.get(LOGGER_ENV)
+    if not kind:
+        return False
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    cls = {"csv": CSVLogger, "tensorboard": TensorBoardLogger}[kind]
+    return cls(os.environ.get(LOG_DIR_ENV) or "logs", name=f"{spec.task}/{spec.display}", version=f"seed{spec.seed}-{spec.key}")
+
+
 def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | None = None, commit: str | None = None,
             verbose: bool = False, distribution: Distribution = SINGLE) -> Record | None:
     """Run one spec and return its record. Never raises for a failing run: failures are data.
@@ -140,11 +174,12 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         "distributed": distribution.describe() if distribution.is_distributed else None,
     }
     timer = EpochTimer()
+    history = History()
     outcome: dict[str, Any]
     try:
         task = get_task(spec.task)
-        trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir, [timer, *(live_progress(task.monitor.name) if verbose else [])],
-                                                     distribution)
+        trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir,
+                                                     [timer, history, *(live_progress(task.monitor.name) if verbose else [])], distribution)
         trainer.fit(module, datamodule=datamodule)
         if distribution.is_distributed:
             is_rank_zero = trainer.is_global_zero
@@ -179,6 +214,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         fit_time_s=timer.total_s,
         wall_time_s=time.perf_counter() - t0,
         peak_memory_mb=memory.peak_mb(),
+        history=history.compact(),
         finished=utc_now(),
         **context,
     )
@@ -193,13 +229,16 @@ def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callba
     params = task.Params(**spec.params)
     L.seed_everything(spec.seed, workers=True, verbose=False)
     datamodule, module = task.build(params, spec.attention, data_root=data_root, cache_dir=cache_dir)
+    logger = experiment_logger(spec)
     best = RestoreBestWeights(task.monitor.name, task.monitor.higher_is_better)
     trainer = L.Trainer(
         max_epochs=params.max_epochs,
         accelerator="auto",
         precision=spec.precision,
         **distribution.trainer_kwargs(),
-        logger=False,
+        logger=logger,
+        # a logger sees every step (full-batch graph tasks have one per epoch); without one nothing is logged
+        **({"log_every_n_steps": 1} if logger else {}),
         enable_checkpointing=False,
         enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),  # `run` on a terminal: live_progress
         enable_model_summary=False,

@@ -24,6 +24,21 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class TrivialBaseline:
+    """What a predictor that ignores its input scores on a task's test split(s): the floor a leaderboard row
+    must clear before its numbers say anything (harness/report marks rows not significantly above it)."""
+
+    predictor: str
+    """In words, e.g. "majority class 1 of the train labels (68.4%)"."""
+    metrics: Mapping[str, float | None]
+    """Test metric name -> the predictor's value; None where the metric is undefined for it (`note` says why)."""
+    test_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Metric name -> number of test examples, for the metrics that are a fraction of correct predictions:
+    with one seed, such a value is tested against the baseline with an exact binomial test."""
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class TrainParams:
     """Knobs every task has; tasks subclass this with their own (frozen) fields and paper defaults."""
 
@@ -82,6 +97,11 @@ class Task:
 
     def build(self, params: TrainParams, attention: Mapping[str, Any], *, data_root: str | None, cache_dir: str | None) -> tuple[L.LightningDataModule, L.LightningModule]:
         raise NotImplementedError
+
+    def trivial_baseline(self, params: TrainParams, data_root: str | None) -> TrivialBaseline | None:
+        """The input-blind predictor's test scores, from the task's own data (train labels choose the prediction,
+        test labels score it); None for a task that declares none. Deterministic: boards are built from it."""
+        return None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ held-out part of train, so the reported numbers are never the ones that chose th
 from __future__ import annotations
 
 import dataclasses
+import statistics
+import warnings
 from dataclasses import dataclass
 from typing import Annotated, Any, Mapping
 
@@ -20,8 +22,8 @@ from datamodules import glue, reviews
 from datamodules.text import TextDataModule, TextSplits, holdout, subsample
 
 from ..hosts.text_encoder import load_minilm, minilm_tokenizer, small_bert
-from ..lit.sequence_classification import SequenceClassificationModule, SequenceClassifier
-from .base import Metric, Task, TrainParams, register_task, resolve_kernel_lr_scale
+from ..lit.sequence_classification import SequenceClassificationModule, SequenceClassifier, task_metrics, update_metrics
+from .base import Metric, Task, TrainParams, TrivialBaseline, register_task, resolve_kernel_lr_scale
 
 BACKBONES = ("scratch", "minilm")
 DEFAULT_LR = {"scratch": 5e-4, "minilm": 5e-5}
@@ -83,6 +85,38 @@ class TextTask(Task):
 
     def splits(self, params: TextParams, data_root: str | None) -> TextSplits:
         raise NotImplementedError
+
+    def trivial_baseline(self, params: TextParams, data_root) -> TrivialBaseline:
+        """Classification: the class prior of the train labels, predicted for every test example (so always the
+        majority class), scored by the same torchmetrics as the models; regression: the train labels' mean."""
+        import torch
+
+        splits = self.splits(params, data_root)
+        train = subsample(splits.train, params.max_train_examples)
+        if self.num_labels == 1:
+            mean = statistics.fmean(float(e.label) for e in train)
+            return TrivialBaseline(f"the mean of the train labels ({mean:.3f}) for every example", {m.name: None for m in self.metrics},
+                                   note="Pearson and Spearman correlations are undefined for a constant prediction (zero variance)")
+        counts = torch.bincount(torch.tensor([int(e.label) for e in train]), minlength=self.num_labels).double()
+        prior = (counts / counts.sum()).float()
+        majority = int(prior.argmax())  # the first of equal counts: the lowest class id
+        values: dict[str, float] = {}
+        sizes: dict[str, int] = {}
+        # named as the module names its test sets: the first is test/<m>, the others test/<set>_<m>
+        prefixes = ["test/"] + [f"test/{name}_" for name in list(splits.tests)[1:]]
+        for prefix, examples in zip(prefixes, splits.tests.values()):
+            labels = torch.tensor([int(e.label) for e in examples])
+            metrics = task_metrics(self.metric_names, max(self.num_labels, 2)).clone(prefix=prefix)
+            with warnings.catch_warnings():  # MCC warns that a constant prediction leaves it undefined
+                warnings.simplefilter("ignore")
+                update_metrics(metrics, prior.expand(len(labels), -1), labels)
+                values.update({name: float(v) for name, v in metrics.compute().items()})
+            if "acc" in self.metric_names:
+                sizes[f"{prefix}acc"] = len(labels)
+        note = ("MCC is undefined for a constant prediction (no variance); shown is what torchmetrics, which scores the models, "
+                "returns for it") if "mcc" in self.metric_names else ""
+        return TrivialBaseline(f"the train labels' class prior for every example (always class {majority}, {float(prior[majority]):.1%} of train)",
+                               {m.name: values.get(m.name) for m in self.metrics}, sizes, note)
 
     def build(self, params: TextParams, attention, *, data_root, cache_dir):
         tokenizer = minilm_tokenizer()

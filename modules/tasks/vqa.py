@@ -7,6 +7,7 @@ on a validation split, the test split is reported; see datamodules/vqa.py for th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -15,6 +16,8 @@ from annotated_types import Ge, Gt, Interval
 from datamodules.image_features import ImageEncoderSpec
 from datamodules.vqa import (
     VQADataModule,
+    VQASplits,
+    answer_vocabulary,
     easy_vqa_problem,
     read_easy_vqa,
     read_vqa,
@@ -24,7 +27,7 @@ from datamodules.vqa import (
 
 from ..hosts.mcan import MCAN
 from ..lit.vqa import VQAModule
-from .base import Metric, Task, TrainParams, register_task, resolve_kernel_lr_scale
+from .base import Metric, Task, TrainParams, TrivialBaseline, register_task, resolve_kernel_lr_scale
 
 DATASETS = ("vqa-v2", "easy-vqa")
 
@@ -109,7 +112,7 @@ class VQATask(Task):
         vqa_dir = params.vqa_dir if params is not None else self.preset.get("vqa_dir", VQAParams.vqa_dir)
         return vqa_problem(data_root, vqa_dir)
 
-    def build(self, params: VQAParams, attention, *, data_root, cache_dir):
+    def splits(self, params: VQAParams, data_root) -> VQASplits:
         if params.dataset == "easy-vqa":
             splits = read_easy_vqa(val_fraction=params.val_fraction)
         else:
@@ -117,6 +120,44 @@ class VQATask(Task):
         splits.train = subsample(splits.train, params.max_train_examples)
         splits.val = subsample(splits.val, params.max_eval_examples, salt=2)
         splits.test = subsample(splits.test, params.max_eval_examples, salt=3)
+        return splits
+
+    def trivial_baseline(self, params: VQAParams, data_root) -> TrivialBaseline:
+        """The answer prior of the training questions (human answers counted, over the answer vocabulary),
+        predicted for every test question: always the most frequent answer. Each metric as modules/lit/vqa.py
+        defines it; written out here because a constant prediction makes them one-liners (ECE has one bin)."""
+        splits = self.splits(params, data_root)
+        vocabulary = answer_vocabulary(splits.train, params.top_k_answers)
+        counts = dict.fromkeys(vocabulary, 0)
+        for e in splits.train:
+            for (answer, _), humans in zip(e.scores, e.humans):
+                if answer in counts:
+                    counts[answer] += humans
+        total = sum(counts.values())
+        prior = {a: c / total for a, c in counts.items()}
+        guess = vocabulary[0]
+        index = {a: i for i, a in enumerate(vocabulary)}
+        scores = [dict(e.scores).get(guess, 0.0) for e in splits.test]
+        # the reference answer of ECE and NLL: the best-scored in-vocabulary answer, ties to the lower vocabulary id
+        tops = [min((a for a, _ in e.scores if a in index), key=lambda a: (-dict(e.scores)[a], index[a]), default=None) for e in splits.test]
+        known = [t for t in tops if t is not None]
+        entropy = -sum(p * math.log(p) for p in prior.values() if p > 0)
+        accurate = [score >= 0.5 for score in scores]  # modules/lit/vqa.py ACCURATE_SCORE
+        certain = entropy < params.pavpu_threshold
+        values = {
+            "test/vqa_acc": sum(scores) / len(scores),
+            "test/ece": abs(sum(t == guess for t in known) / len(known) - prior[guess]) if known else None,
+            "test/nll": sum(-math.log(max(prior[t], 1e-12)) for t in known) / len(known) if known else None,
+            "test/pavpu": sum(a == certain for a in accurate) / len(accurate),
+        }
+        # Where every test answer scores 0 or 1 (easy-vqa: one answer per question), VQA accuracy is a fraction of
+        # correct answers, and one seed can be tested against it with a binomial test.
+        binary = all(score in (0.0, 1.0) for e in splits.test for _, score in e.scores)
+        return TrivialBaseline(f"the most frequent training answer for every question ({guess!r}, {prior[guess]:.1%} of training answers)",
+                               values, {"test/vqa_acc": len(splits.test)} if binary else {})
+
+    def build(self, params: VQAParams, attention, *, data_root, cache_dir):
+        splits = self.splits(params, data_root)
         spec = ImageEncoderSpec(params.backbone, params.image_weights, params.image_size, params.stage)
         datamodule = VQADataModule(splits, spec, top_k_answers=params.top_k_answers, max_question_words=params.max_question_words,
                                    batch_size=params.batch_size, cache_dir=cache_dir)

@@ -76,21 +76,21 @@ def test_markdown_shows_counts_marks_hardware_sections_and_failures(tmp_path):
 
     cora = table_lines(cpu_part, "### cora")
     header = [c.strip() for c in cora[0].strip("|").split("|")]
-    assert header[:8] == ["#", "variant", "`test/acc`", "`test/macro_f1`", "Δ `test/acc` (Holm p)", "n", "failed", "pruned"]
-    assert header[8:10] == ["missing", "other hw"]
+    assert header[:9] == ["#", "variant", "`test/acc`", "`test/macro_f1`", "Δ `test/acc` (Holm p)", "vs trivial (p)", "n", "failed", "pruned"]
+    assert header[9:11] == ["missing", "other hw"]
     gmm, fenchel, softmax, sparsemax = (cells(cora, v) for v in ("gmm", "fenchel", "softmax", "sparsemax"))
     assert gmm[0] == "1" and gmm[2].endswith("▲") and gmm[2].startswith("85.") and "[" in gmm[2]
-    assert gmm[5:10] == ["3/5", "1", "1", "0", "0"]
-    assert fenchel[5:10] == ["4/5", "0", "0", "1", "0"]
+    assert gmm[6:11] == ["3/5", "1", "1", "0", "0"]
+    assert fenchel[6:11] == ["4/5", "0", "0", "1", "0"]
     assert softmax[4] == "baseline" and not softmax[2].endswith(("▲", "▼"))
     assert sparsemax[0] == "4" and sparsemax[2].endswith("▼") and sparsemax[4].startswith("-3.")
     assert "- `gmm`: RuntimeError: boom" in cpu_part.split("### citeseer")[0]
     assert "records from commit(s) c0ffee, finished 2026-01-01 to 2026-01-05" in cpu_part
 
     # citeseer: seeds 0-2 on the CPU, 3-4 on the GPU; neither section counts the other's runs as its own.
-    assert cells(table_lines(cpu_part, "### citeseer"), "gmm")[5:10] == ["3/5", "0", "0", "0", "2"]
-    assert cells(table_lines(gpu_part, "### citeseer"), "gmm")[5:10] == ["2/5", "0", "0", "0", "3"]
-    assert cells(table_lines(gpu_part, "### cora"), "fenchel")[5:10] == ["0/5", "0", "0", "1", "4"]
+    assert cells(table_lines(cpu_part, "### citeseer"), "gmm")[6:11] == ["3/5", "0", "0", "0", "2"]
+    assert cells(table_lines(gpu_part, "### citeseer"), "gmm")[6:11] == ["2/5", "0", "0", "0", "3"]
+    assert cells(table_lines(gpu_part, "### cora"), "fenchel")[6:11] == ["0/5", "0", "0", "1", "4"]
     overall = table_lines(cpu_part, "### Overall")
     assert cells(overall, "gmm") == ["`gmm`", "1.00", "2/2", "2", "0"]
     assert cells(overall, "sparsemax") == ["`sparsemax`", "4.00", "2/2", "0", "2"]
