@@ -88,3 +88,44 @@ def test_sigkill_mid_suite_then_rerun_loses_and_duplicates_nothing(tmp_path, env
     assert len(after) == 6 and all(r["status"] == "ok" for r in after.values())
     assert {k: after[k] for k in before} == before  # finished results were kept, not re-run
     assert sorted(r["spec"]["seed"] for r in after.values()) == list(range(6))
+
+
+ONCE = Path(__file__).with_name("plugins_once.py")
+
+
+def test_a_dead_worker_is_retried_and_retry_failed_reruns_failed_keys(tmp_path, env):
+    suite = tmp_path / "once.yaml"
+    suite.write_text("name: once\ntasks: [cora]\nvariants: [test-dies-once, test-fails-once]\nseeds: 1\n"
+                     "params: {max_epochs: 2, patience: 2}\n")
+    runs, markers = tmp_path / "runs", tmp_path / "markers"
+    markers.mkdir()
+    env = {**env, "ATTNBENCH_TEST_MARKERS": str(markers)}
+
+    def run(*extra):
+        cmd = bench(suite, runs, "--plugin", str(ONCE), *extra)
+        cmd[cmd.index("--workers") + 1] = "1"
+        return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+    def by_variant():
+        return {r["spec"]["variant"]: r for r in records(runs).values()}
+
+    first = run()
+    assert first.returncode == 1, first.stderr[-3000:]
+    died, failed = by_variant()["test-dies-once"], by_variant()["test-fails-once"]
+    assert died["status"] == "failed" and died["retryable"] is True and died["error"].startswith("WorkerDied")
+    assert "killed by signal 9" in died["error"]
+    assert failed["status"] == "failed" and "retryable" not in failed and "deliberate first-attempt failure" in failed["error"]
+
+    # The next bench re-runs the dead worker's run (not its fault) and keeps the ordinary failure.
+    second = run()
+    assert second.returncode == 1, second.stderr[-3000:]
+    assert "1 already finished, 1 to run" in second.stdout
+    assert by_variant()["test-dies-once"]["status"] == "ok"
+    assert by_variant()["test-fails-once"] == failed
+
+    # --retry-failed runs the failed key again; the ok one stays as it is.
+    ok = by_variant()["test-dies-once"]
+    third = run("--retry-failed")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "1 already finished, 1 to run" in third.stdout
+    assert by_variant()["test-fails-once"]["status"] == "ok" and by_variant()["test-dies-once"] == ok
