@@ -112,17 +112,36 @@ def test_versions_come_from_the_code_and_reach_the_key(monkeypatch):
 def test_labels_and_where_a_spec_came_from_do_not_change_the_key():
     relabelled = make_spec("cora", "gmm", 0, label="GMM (renamed)", extra={"suite": "another-suite", "tuning": {"trials": 20}})
     assert relabelled.key == BASE.key
-    assert relabelled.display == "GMM (renamed)" and BASE.display == "gmm"
+    assert relabelled.display == "GMM (renamed)" and relabelled.extra == {"suite": "another-suite", "tuning": {"trials": 20}}
+    plain = make_spec("cora", "gmm", 0)  # built here, not at import: the label default is what is tested
+    assert plain.label == plain.display == "gmm" and plain.extra == {}
     assert make_spec("cora", "gmm", 0, precision="32").key == BASE.key
 
 
 def test_a_spec_round_trips_through_its_dict_with_its_key():
     spec = make_spec("cora", {"name": "gmm", "beta": 0.5}, 2, {"lr": 0.01}, label="x", extra={"suite": "s"}, precision="bf16-mixed")
-    again = RunSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    data = spec.to_dict()
+    assert sorted(data) == sorted(f.name for f in dataclasses.fields(RunSpec))
+    assert (data["attention"], data["params"], data["extra"]) == (dict(spec.attention), dict(spec.params), {"suite": "s"})
+    again = RunSpec.from_dict(json.loads(json.dumps(data)))
     assert again == spec and again.key == spec.key
     assert make_spec("cora", "gmm", "4").seed == 4
 
 
 def test_an_unknown_precision_is_refused():
-    with pytest.raises(ValueError, match="precision 'fp8'"):
+    with pytest.raises(ValueError, match="precision 'fp8': expected one of 32, bf16-mixed, 16-mixed$"):
         make_spec("cora", "softmax", 0, precision="fp8")
+
+
+def test_attention_options_are_checked_and_converted_by_their_declared_types():
+    from modules.validation import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^attention 'gmm': beta=-1.0: expected float >= 0$"):
+        make_spec("cora", {"name": "gmm", "beta": -1.0}, 0)
+    with pytest.raises(ConfigError, match=r"^attention 'gmm' has no option"):
+        make_spec("cora", {"name": "gmm", "bta": 1.0}, 0)
+    converted = make_spec("cora", {"name": "gmm", "beta": "0.5"}, 0)  # a string from --set, converted by the field's type
+    assert converted.attention["beta"] == 0.5 and isinstance(converted.attention["beta"], float)
+    assert converted.key == make_spec("cora", {"name": "gmm", "beta": 0.5}, 0).key
+    with pytest.raises(ValueError, match="has no 'name'"):
+        make_spec("cora", {"beta": 0.5}, 0)
