@@ -1,6 +1,16 @@
 import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
 
-from harness.results.store import RecordStore
+import pytest
+
+from harness.results.store import RecordStore, UnreadableRecord
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_records_are_written_atomically_and_tmp_files_are_never_read(tmp_path):
@@ -30,23 +40,6 @@ def test_overwrite_replaces_whole_record(tmp_path):
 
 # Durability: a record appears only whole, through a rename of a synced temporary file in the same folder.
 
-import os
-import signal
-import stat
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-
-from harness.results.store import UnreadableRecord
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def kinds_of_fsync(events):
-    return [name for name, _ in events]
-
 
 def test_a_write_syncs_the_temp_file_then_renames_it_then_syncs_the_folder(tmp_path, monkeypatch):
     store = RecordStore(tmp_path)
@@ -66,7 +59,7 @@ def test_a_write_syncs_the_temp_file_then_renames_it_then_syncs_the_folder(tmp_p
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     store.write({"key": "abc", "status": "ok"})
-    assert kinds_of_fsync(events) == ["fsync file", "replace", "fsync dir"]
+    assert [name for name, _ in events] == ["fsync file", "replace", "fsync dir"]
     src, dst = events[1][1]
     assert dst == store.path("abc") and src.parent == store.root and src != dst
     assert src.suffix != ".json"  # a half-written temp file never looks like a record

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(chosen) - set(MODULES)
     if unknown:
         parser.error(f"not a mutation module: {sorted(unknown)}; one of {sorted(MODULES)}")
-    for module in [] if args.report else [m for m in MODULES if m in chosen]:
+    for module in [] if args.report else chosen:  # in the order given: the quick ones first when time is short
         print(f"mutation: {module} against {', '.join(MODULES[module])} ...", flush=True)
         result = run_module(module, MODULES[module], args.max_children)
         total = sum(result["counts"].values())
