@@ -16,7 +16,7 @@ endif
 export ATTNBENCH_DATA
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser postgres bench paper-gat perf startup scaling probe tune leaderboard test test-slow clean
+.PHONY: help install browser postgres bench paper-gat perf startup scaling probe tune leaderboard test test-slow mutation clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -81,6 +81,13 @@ test: install browser postgres ## run the test suite (CPU, minutes)
 
 test-slow: install ## also the slow reproduction tests
 	$(BIN)/python -m pytest -q -m slow
+
+# A benchmark of the tests, not a test: mutmut per core module against the focused tests that cover it
+# (tests/mutation/run.py names them), each in its own copy under build/mutation/. Minutes per module on two
+# cores; MODULES=path.py ... runs some and keeps the other rows. Writes leaderboards/mutation.md.
+MODULES ?=
+mutation: install ## mutation testing of the core modules (mutmut; slow): writes leaderboards/mutation.md
+	nice -n 10 $(BIN)/python -m tests.mutation.run $(if $(MODULES),--only $(MODULES))
 
 clean: ## remove caches and test outputs (keeps .venv and runs/)
 	rm -rf .pytest_cache tests/artifacts build *.egg-info

@@ -103,6 +103,8 @@ class Record(Mapping):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Record":
+        if not isinstance(data, Mapping):  # valid JSON that is not an object: the store reports it as unreadable
+            raise TypeError(f"a record is a JSON object, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)} - {"unknown"}
         return cls(**{k: v for k, v in data.items() if k in known}, unknown={k: v for k, v in data.items() if k not in known})
 

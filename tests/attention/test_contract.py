@@ -4,6 +4,8 @@ Parametrised over the registry: a new variant is covered without editing this fi
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -54,7 +56,10 @@ def assert_distribution(weights, groups, valid=None):
 
 
 def test_builtin_variants_registered():
-    assert "softmax" in VARIANTS
+    """The variants of DESIGN.md section 3, each under its name."""
+    builtin = {"softmax", "fenchel", "fenchel-exact", "gmm", "sparsemax", "entmax15", "entmax", "bam-weibull", "bam-lognormal",
+               "align-gan", "align-ot", "align-ct"}
+    assert builtin <= set(VARIANTS)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -94,16 +99,24 @@ def test_fused_fast_path_gives_the_same_output(name):
 def test_aux_losses_finite_scalars_and_diagnostics_detached(name):
     p = make_problem()
     kernel = kernel_for(name)
+    returned = set()
     for mode in (True, False):
         kernel.train(mode)
         for result in (dense_weights(kernel, p), segment_weights(kernel, p)):
             for key, value in result.aux_losses.items():
                 assert value.dim() == 0, f"aux loss {key} is not a scalar"
                 assert torch.isfinite(value), f"aux loss {key} is not finite"
+                if mode:
+                    returned.add(key)
             for key, value in result.diagnostics.items():
                 assert value.dim() == 0 and not value.requires_grad, f"diagnostic {key} must be a detached scalar"
-    # every aux loss the variant returns has a weight schedule entry (or is deliberately weight 0)
-    assert isinstance(kernel.loss_weights(0, epoch=0), dict)
+                assert torch.isfinite(value), f"diagnostic {key} is not finite"
+    # every aux loss the variant returns in training has a weight schedule entry (which may be 0 at some
+    # steps, as an annealed KL is at first), and every weight is a finite non-negative number
+    for step in (0, 1, 10_000):
+        weights = kernel.loss_weights(step, epoch=step)
+        assert returned <= set(weights), f"aux losses {sorted(returned - set(weights))} have no weight entry"
+        assert all(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0 for w in weights.values()), weights
 
 
 @pytest.mark.parametrize("name", VARIANTS)

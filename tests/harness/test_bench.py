@@ -30,6 +30,38 @@ def env(shared_data):
     return {**os.environ, "ATTNBENCH_DATA": str(shared_data), "PYTHONPATH": str(REPO)}
 
 
+def check_ok_record(ok, found):
+    """Every field of a finished cora/softmax record (seed 0, 5 epochs, 2 workers) against its reference value."""
+    import importlib.metadata
+
+    import torch
+
+    from harness.plan.spec import make_spec
+    from harness.run.runner import cpu_model, git_commit
+    from harness.run.threads import threads_per_worker
+    from modules.hosts.gat import GAT
+
+    spec = make_spec("cora", "softmax", 0, {"max_epochs": 5, "patience": 5}, extra=ok["spec"]["extra"])
+    assert found[spec.key] is ok and ok["key"] == spec.key and ok["spec"] == spec.to_dict()
+    assert ok["status"] == "ok" and "error" not in ok and "retryable" not in ok
+    assert list(ok["metrics"]) == ["test/acc", "test/macro_f1"]  # the task's metrics, primary first
+    assert all(m["higher_is_better"] is True and 0 <= m["value"] <= 1 for m in ok["metrics"].values())
+    # Cora's public split tests on 1000 nodes: accuracy is a multiple of 1/1000
+    assert ok["metrics"]["test/acc"]["value"] * 1000 == pytest.approx(round(ok["metrics"]["test/acc"]["value"] * 1000), abs=1e-3)
+    assert ok["epochs"] == 5 and 1 <= ok["best_epoch"] <= 5 and ok["best_monitor"]["name"] == "val/loss"
+    assert ok["parameters"] == sum(p.numel() for p in GAT(1433, 7, "softmax").parameters())
+    assert 0 < ok["time_per_epoch_s"] <= ok["fit_time_s"] <= ok["wall_time_s"]
+    assert ok["time_per_epoch_s"] * 5 == pytest.approx(ok["fit_time_s"], rel=0.5)
+    assert ok["peak_memory_mb"] > 100  # a process with torch loaded
+    threads = threads_per_worker(2)
+    assert ok["hardware"]["threads"] == threads and ok["hardware"]["accelerator"] == "cpu"
+    assert ok["hardware"]["label"] == f"CPU {cpu_model()} ({threads} thread{'s' if threads > 1 else ''}/run)"
+    assert ok["versions"]["torch"] == torch.__version__
+    assert ok["versions"]["lightning"] == importlib.metadata.version("lightning")
+    assert ok["commit"] == git_commit()
+    assert ok["started"] <= ok["finished"]
+
+
 def test_failures_are_recorded_the_suite_goes_on_and_rerun_skips_finished(tmp_path, env):
     suite = tmp_path / "faulty.yaml"
     suite.write_text(textwrap.dedent("""
@@ -52,10 +84,8 @@ def test_failures_are_recorded_the_suite_goes_on_and_rerun_skips_finished(tmp_pa
     assert all(r["status"] == "ok" for r in by_variant["softmax"])
     assert all(r["status"] == "failed" and "deliberate failure" in r["error"] for r in by_variant["test-raises"])
     assert all(r["status"] == "failed" and "Diverged" in r["error"] for r in by_variant["test-nan"])
-    ok = by_variant["softmax"][0]
-    for field in ("key", "spec", "metrics", "status", "wall_time_s", "time_per_epoch_s", "peak_memory_mb", "parameters", "hardware", "versions", "commit"):
-        assert field in ok, field
-    assert ok["metrics"]["test/acc"]["higher_is_better"] is True
+    ok = min(by_variant["softmax"], key=lambda r: r["spec"]["seed"])
+    check_ok_record(ok, found)
     assert "[6/6]" in done.stdout and "ETA" in done.stdout
     # The results table (mean ± sd of the primary metric per variant) comes before the leaderboard's paths.
     import statistics
@@ -130,3 +160,43 @@ def test_the_results_table_shows_mean_and_sd_per_task_and_variant_before_the_pat
     assert row["entmax15"].rstrip().endswith("failed")
     assert row["sparsemax"].split()[1:] == ["—", "—"]
 
+
+ONCE = Path(__file__).with_name("plugins_once.py")
+
+
+def test_a_dead_worker_is_retried_and_retry_failed_reruns_failed_keys(tmp_path, env):
+    suite = tmp_path / "once.yaml"
+    suite.write_text("name: once\ntasks: [cora]\nvariants: [test-dies-once, test-fails-once]\nseeds: 1\n"
+                     "params: {max_epochs: 2, patience: 2}\n")
+    runs, markers = tmp_path / "runs", tmp_path / "markers"
+    markers.mkdir()
+    env = {**env, "ATTNBENCH_TEST_MARKERS": str(markers)}
+
+    def run(*extra):
+        cmd = bench(suite, runs, "--plugin", str(ONCE), *extra)
+        cmd[cmd.index("--workers") + 1] = "1"
+        return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+    def by_variant():
+        return {r["spec"]["variant"]: r for r in records(runs).values()}
+
+    first = run()
+    assert first.returncode == 1, first.stderr[-3000:]
+    died, failed = by_variant()["test-dies-once"], by_variant()["test-fails-once"]
+    assert died["status"] == "failed" and died["retryable"] is True and died["error"].startswith("WorkerDied")
+    assert "killed by signal 9" in died["error"]
+    assert failed["status"] == "failed" and "retryable" not in failed and "deliberate first-attempt failure" in failed["error"]
+
+    # The next bench re-runs the dead worker's run (not its fault) and keeps the ordinary failure.
+    second = run()
+    assert second.returncode == 1, second.stderr[-3000:]
+    assert "1 already finished, 1 to run" in second.stdout
+    assert by_variant()["test-dies-once"]["status"] == "ok"
+    assert by_variant()["test-fails-once"] == failed
+
+    # --retry-failed runs the failed key again; the ok one stays as it is.
+    ok = by_variant()["test-dies-once"]
+    third = run("--retry-failed")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "1 already finished, 1 to run" in third.stdout
+    assert by_variant()["test-fails-once"]["status"] == "ok" and by_variant()["test-dies-once"] == ok

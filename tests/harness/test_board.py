@@ -109,6 +109,30 @@ def test_a_lower_is_better_metric_flips_the_direction(tmp_path):
     assert gmm["test/vqa_acc"]["vs_baseline"]["mark"] == "worse"
 
 
+def test_a_lower_is_better_primary_metric_ranks_the_lowest_mean_first_with_competition_ties(tmp_path):
+    """The records say the primary metric is lower-is-better (an error rate, a loss): rank ascending."""
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm", "fenchel", "sparsemax", "entmax15"])
+    errors = {
+        "softmax": BASE,
+        "gmm": shifted([-0.050, -0.052, -0.049, -0.051, -0.048]),  # clearly lower error: better, rank 1
+        "fenchel": shifted([-0.050, -0.052, -0.049, -0.051, -0.048]),  # the same values: shares rank 1
+        "sparsemax": shifted([0.030, 0.031, 0.029, 0.032, 0.028]),  # higher error: worse, last
+        "entmax15": [None] * 5,  # nothing ran: unranked, after every ranked row
+    }
+    found = records_for(the_plan, errors)
+    for rec in found.values():
+        rec["metrics"]["test/acc"]["higher_is_better"] = False
+    cora = table(build_board(suite, the_plan, found))
+    assert cora["primary"] == "test/acc" and cora["higher_is_better"] is False
+    assert [(r["variant"], r["rank"]) for r in cora["rows"]] == [
+        ("fenchel", 1), ("gmm", 1), ("softmax", 3), ("sparsemax", 4), ("entmax15", None)]
+    assert row(cora, "gmm")["metrics"]["test/acc"]["mean"] == pytest.approx(statistics.fmean(BASE) - 0.05)
+    marks = {r["variant"]: (r["metrics"]["test/acc"]["vs_baseline"] or {}).get("mark") for r in cora["rows"]}
+    assert marks == {"fenchel": "better", "gmm": "better", "softmax": None, "sparsemax": "worse", "entmax15": None}
+    overall = {o["variant"]: (o["mean_rank"], o["better"], o["worse"]) for o in build_board(suite, the_plan, found)["groups"][0]["overall"]}
+    assert overall == {"fenchel": (1.0, 1, 0), "gmm": (1.0, 1, 0), "softmax": (3.0, 0, 0), "sparsemax": (4.0, 0, 1), "entmax15": (None, 0, 0)}
+
+
 def test_holm_adjusts_like_the_hand_computation():
     adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.02, "d": 0.5})
     # sorted 0.01, 0.02, 0.04, 0.5 -> 4*0.01, max(0.04, 3*0.02), max(0.06, 2*0.04), max(0.08, 1*0.5)

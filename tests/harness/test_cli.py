@@ -6,9 +6,27 @@ from harness.cli import main
 
 
 def test_list_shows_variants_tasks_and_suites(capsys):
+    from harness.plan.suite import list_suites, load_suite
+    from modules.attention import list_attentions
+    from modules.tasks import get_task, list_tasks
+
     assert main(["list"]) == 0
-    out = capsys.readouterr().out
-    assert "softmax" in out and "cora" in out and "quick" in out
+    sections, current = {}, None
+    for line in capsys.readouterr().out.splitlines():
+        if not line.startswith(" "):
+            current = sections.setdefault(line.rstrip(":"), {})
+        else:
+            name, _, rest = line.strip().partition(" ")
+            current[name] = rest.strip()
+    assert list(sections) == ["variants", "tasks", "suites"]
+    assert list(sections["variants"]) == list_attentions()
+    assert sections["variants"]["softmax"].startswith("Softmax over scaled dot products")
+    assert sections["variants"]["sparsemax"].endswith("[alpha=2.0, learn_alpha=False]")
+    assert sections["tasks"] == {name: "metrics: " + ", ".join(m.name for m in get_task(name).metrics) for name in list_tasks()}
+    assert sections["tasks"]["cora"] == "metrics: test/acc, test/macro_f1"
+    assert list(sections["suites"]) == list_suites()
+    quick = load_suite("quick")
+    assert sections["suites"]["quick"] == f"{len(quick.tasks)} tasks x {len(quick.variants)} variants x {len(quick.seeds)} seeds"
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,16 @@
 import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
 
-from harness.results.store import RecordStore
+import pytest
+
+from harness.results.store import RecordStore, UnreadableRecord
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_records_are_written_atomically_and_tmp_files_are_never_read(tmp_path):
@@ -10,7 +20,7 @@ def test_records_are_written_atomically_and_tmp_files_are_never_read(tmp_path):
     (store.root / ".def.123.tmp").write_text('{"key": "def", "stat')
     assert [r["key"] for r in store] == ["abc"]
     assert store.finished("abc") and not store.finished("def")
-    assert not list(store.root.glob("*.tmp"))[0].name.endswith(".json")
+    assert store.load(["abc", "def"]).records.keys() == {"abc"} and not store.load(["def"]).unreadable
 
 
 def test_failed_records_count_as_finished_unless_retrying(tmp_path):
@@ -26,3 +36,102 @@ def test_overwrite_replaces_whole_record(tmp_path):
     store.write({"key": "k", "status": "failed", "error": "x" * 10000})
     store.write({"key": "k", "status": "ok"})
     assert json.loads(store.path("k").read_text()) == {"key": "k", "status": "ok"}
+
+
+# Durability: a record appears only whole, through a rename of a synced temporary file in the same folder.
+
+
+def test_a_write_syncs_the_temp_file_then_renames_it_then_syncs_the_folder(tmp_path, monkeypatch):
+    store = RecordStore(tmp_path)
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file", fd))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", (Path(src), Path(dst))))
+        # the renamed file is complete and synced already
+        assert json.loads(Path(src).read_text()) == {"key": "abc", "status": "ok"}
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    store.write({"key": "abc", "status": "ok"})
+    assert [name for name, _ in events] == ["fsync file", "replace", "fsync dir"]
+    src, dst = events[1][1]
+    assert dst == store.path("abc") and src.parent == store.root and src != dst
+    assert src.suffix != ".json"  # a half-written temp file never looks like a record
+    assert not src.exists() and sorted(p.name for p in store.root.iterdir()) == ["abc.json"]
+
+
+def test_a_failing_rename_leaves_the_old_record_intact_and_no_temp_file(tmp_path, monkeypatch):
+    store = RecordStore(tmp_path)
+    store.write({"key": "k", "status": "failed", "error": "first"})
+    before = store.path("k").read_bytes()
+
+    def broken_replace(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="No space left"):
+        store.write({"key": "k", "status": "ok", "metrics": {"test/acc": {"value": 0.9, "higher_is_better": True}}})
+    assert store.path("k").read_bytes() == before
+    assert sorted(p.name for p in store.root.iterdir()) == ["k.json"]
+    assert store.read("k")["error"] == "first"
+
+
+def test_an_interrupt_before_the_rename_leaves_no_record_and_no_temp_file(tmp_path, monkeypatch):
+    store = RecordStore(tmp_path)
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.write({"key": "new", "status": "ok"})
+    assert list(store.root.iterdir()) == []
+    assert not store.finished("new") and store.read("new") is None
+
+
+KILLED_BEFORE_RENAME = """
+import os, signal, sys
+from harness.results.store import RecordStore
+store = RecordStore(sys.argv[1])
+store.write({"key": "old", "status": "ok"})
+os.replace = lambda src, dst: os.kill(os.getpid(), signal.SIGKILL)  # the machine dies between write and rename
+store.write({"key": "new", "status": "ok"})
+store.write({"key": "old", "status": "failed", "error": "never lands"})
+"""
+
+
+def test_a_process_killed_between_write_and_rename_leaves_no_finished_record(tmp_path):
+    done = subprocess.run([sys.executable, "-c", KILLED_BEFORE_RENAME, str(tmp_path)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    store = RecordStore(tmp_path)
+    leftovers = [p for p in store.root.iterdir() if p.name != "old.json"]
+    assert len(leftovers) == 1 and leftovers[0].suffix != ".json"  # the killed writer's temp file, complete but not renamed
+    assert not store.finished("new") and store.read("new") is None
+    assert [r.key for r in store] == ["old"] and store.read("old")["status"] == "ok"
+    loaded = store.load(["old", "new"])
+    assert list(loaded.records) == ["old"] and loaded.unreadable == {}
+
+
+@pytest.mark.parametrize("content", [b'{"key": "bad", "stat', b"", b'{"key": "bad", "status": "exploded"}', b"\xff\xfe", b"[1, 2]"])
+def test_a_corrupt_record_is_not_finished_and_is_reported_not_dropped(tmp_path, content, capsys):
+    store = RecordStore(tmp_path)
+    store.write({"key": "good", "status": "ok"})
+    store.path("bad").write_bytes(content)
+    with pytest.raises(UnreadableRecord) as caught:
+        store.read_checked("bad")
+    assert caught.value.path == store.path("bad")
+    loaded = store.load(["good", "bad"])
+    assert list(loaded.records) == ["good"] and list(loaded.unreadable) == ["bad"]
+    assert loaded.unreadable["bad"].startswith("records/bad.json: ")
+    capsys.readouterr()
+    assert not store.finished("bad")  # so the next bench runs it again, and says why
+    assert [r.key for r in store] == ["good"]
+    err = capsys.readouterr().err
+    assert err.count("unreadable record") == 2 and err.count(str(store.path("bad"))) == 2

@@ -1,0 +1,209 @@
+"""Every Groups operation against a brute-force reference, on dense rows and on their graph twin.
+
+The reference is written from the docstrings with explicit loops over (query, key) pairs of the padded
+batch of tests/attention/conftest.py (two sequences, the second padded by two tokens): a padded token is a
+padded query row and a masked key on dense groups, and a node without edges on segment groups."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch_geometric.utils import softmax as pyg_softmax
+
+from modules.attention import DenseGroups, SegmentGroups
+
+from .conftest import make_problem
+
+SCALE = 0.7
+
+
+@pytest.fixture(scope="module")
+def p():
+    return make_problem(batch=2, heads=2, length=5, dim=3)
+
+
+def pairs(p):
+    """(b, i, j) of every valid pair: real query i attends real key j of sample b."""
+    return [(b, i, j) for b in range(p.key_valid.shape[0]) for i in range(p.key_valid.shape[1]) for j in range(p.key_valid.shape[1])
+            if p.key_valid[b, i] and p.key_valid[b, j]]
+
+
+def real_queries(p):
+    return [(b, i) for b in range(p.key_valid.shape[0]) for i in range(p.key_valid.shape[1]) if p.key_valid[b, i]]
+
+
+def logits_of(p):
+    return torch.einsum("bhid,bhjd->bhij", p.q, p.k) * SCALE
+
+
+def both(p):
+    """(layout name, groups, logits, q, k, v) for dense and segment."""
+    return [("dense", p.dense, p.dense.scores(p.q, p.k, SCALE), p.q, p.k, p.v),
+            ("segment", p.segment, p.segment.scores(p.nodes(p.q), p.nodes(p.k), SCALE), p.nodes(p.q), p.nodes(p.k), p.nodes(p.v))]
+
+
+def at(p, layout, x, b, i, j=None):
+    """The entry of a logits-layout (j given) or per-query/per-key tensor (j None) at sample b, position i."""
+    length = p.key_valid.shape[1]
+    if layout == "dense":
+        return x[b, :, i, j] if j is not None else x[b, :, i]
+    if j is None:
+        return x[b * length + i]
+    edge = ((p.segment.dst == b * length + i) & (p.segment.src == b * length + j)).nonzero().item()
+    return x[edge]
+
+
+def test_scores_are_scaled_dot_products(p):
+    full = logits_of(p)
+    for layout, groups, logits, *_ in both(p):
+        for b, i, j in pairs(p):
+            torch.testing.assert_close(at(p, layout, logits, b, i, j), full[b, :, i, j], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("how", ["sum", "max", "mean"])
+def test_reduce_over_the_valid_keys_of_each_query(p, how):
+    full = logits_of(p)
+    for layout, groups, logits, *_ in both(p):
+        reduced = groups.reduce(groups.fill_invalid(logits, 0.0) if how != "max" else logits, how)
+        for b, i in real_queries(p):
+            keys = full[b, :, i, p.key_valid[b]]
+            expected = {"sum": keys.sum(-1), "max": keys.max(-1).values, "mean": keys.mean(-1)}[how]
+            torch.testing.assert_close(at(p, layout, reduced, b, i), expected, rtol=0, atol=1e-12)
+
+
+def test_softmax_and_its_log_against_torch_and_pyg(p):
+    full = logits_of(p)
+    for layout, groups, logits, *_ in both(p):
+        weights = groups.softmax(logits)
+        probs, log_probs = groups.softmax_and_log(logits)
+        for b, i in real_queries(p):
+            valid = p.key_valid[b]
+            expected = torch.zeros(2, 5, dtype=full.dtype)
+            expected[:, valid] = torch.softmax(full[b, :, i, valid], -1)
+            for j in range(5):
+                if layout == "dense" or valid[j]:
+                    torch.testing.assert_close(at(p, layout, weights, b, i, j), expected[:, j], rtol=0, atol=1e-12)
+                    torch.testing.assert_close(at(p, layout, probs, b, i, j), expected[:, j], rtol=0, atol=1e-12)
+                    log_expected = expected[:, j].log() if valid[j] else torch.zeros(2, dtype=full.dtype)
+                    torch.testing.assert_close(at(p, layout, log_probs, b, i, j), log_expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(p.segment.softmax(both(p)[1][2]), pyg_softmax(both(p)[1][2], p.segment.dst, num_nodes=10), rtol=0, atol=1e-12)
+
+
+def test_softmax_and_log_survive_logits_spread_over_hundreds_of_nats(p):
+    """Shifting by the global max underflows a group far below it; the group max must take over."""
+    for layout, groups, logits, *_ in both(p):
+        spread = logits.clone()
+        if layout == "dense":
+            spread[0] -= 500.0
+        else:
+            spread[p.segment.dst < 5] -= 500.0
+        probs, log_probs = groups.softmax_and_log(spread)
+        torch.testing.assert_close(probs, groups.softmax(logits), rtol=0, atol=1e-12)
+        torch.testing.assert_close(log_probs, groups.softmax_and_log(logits)[1], rtol=0, atol=1e-9)
+
+
+def test_aggregate_and_its_transpose_sum_over_queries(p):
+    for layout, groups, logits, q, k, v in both(p):
+        weights = groups.softmax(logits)
+        out = groups.aggregate(weights, v)
+        totals, weighted_q = groups.sum_over_queries(weights, q)
+        only_totals, none = groups.sum_over_queries(weights)
+        assert none is None
+        torch.testing.assert_close(only_totals, totals, rtol=0, atol=0)
+        operator = groups.weighted_sum_operator(v)
+        torch.testing.assert_close(operator(weights, torch.ones_like(out)), out + 1, rtol=0, atol=1e-12)
+        for b, i in real_queries(p):
+            expected = sum(at(p, layout, weights, b, i, j)[:, None] * at(p, layout, v, b, j) for j in range(5) if p.key_valid[b, j])
+            torch.testing.assert_close(at(p, layout, out, b, i), expected, rtol=0, atol=1e-12)
+        for b, j in real_queries(p):  # keys: the real positions too
+            senders = [i for i in range(5) if p.key_valid[b, i]]
+            expected = sum(at(p, layout, weights, b, i, j) for i in senders)
+            torch.testing.assert_close(at(p, layout, totals, b, j), expected, rtol=0, atol=1e-12)
+            expected_q = sum(at(p, layout, weights, b, i, j)[:, None] * at(p, layout, q, b, i) for i in senders)
+            torch.testing.assert_close(at(p, layout, weighted_q, b, j), expected_q, rtol=0, atol=1e-12)
+
+
+def test_second_moment_is_the_weighted_outer_product_of_keys(p):
+    for layout, groups, logits, q, k, v in both(p):
+        weights = groups.softmax(logits)
+        moment = groups.second_moment(weights, k)
+        for b, i in real_queries(p):
+            expected = sum(at(p, layout, weights, b, i, j)[:, None, None] * torch.einsum("hd,he->hde", at(p, layout, k, b, j), at(p, layout, k, b, j))
+                           for j in range(5) if p.key_valid[b, j])
+            torch.testing.assert_close(at(p, layout, moment, b, i), expected, rtol=0, atol=1e-12)
+
+
+def test_counts_degrees_and_means_over_queries_keys_and_pairs(p):
+    lengths = p.key_valid.sum(-1).tolist()  # [5, 3]
+    n_pairs = sum(n * n for n in lengths)
+    for layout, groups, logits, q, k, v in both(p):
+        sizes = groups.group_size(logits)
+        for b, i in real_queries(p):
+            assert set(at(p, layout, sizes, b, i).tolist()) == {lengths[b]}
+            assert set(at(p, layout, groups.count(logits).expand_as(logits), b, i, i).tolist()) == {lengths[b]}
+        degree = groups.key_degree()
+        if degree is not None:  # segment: per key, how many queries attend it
+            for b, j in real_queries(p):
+                assert at(p, layout, degree, b, j).tolist() == [lengths[b]]
+        per_query = torch.arange(float(sizes.numel()), dtype=logits.dtype).view_as(sizes)
+        expected_mean = torch.stack([at(p, layout, per_query, b, i) for b, i in real_queries(p)]).mean()
+        torch.testing.assert_close(groups.mean_over_queries(per_query), expected_mean, rtol=0, atol=1e-12)
+        per_key = groups.map_keys(lambda x: x.sum(-1), k)
+        expected_keys = torch.stack([at(p, layout, k, b, j).sum(-1) for b, j in real_queries(p)]).mean()
+        torch.testing.assert_close(groups.mean_over_keys(per_key), expected_keys, rtol=0, atol=1e-12)
+        torch.testing.assert_close(groups.sum_over_pairs(logits, logits), sum(logits_of(p)[b, :, i, j].sum() for b, i, j in pairs(p)), rtol=0, atol=1e-9)
+        assert groups.count_pairs(logits).item() == n_pairs * 2  # both heads
+
+
+def test_entropy_and_support_average_over_real_queries(p):
+    for layout, groups, logits, *_ in both(p):
+        weights = groups.softmax(logits)
+        sparse = torch.where(weights > 0.25, weights, 0.0)
+        entropies, supports = [], []
+        for b, i in real_queries(p):
+            row = torch.stack([at(p, layout, weights, b, i, j) for j in range(5) if p.key_valid[b, j]], -1)
+            entropies.append(-(row * row.log()).sum(-1))
+            supports.append(torch.stack([at(p, layout, sparse, b, i, j) for j in range(5) if p.key_valid[b, j]], -1).gt(0).sum(-1))
+        torch.testing.assert_close(groups.entropy(weights), torch.stack(entropies).mean(), rtol=0, atol=1e-12)
+        assert groups.support(sparse).item() == pytest.approx(torch.stack(supports).double().mean().item())
+        assert groups.support(weights).item() == pytest.approx((5 * 5 + 3 * 3) / 8)
+
+
+def test_normalize_divides_by_the_group_sum_and_zeroes_masked_keys(p):
+    for layout, groups, logits, *_ in both(p):
+        positive = logits.exp()
+        torch.testing.assert_close(groups.normalize(positive), groups.softmax(logits), rtol=0, atol=1e-12)
+        zero = groups.normalize(torch.zeros_like(logits))
+        assert torch.equal(zero, torch.zeros_like(logits))  # no mass: 0, not NaN
+
+
+def test_pad_gives_each_group_as_a_row_and_unpad_inverts_it(p):
+    for layout, groups, logits, *_ in both(p):
+        rows, unpad = groups.pad(logits, float("-inf"))
+        torch.testing.assert_close(groups.zero_invalid(unpad(rows)), groups.zero_invalid(logits), rtol=0, atol=0)
+        if layout == "segment":
+            assert rows.shape == (10, 2, 5)  # nodes x heads x the largest in-degree
+            for b, i in real_queries(p):
+                node = b * 5 + i
+                expected = sorted(at(p, layout, logits, b, i, j)[0].item() for j in range(5) if p.key_valid[b, j])
+                got = sorted(x for x in rows[node, 0].tolist() if not math.isinf(x))
+                assert got == pytest.approx(expected)
+
+
+def test_query_and_key_sets_and_valid_points(p):
+    dense_q, dense_k, q_valid, k_valid = p.dense.query_and_key_sets(p.q, p.k)
+    assert dense_q.shape == (4, 5, 3) and torch.equal(dense_q[1], p.q[0, 1]) and torch.equal(dense_k[2], p.k[1, 0])
+    assert torch.equal(q_valid, p.key_valid.repeat_interleave(2, 0)) and torch.equal(k_valid, q_valid)
+    seg_q, seg_k, _, _ = p.segment.query_and_key_sets(p.nodes(p.q), p.nodes(p.k))
+    assert seg_q.shape == (2, 10, 3) and torch.equal(seg_q[1], p.nodes(p.q)[:, 1])
+
+
+def test_restricting_a_graph_to_some_queries_keeps_their_edges(p):
+    groups, logits = p.segment, both(p)[1][2]
+    rows = torch.tensor([7, 1])
+    restricted, kept = groups.restrict_queries(rows)
+    assert restricted.num_nodes == 2
+    torch.testing.assert_close(restricted.softmax(logits.index_select(0, kept)), groups.softmax(logits).index_select(0, kept), rtol=0, atol=1e-12)
+    assert sorted(groups.dst[kept].tolist()) == [1] * 5 + [7] * 3

@@ -1,0 +1,117 @@
+"""The local worker pool when a worker dies: the run it held is recorded failed and retryable, a record the run
+wrote just before the death is kept, the pool replaces the worker and finishes the rest, and the store says
+which keys the next bench (with or without --retry-failed) runs again.
+
+In-process and fast: workers are forked with a stand-in RunWorker (the real one trains a model), so the
+executor's own bookkeeping is what is tested; test_bench.py checks the same through the real command."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+
+import pytest
+
+from harness.plan.spec import make_spec
+from harness.results.record import Record, Status
+from harness.results.store import RecordStore
+from harness.run import worker_pool
+from harness.run.job_array import Shard, record_dead_shard
+from harness.run.worker_pool import LocalExecutor, WorkerOptions
+
+SPECS = [make_spec("cora", "softmax", seed, {"max_epochs": 1}) for seed in range(5)]
+DIES, FAILS, WRITES_THEN_DIES, OK, EXITS = SPECS
+
+
+class StandInWorker:
+    """What each seed does: 0 dies by SIGKILL mid-run, 1 fails normally, 2 writes its ok record then dies,
+    3 finishes ok, 4 exits with status 3 mid-run."""
+
+    def __init__(self, settings):
+        self.store = RecordStore(settings.runs_dir)
+
+    def run(self, spec_dict):
+        seed = spec_dict["seed"]
+        if seed == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if seed == 4:
+            os._exit(3)
+        spec = next(s for s in SPECS if s.seed == seed)
+        if seed == 1:
+            record = Record.failed(spec, "RuntimeError: an ordinary failure")
+        else:
+            record = Record.ok(spec, {"test/acc": {"value": 0.5 + seed / 10, "higher_is_better": True}})
+        self.store.write(record)
+        if seed == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return record
+
+
+@pytest.fixture
+def executed(tmp_path, monkeypatch):
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("needs the fork start method")
+    monkeypatch.setattr(worker_pool, "RunWorker", StandInWorker)
+    executor = LocalExecutor(WorkerOptions(runs_dir=str(tmp_path), data_root=None, cache_dir=None, commit="abc123", workers=2), gpus=[])
+    executor.ctx = mp.get_context("fork")  # the stand-in is patched in this process: forked workers inherit it
+    results = {}
+    executor.run(SPECS, lambda spec, summary: results.__setitem__(spec.seed, summary))
+    return executor.store, results
+
+
+def test_every_run_reports_once_even_when_workers_die(executed):
+    _, results = executed
+    assert sorted(results) == [0, 1, 2, 3, 4]
+    assert {seed: str(s["status"]) for seed, s in results.items()} == {0: "failed", 1: "failed", 2: "ok", 3: "ok", 4: "failed"}
+
+
+def test_a_died_run_is_recorded_failed_and_retryable_with_the_cause(executed):
+    store, results = executed
+    for spec, how in ((DIES, "killed by signal 9"), (EXITS, "exit code 3")):
+        record = store.read(spec.key)
+        assert record.status is Status.FAILED and record.retryable is True
+        assert record.error.startswith("WorkerDied: ") and how in record.error
+        assert record.commit == "abc123" and record.spec == spec.to_dict() and record.wall_time_s >= 0
+        assert results[spec.seed]["error"] == record.error
+        assert not store.finished(spec.key) and not store.finished(spec.key, retry_failed=True)
+
+
+def test_a_record_written_before_the_worker_died_is_kept(executed):
+    store, results = executed
+    record = store.read(WRITES_THEN_DIES.key)
+    assert record.status is Status.OK and not record.retryable and record.metrics["test/acc"]["value"] == 0.7
+    assert results[2]["metrics"]["test/acc"]["value"] == 0.7
+    assert store.finished(WRITES_THEN_DIES.key)
+
+
+def test_the_next_bench_reruns_died_runs_and_retry_failed_also_ordinary_failures(executed):
+    store, _ = executed
+    again = [s.seed for s in SPECS if not store.finished(s.key)]
+    assert again == [0, 4]
+    assert [s.seed for s in SPECS if not store.finished(s.key, retry_failed=True)] == [0, 1, 4]
+
+
+def test_is_final_truth_table():
+    spec = SPECS[0]
+    ok = Record.ok(spec, {})
+    failed = Record.failed(spec, "E: x")
+    died = Record.died(spec.key, spec.to_dict(), "WorkerDied: x", commit=None)
+    pruned = Record(key=spec.key, status="pruned")
+    assert [r.is_final() for r in (ok, failed, died, pruned)] == [True, True, False, True]
+    assert [r.is_final(retry_failed=True) for r in (ok, failed, died, pruned)] == [True, False, False, True]
+    assert died.retryable and died.status is Status.FAILED and died.metrics == {} and died.finished
+
+
+def test_a_dead_shard_skips_finished_runs_and_blames_the_next(tmp_path):
+    store = RecordStore(tmp_path)
+    store.write(Record.ok(SPECS[0], {}))
+    store.write(Record.failed(SPECS[1], "E: kept"))
+    shard = Shard(index=0, specs=tuple(s.to_dict() for s in SPECS[:3]), runs_dir=str(tmp_path), data_root=None, cache_dir=None, commit="c0ffee")
+    assert record_dead_shard(shard, "job 9 ended") == SPECS[2].key
+    blamed = store.read(SPECS[2].key)
+    assert blamed.retryable and blamed.commit == "c0ffee" and blamed.error == "ArrayTaskDied: job 9 ended; this is the run it was on (or about to start)"
+    assert store.read(SPECS[1].key).error == "E: kept"
+    # every run recorded: nothing to blame
+    store.write(Record.ok(SPECS[2], {}))
+    assert record_dead_shard(shard, "job 10 ended") is None

@@ -1,0 +1,159 @@
+"""`make mutation`: mutmut over the core modules, each against the focused tests that cover it.
+
+One mutmut run per module, in its own copy of the tracked tree under build/mutation/<module> (mutmut writes a
+mutants/ folder next to its config, and a run per module keeps each run's test selection to the files that
+cover that module, so a run takes minutes, not hours). Writes leaderboards/mutation.md: killed / survived per
+module, the mutmut version and the commit, and every surviving mutant by name (`mutmut show NAME` in that
+module's folder prints its diff).
+
+    python -m tests.mutation.run [--only harness/plan/spec.py ...] [--max-children N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WORK = REPO / "build" / "mutation"
+REPORT = REPO / "leaderboards" / "mutation.md"
+TARGET = 0.90
+
+MODULES: dict[str, list[str]] = {
+    # module -> the focused test files that pin its behaviour (the whole suite would take hours per module)
+    "harness/results/store.py": ["tests/harness/test_records.py", "tests/test_record_compat.py", "tests/harness/test_results_exchange.py"],
+    "harness/results/record.py": ["tests/harness/test_records.py", "tests/test_record_compat.py", "tests/harness/test_worker_retry.py",
+                                  "tests/harness/test_provenance.py"],
+    "harness/plan/spec.py": ["tests/harness/test_run_keys.py"],
+    "harness/report/stats.py": ["tests/harness/test_board.py"],
+    "harness/report/board.py": ["tests/harness/test_board.py"],
+    "modules/attention/groups.py": ["tests/attention/test_groups.py"],
+    "modules/lit/attention_terms.py": ["tests/modules/test_training_loss.py"],
+    "harness/run/worker_pool.py": ["tests/harness/test_worker_retry.py"],
+}
+COPIED = ("harness", "modules", "datamodules", "tests", "leaderboards/records", "pyproject.toml")
+"""What a run's copy holds: the code, the tests and the committed records some tests read."""
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z", *COPIED], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return [f for f in out.split("\0") if f]
+
+
+def prepare(module: str, tests: list[str]) -> Path:
+    folder = WORK / module.replace("/", "__").removesuffix(".py")
+    shutil.rmtree(folder, ignore_errors=True)
+    for name in tracked_files():
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target)
+    for test in tests:  # an untracked new test file is still what the module is measured with
+        shutil.copy2(REPO / test, folder / test)
+    lines = ["[mutmut]", "source_paths =", "    harness", "    modules", "    datamodules", f"only_mutate = {module}",
+             "pytest_add_cli_args_test_selection =", *(f"    {t}" for t in tests),
+             "also_copy =", "    leaderboards/records", ""]
+    (folder / "setup.cfg").write_text("\n".join(lines))
+    return folder
+
+
+def mutmut(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the copy's mutants/, not this tree
+    env.setdefault("ATTNBENCH_DATA", str((REPO.parent / "shared" / "data").resolve()))
+    return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=folder, env=env, capture_output=True, text=True)
+
+
+def run_module(module: str, tests: list[str], max_children: int | None) -> dict:
+    folder = prepare(module, tests)
+    start = time.perf_counter()
+    ran = mutmut(folder, "run", *(["--max-children", str(max_children)] if max_children else []))
+    (folder / "mutmut-run.log").write_text(ran.stdout + ran.stderr)
+    listed = mutmut(folder, "results", "--all", "true").stdout
+    statuses = dict(re.findall(r"^\s+(\S+): (.+)$", listed, flags=re.M))
+    result = {"module": module, "tests": tests, "counts": dict(Counter(statuses.values())), "seconds": time.perf_counter() - start,
+              "survived": sorted(name for name, status in statuses.items() if status not in ("killed", "timeout")),
+              "returncode": ran.returncode, "commit": commit()}
+    (folder / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def last_results() -> list[dict]:
+    """Each module's latest run, in MODULES order (a run of some modules keeps the others' rows)."""
+    found = []
+    for module in MODULES:
+        path = WORK / module.replace("/", "__").removesuffix(".py") / "result.json"
+        if path.exists():
+            found.append(json.loads(path.read_text()))
+    return found
+
+
+def commit() -> str:
+    sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *COPIED], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return sha + ("-dirty" if dirty else "")
+
+
+def write_report(results: list[dict]) -> None:
+    lines = [
+        "# Mutation testing of the core modules",
+        "",
+        f"mutmut {importlib.metadata.version('mutmut')}, commit {', '.join(sorted({r['commit'] for r in results}))}, written by `make mutation` "
+        "(tests/mutation/run.py). Each module is mutated on its own and tested with the files named beside it; "
+        "a mutant is killed when one of them fails (a timeout counts as killed). Surviving mutants are discussed in "
+        "README.md, Testing.",
+        "",
+        "| module | tests | mutants | killed | survived | killed % | minutes |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        counts = r["counts"]
+        total = sum(counts.values())
+        killed = counts.get("killed", 0) + counts.get("timeout", 0)
+        share = f"{100 * killed / total:.1f}" if total else "n/a"
+        lines.append(f"| `{r['module']}` | {', '.join(Path(t).name for t in r['tests'])} | {total} | {killed} | {total - killed} | "
+                     f"{share} | {r['seconds'] / 60:.1f} |")
+    lines += ["", f"Target: at least {TARGET:.0%} killed per module.", ""]
+    for r in results:
+        if r["survived"]:
+            lines += [f"## Not killed in `{r['module']}`", ""]
+            other = set(r["counts"]) - {"killed", "timeout", "survived"}
+            lines += [f"- `{name}`" for name in r["survived"]]
+            if other:
+                lines += ["", "Statuses other than survived: " + ", ".join(f"{s} {r['counts'][s]}" for s in sorted(other))]
+            lines.append("")
+    REPORT.write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="modules to run (default: all of MODULES)")
+    parser.add_argument("--max-children", type=int, default=None, help="mutants tested at once (default: mutmut's, the CPU count)")
+    parser.add_argument("--report", action="store_true", help="only rewrite the report from the last runs' folders")
+    args = parser.parse_args(argv)
+    chosen = args.only or list(MODULES)
+    unknown = set(chosen) - set(MODULES)
+    if unknown:
+        parser.error(f"not a mutation module: {sorted(unknown)}; one of {sorted(MODULES)}")
+    for module in [] if args.report else chosen:  # in the order given: the quick ones first when time is short
+        print(f"mutation: {module} against {', '.join(MODULES[module])} ...", flush=True)
+        result = run_module(module, MODULES[module], args.max_children)
+        total = sum(result["counts"].values())
+        print(f"mutation: {module}: {result['counts']} of {total} in {result['seconds'] / 60:.1f} min", flush=True)
+    results = last_results()
+    write_report(results)
+    print(f"mutation: wrote {REPORT.relative_to(REPO)}")
+    short = [r["module"] for r in results if sum(r["counts"].values()) and
+             (r["counts"].get("killed", 0) + r["counts"].get("timeout", 0)) / sum(r["counts"].values()) < TARGET]
+    return 1 if short else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
