@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 from harness.plan.spec import RunSpec
 from harness.results.record import Record
 from harness.results.store import RecordStore
+from harness.run.devices import require_usable_gpus
 from harness.run.threads import threads_per_worker
 from harness.run.worker import RunWorker, WorkerSettings
 
@@ -41,7 +42,9 @@ class WorkerOptions:
 
 
 def serve(conn: Connection, settings: WorkerSettings) -> None:
-    """A worker process: run each spec the coordinator sends, answer with the run's summary."""
+    """A worker process: run each spec the coordinator sends, answer with (the run's summary, whether this
+    worker retires). It retires after a device failure (OOM, CUDA error): a corrupted CUDA context would fail
+    every later run on its GPU, so the coordinator starts a fresh process in its place."""
     worker = RunWorker(settings)
     while True:
         try:
@@ -50,7 +53,11 @@ def serve(conn: Connection, settings: WorkerSettings) -> None:
             return
         if message is None:
             return
-        conn.send(worker.run(message).summary())
+        record = worker.run(message)
+        retire = bool(record.retryable)
+        conn.send((record.summary(), retire))
+        if retire:
+            return
 
 
 @dataclass
@@ -63,6 +70,8 @@ class _Worker:
 
 
 def visible_gpus() -> list[str]:
+    """The GPUs the workers are dealt; raises GpuUnusableError if the node has GPUs that torch cannot use."""
+    require_usable_gpus()
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [g for g in env.split(",") if g.strip() != ""]
@@ -111,12 +120,18 @@ class LocalExecutor:
                 for worker in busy:
                     if worker.conn in ready:
                         try:
-                            summary = worker.conn.recv()
+                            summary, retire = worker.conn.recv()
                         except EOFError:
-                            summary = None
+                            summary, retire = None, False
                         if summary is not None:
                             spec, worker.spec = worker.spec, None
                             on_result(spec, summary)
+                            if retire:  # a device failure: the process ends itself; a fresh one takes its GPU
+                                worker.process.join(timeout=30)
+                                if worker.process.is_alive():
+                                    worker.process.kill()
+                                    worker.process.join(timeout=5)
+                                workers[workers.index(worker)] = self._start(worker.gpu)
                             continue
                     if worker.process.sentinel in ready or not worker.process.is_alive():
                         worker.process.join(timeout=1)
