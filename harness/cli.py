@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per GPU, else one per CPU core)")
     p.add_argument("--devices", type=int, default=None, help="N GPUs: N workers, each seeing one GPU (CUDA_VISIBLE_DEVICES); "
                    "on a machine without GPUs, N CPU workers")
+    p.add_argument("--workers-per-gpu", type=int, default=1, metavar="K",
+                   help="K workers share each GPU (small launch-bound runs such as Cora; default: 1)")
     p.add_argument("--retry-failed", action="store_true", help="run failed runs again instead of keeping their records")
     p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching these comma-separated globs, e.g. 'softmax,bam-*'")
     p.add_argument("--leaderboard-dir", default="leaderboards")
@@ -296,8 +298,10 @@ def cmd_bench(args) -> int:
     if args.workers is not None and args.devices is not None and args.workers != args.devices:
         raise ValueError("--workers and --devices both set the number of workers; give one of them")
     args.workers = next((n for n in (args.devices, args.workers) if n is not None), None)
+    if args.workers_per_gpu < 1:
+        raise ValueError(f"--workers-per-gpu must be at least 1, got {args.workers_per_gpu}")
     if args.workers is None:
-        args.workers = default_workers()
+        args.workers = default_workers(args.workers_per_gpu)
     if args.workers < 1:
         raise ValueError("--workers/--devices must be at least 1")
     if args.dry_run:
@@ -317,6 +321,7 @@ def cmd_bench(args) -> int:
         submitit_options=options_from_args(args),
         precision=args.precision,
         force_board=args.force,
+        workers_per_gpu=args.workers_per_gpu,
     )
     if outcome.get("failed_in_selection"):
         print(f"attnbench: {outcome['failed_in_selection']} run(s) of the selection failed (see the leaderboard's errors); exit status 1",
