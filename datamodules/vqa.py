@@ -24,6 +24,8 @@ Images become grid features of a frozen timm encoder, computed once and cached u
 
 from __future__ import annotations
 
+import functools
+
 import json
 import random
 import re
@@ -392,9 +394,10 @@ class VQADataModule(L.LightningDataModule):
         }
 
     def _loader(self, name: str, *, shuffle: bool) -> DataLoader:
-        # The loader only draws row indices; each batch is one gather from the whole-split tensors.
+        # The loader only draws row indices; each batch is one gather from the whole-split tensors. A partial,
+        # not a lambda: loader worker processes (num_workers > 0, spawn) need a picklable collate function.
         size = self.batch_size if shuffle else self.eval_batch_size
-        return DataLoader(range(len(self.encoded(name))), batch_size=size, shuffle=shuffle, collate_fn=lambda rows: self.batch(name, rows))
+        return DataLoader(range(len(self.encoded(name))), batch_size=size, shuffle=shuffle, collate_fn=functools.partial(self.batch, name))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

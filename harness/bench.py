@@ -65,6 +65,7 @@ def run_suite(
     submitit_options: SubmititOptions | None = None,
     precision: str = "32",
     force_board: bool = False,
+    workers_per_gpu: int = 1,
 ) -> dict[str, int]:
     """launcher "workers": processes on this machine; "slurm"/"local": a submitit job array (needs
     `submitit_options`, see harness/run/job_array.py). Planning and the data check are the same for all."""
@@ -109,6 +110,7 @@ def run_suite(
             plugin_files=list(plugin_files),
             commit=git_commit(),
             workers=workers,
+            workers_per_gpu=workers_per_gpu,
         )
         LocalExecutor(options).run(todo, progress)
         log(f"attnbench: suite {suite.name}: ran {progress.done} runs in {format_duration(time.perf_counter() - progress.start)}, {progress.failed} failed")

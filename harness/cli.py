@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", default="quick", help="built-in suite name or a suite .yaml path (default: quick)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per GPU, else one per CPU core)")
     p.add_argument("--devices", dest="bench_devices", type=int, default=None, help=argparse.SUPPRESS)  # renamed: see RENAMED
+    p.add_argument("--workers-per-gpu", type=int, default=1, metavar="K",
+                   help="K workers share each GPU (small launch-bound runs such as Cora; default: 1)")
     p.add_argument("--retry-failed", action="store_true", help="run failed runs again instead of keeping their records")
     p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching these comma-separated globs, e.g. 'softmax,bam-*'")
     p.add_argument("--leaderboard-dir", default="leaderboards")
@@ -288,8 +290,10 @@ def cmd_bench(args) -> int:
     from harness.run.job_array import options_from_args
     from harness.run.worker_pool import default_workers
 
+    if args.workers_per_gpu < 1:
+        raise ValueError(f"--workers-per-gpu must be at least 1, got {args.workers_per_gpu}")
     if args.workers is None:
-        args.workers = default_workers()
+        args.workers = default_workers(args.workers_per_gpu)
     if args.dry_run:
         return _print_bench_plan(args)
     outcome = run_suite(
@@ -307,6 +311,7 @@ def cmd_bench(args) -> int:
         submitit_options=options_from_args(args),
         precision=args.precision,
         force_board=args.force,
+        workers_per_gpu=args.workers_per_gpu,
     )
     if outcome.get("failed_in_selection"):
         print(f"attnbench: {outcome['failed_in_selection']} run(s) of the selection failed (see the leaderboard's errors); exit status 1",

@@ -144,6 +144,10 @@ class ShardRunner(Checkpointable):
             record = worker.run(data)
             self.completed.add(key)
             summaries.append(record.summary())
+            if record.retryable:
+                # A device failure (OOM, CUDA error) may leave this process's CUDA context unusable: the
+                # shard's remaining runs stay unrecorded and run on the next bench, not here.
+                break
         return summaries
 
 

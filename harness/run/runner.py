@@ -115,6 +115,40 @@ class PeakMemory:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+DEVICE_FAILURE_MARKERS = (
+    "CUDA out of memory", "out of memory", "CUDA error", "device-side assert", "illegal memory access",
+    "CUBLAS_STATUS", "CUDNN_STATUS", "cuDNN error", "NCCL error", "unspecified launch failure", "ECC error",
+)
+"""Messages of failures that belong to the device, not to the run: an OOM depends on what else holds the GPU
+and on the batch a run drew; after a device-side assert the CUDA context is corrupt and fails every later
+call in that process."""
+
+
+def is_device_failure(exc: BaseException) -> bool:
+    """An out-of-memory or CUDA error (anywhere in the exception's chain): the run is retryable and the
+    worker process that saw it must end (its CUDA context may be unusable)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            return True
+        if isinstance(exc, (RuntimeError, MemoryError)) and any(m in str(exc) for m in DEVICE_FAILURE_MARKERS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def release_device_memory() -> None:
+    """Between runs of a long-lived worker: drop the last run's cached blocks and peak statistics, so the
+    next run starts with the GPU's memory free and `peak_memory_mb` is its own."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
 def quiet_lightning() -> None:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -163,6 +197,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
     Data-parallel (`distribution`), every rank trains and only global rank 0 tests (on one device, so each
     test example counts once) and returns the record; the other ranks return None."""
     quiet_lightning()
+    release_device_memory()
     t0 = time.perf_counter()
     memory = PeakMemory()
     memory.reset()
@@ -208,6 +243,9 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         if distributed.global_rank() != 0:
             return None
         outcome = dict(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=8)[-4000:])
+        if is_device_failure(exc):
+            # Not the run's own failure: the next bench retries it (on a fresh worker: see worker.py).
+            outcome["retryable"] = True
     measured = dict(
         epochs=timer.epochs,
         time_per_epoch_s=timer.mean_epoch_s,

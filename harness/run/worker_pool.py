@@ -20,7 +20,8 @@ from typing import Any, Callable, Sequence
 from harness.plan.spec import RunSpec
 from harness.results.record import Record
 from harness.results.store import RecordStore
-from harness.run.threads import threads_per_worker
+from harness.run.devices import require_usable_gpus
+from harness.run.threads import available_cpus, threads_per_worker
 from harness.run.worker import RunWorker, WorkerSettings
 
 
@@ -33,15 +34,19 @@ class WorkerOptions:
     commit: str | None = None
     workers: int = 1
     env: dict[str, str] = field(default_factory=dict)
+    workers_per_gpu: int = 1
+    """Workers sharing each GPU: tiny runs (a Cora GAT) are launch-bound and leave a GPU mostly idle."""
 
     def settings(self, gpu: str | None) -> WorkerSettings:
-        """A worker with its own GPU gets every CPU thread; CPU workers split the cores."""
+        """Every worker, GPU or CPU, takes its even share of the cores this process may use."""
         return WorkerSettings(self.runs_dir, self.data_root, self.cache_dir, tuple(self.plugin_files), self.commit,
-                              threads=threads_per_worker(1 if gpu is not None else self.workers), gpu=gpu, env=dict(self.env))
+                              threads=threads_per_worker(self.workers), gpu=gpu, env=dict(self.env))
 
 
 def serve(conn: Connection, settings: WorkerSettings) -> None:
-    """A worker process: run each spec the coordinator sends, answer with the run's summary."""
+    """A worker process: run each spec the coordinator sends, answer with (the run's summary, whether this
+    worker retires). It retires after a device failure (OOM, CUDA error): a corrupted CUDA context would fail
+    every later run on its GPU, so the coordinator starts a fresh process in its place."""
     worker = RunWorker(settings)
     while True:
         try:
@@ -50,7 +55,11 @@ def serve(conn: Connection, settings: WorkerSettings) -> None:
             return
         if message is None:
             return
-        conn.send(worker.run(message).summary())
+        record = worker.run(message)
+        retire = bool(record.retryable)
+        conn.send((record.summary(), retire))
+        if retire:
+            return
 
 
 @dataclass
@@ -63,6 +72,8 @@ class _Worker:
 
 
 def visible_gpus() -> list[str]:
+    """The GPUs the workers are dealt; raises GpuUnusableError if the node has GPUs that torch cannot use."""
+    require_usable_gpus()
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [g for g in env.split(",") if g.strip() != ""]
@@ -74,24 +85,31 @@ def visible_gpus() -> list[str]:
         return []
 
 
-def default_workers() -> int:
+def default_workers(workers_per_gpu: int = 1) -> int:
+    """workers_per_gpu per visible GPU, else one per CPU this process may use."""
     gpus = visible_gpus()
-    return len(gpus) if gpus else max(1, os.cpu_count() or 1)
+    return len(gpus) * max(1, workers_per_gpu) if gpus else available_cpus()
 
 
 class LocalExecutor:
     def __init__(self, options: WorkerOptions, gpus: Sequence[str] | None = None):
         self.options = options
         gpus = list(gpus) if gpus is not None else visible_gpus()
-        if gpus and options.workers > len(gpus):
-            raise ValueError(f"{options.workers} workers but only {len(gpus)} GPU(s) visible; use --workers {len(gpus)} or fewer")
-        self.slots: list[str | None] = gpus[: options.workers] if gpus else [None] * options.workers
+        per_gpu = max(1, options.workers_per_gpu)
+        if gpus and options.workers > per_gpu * len(gpus):
+            raise ValueError(f"{options.workers} workers but only {len(gpus)} GPU(s) visible with {per_gpu} worker(s) per GPU; "
+                             f"use --workers {per_gpu * len(gpus)} or fewer, or more --workers-per-gpu")
+        # GPU-major: with fewer workers than slots, the first workers spread over different GPUs.
+        slots = [gpu for _ in range(per_gpu) for gpu in gpus]
+        self.slots: list[str | None] = slots[: options.workers] if gpus else [None] * options.workers
         self.ctx = mp.get_context("spawn")
         self.store = RecordStore(options.runs_dir)
 
     def _start(self, gpu: str | None) -> _Worker:
         parent, child = self.ctx.Pipe()
-        process = self.ctx.Process(target=serve, args=(child, self.options.settings(gpu)), daemon=True)
+        # Not a daemon: a daemonic process may not have children, so a run's DataLoader could not use
+        # worker processes. `run` ends every worker it started (a shutdown message, then join or kill).
+        process = self.ctx.Process(target=serve, args=(child, self.options.settings(gpu)), daemon=False)
         process.start()
         child.close()
         return _Worker(process, parent, gpu)
@@ -111,12 +129,18 @@ class LocalExecutor:
                 for worker in busy:
                     if worker.conn in ready:
                         try:
-                            summary = worker.conn.recv()
+                            summary, retire = worker.conn.recv()
                         except EOFError:
-                            summary = None
+                            summary, retire = None, False
                         if summary is not None:
                             spec, worker.spec = worker.spec, None
                             on_result(spec, summary)
+                            if retire:  # a device failure: the process ends itself; a fresh one takes its GPU
+                                worker.process.join(timeout=30)
+                                if worker.process.is_alive():
+                                    worker.process.kill()
+                                    worker.process.join(timeout=5)
+                                workers[workers.index(worker)] = self._start(worker.gpu)
                             continue
                     if worker.process.sentinel in ready or not worker.process.is_alive():
                         worker.process.join(timeout=1)

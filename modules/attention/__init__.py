@@ -8,6 +8,7 @@ from .kernel import (
     AttentionSite,
     FusedAttention,
     HeadShape,
+    full_precision,
     per_head,
     standard_diagnostics,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "SegmentGroups",
     "attention_entry",
     "build_attention",
+    "full_precision",
     "list_attentions",
     "per_head",
     "register_attention",

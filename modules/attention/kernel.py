@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -213,3 +214,22 @@ def standard_diagnostics(weights: Tensor, groups: Groups, kernel: nn.Module | No
         return {}
     with torch.no_grad():
         return {"entropy": groups.entropy(weights).detach(), "support": groups.support(weights).detach()}
+
+
+@contextmanager
+def full_precision(*tensors: Tensor | None) -> Iterator[tuple[Tensor | None, ...]]:
+    """A region for the numerically sensitive part of a kernel (sort-based thresholds, samplers, KL terms,
+    Newton and Sinkhorn solves): autocast off, and the given tensors raised to at least float32 (None and
+    float64 pass through). Yields them in order; the caller casts its results back to the input dtype.
+
+    Why not rely on autocast: CUDA and CPU autocast disagree (CUDA keeps exp/log/cumsum in fp32 but casts
+    cholesky_solve's right-hand side, not its factor; CPU autocast leaves most of these ops in bf16), and
+    neither knows that a bf16 uniform has 8 bits (a Weibull sample at k = 1000 then equals its mean) or that
+    a bf16 Newton tolerance is ~0.9. Float32 work is unchanged: no cast, and autocast was off already."""
+    device = next((t.device.type for t in tensors if t is not None), "cpu")
+    raised = tuple(
+        t if t is None or not t.is_floating_point() or t.dtype in (torch.float32, torch.float64) else t.float()
+        for t in tensors
+    )
+    with torch.autocast(device, enabled=False):
+        yield raised

@@ -165,3 +165,15 @@ def test_easy_vqa_holdout_ignores_the_run_seed(easy):
     assert [e.question_id for e in again.val] == [e.question_id for e in easy.val]
     rest, held = holdout_by_image(easy.train, 0.5)
     assert not {e.image for e in rest} & {e.image for e in held}
+
+
+def test_collate_function_pickles_for_loader_worker_processes(subset):
+    """DataLoader(num_workers > 0) under spawn pickles collate_fn; a lambda cannot be pickled (issue #18)."""
+    import pickle
+
+    dm = VQADataModule(subset, SMALL_IMAGES, top_k_answers=10_000, max_question_words=14, batch_size=4)
+    dm.setup()
+    collate = pickle.loads(pickle.dumps(dm.train_dataloader().collate_fn))
+    expected = dm.batch("train", [0, 1])
+    got = collate([0, 1])
+    assert torch.equal(got["question"], expected["question"]) and torch.equal(got["target"], expected["target"])

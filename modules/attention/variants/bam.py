@@ -51,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from ..groups import Groups
-from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, AttentionSite, HeadShape, standard_diagnostics
+from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, AttentionSite, HeadShape, full_precision, standard_diagnostics
 from ..registry import register_attention
 
 EULER_GAMMA = 0.5772156649015329
@@ -326,6 +326,14 @@ class BayesianAttention(AttentionKernel):
         return groups.softmax_and_log(groups.per_key(groups.map_keys(self.key_prior, k)))
 
     def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
+        # Sampler and KL in float32 at least: bf16 noise has 8 bits (86% of Weibull samples at k = 1000
+        # equalled their mean) and the KL sums log terms of size log k.
+        with full_precision(logits, k) as (precise_logits, precise_k):
+            result = self._normalize(precise_logits, groups, precise_k)
+        result.weights = result.weights.to(logits.dtype)
+        return result
+
+    def _normalize(self, logits: Tensor, groups: Groups, k: Tensor) -> AttentionResult:
         mean, log_mean = groups.softmax_and_log(logits)
         draws = 1 if self.training else (self.config.mc_samples if self.config.mc_samples > 1 else 0)
         diagnostics: dict[str, Tensor] = {}

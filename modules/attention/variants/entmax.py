@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ..groups import Groups
-from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, standard_diagnostics, per_head
+from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, full_precision, standard_diagnostics, per_head
 from ..registry import register_attention
 
 SEGMENT_SOLVERS = ("newton", "pad")
@@ -206,6 +206,12 @@ class EntmaxAttention(AttentionKernel):
             return float(self.config.alpha)
         return 1.0 + torch.sigmoid(self.alpha_logit)
 
+    def score(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> Tensor:
+        # Scores in float32 at least: the support (and so the gradient) of a sparse map jumps with the
+        # scores' rounding; bf16 scores gave sparsemax 4x softmax's gradient error on logits of std 3 (measured).
+        with full_precision(q, k) as (precise_q, precise_k):
+            return groups.scores(precise_q, precise_k, scale)
+
     def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
         alpha = self.alpha()
         work_dtype = torch.promote_types(logits.dtype, torch.float32)  # sort-based thresholds need >= fp32
@@ -218,7 +224,7 @@ class EntmaxAttention(AttentionKernel):
             steps = self.config.solver_steps or NEWTON_STEP_CAP
             head_alpha = per_head(alpha, x) if isinstance(alpha, Tensor) else alpha
             weights = GroupedEntmax.apply(x, head_alpha, groups, steps)
-        weights = weights.to(logits.dtype)
+        weights = weights.to(q.dtype)  # the scores are float32 at least; the values are in q's dtype
         diagnostics = standard_diagnostics(weights, groups, self)
         if self.alpha_logit is not None:
             diagnostics["alpha"] = alpha.detach().mean()

@@ -58,6 +58,7 @@ from ..kernel import (
     AttentionResult,
     FusedAttention,
     HeadShape,
+    full_precision,
     per_head,
     standard_diagnostics,
 )
@@ -451,7 +452,12 @@ class FenchelExactAttention(FenchelAttention):
             diagnostics = {**standard_diagnostics(weights, groups, self), **self.prior_diagnostics(bias, logits, groups)}
             return AttentionResult(weights, diagnostics=diagnostics)
         templates = self.templates(k)
-        solution = self.solve_dual(exponent, groups, templates, bias)
+        # The dual solve in float32 at least (autocast off): under CUDA autocast cholesky_solve gets an fp32
+        # factor and a bf16 right-hand side, a bf16 Hessian of peaky logits is not positive-definite, and
+        # the default tolerance √eps is ~0.09 in bf16. A no-op in float32.
+        with full_precision(exponent, templates, bias) as (precise_exponent, precise_templates, precise_bias):
+            precise = self.solve_dual(precise_exponent, groups, precise_templates, precise_bias)
+        solution = precise._replace(delta=precise.delta.to(templates.dtype))
         unconverged = self._unconverged_fraction(solution, groups, exponent)
         weights = groups.softmax(exponent + groups.scores(solution.delta, templates, 1.0))
         diagnostics = {**standard_diagnostics(weights, groups, self), **self.prior_diagnostics(bias, logits, groups),
