@@ -97,7 +97,8 @@ class EpochLog(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None:
-            self._loss_sum += float(loss)
+            # summed on the device, read once per epoch: a float() here would sync the GPU every step
+            self._loss_sum = self._loss_sum + loss.detach()
             self._batches += 1
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -105,7 +106,7 @@ class EpochLog(Callback):
             return
         value = trainer.callback_metrics.get(self.monitor)
         shown = f"{float(value):.4f}" if value is not None else "?"
-        loss = f"train/loss={self._loss_sum / self._batches:.4f} " if self._batches else ""
+        loss = f"train/loss={float(self._loss_sum) / self._batches:.4f} " if self._batches else ""
         self.write(f"  epoch {trainer.current_epoch}: {loss}{self.monitor}={shown} ({time.perf_counter() - self._start:.1f} s)")
         sys.stdout.flush()
 
@@ -165,7 +166,7 @@ class History(Callback):
 
     def __init__(self) -> None:
         self.epochs: list[dict[str, float]] = []
-        self._train: dict[str, list[float]] = {}
+        self._train: dict[str, list] = {}
         self._val: dict[str, float] = {}
         self._start = 0.0
         self._max_epochs: int | None = None
@@ -180,7 +181,8 @@ class History(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         for name, value in trainer.callback_metrics.items():
             if (name == "train/loss" or name.startswith("aux/")) and value.numel() == 1:
-                self._train.setdefault(name, []).append(float(value))
+                # kept as tensors until the epoch ends: a float() per step would sync the GPU every step
+                self._train.setdefault(name, []).append(value.detach())
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -188,7 +190,7 @@ class History(Callback):
         self._val = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/") and v.numel() == 1}
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        row = {name: sum(values) / len(values) for name, values in self._train.items()}
+        row = {name: float(sum(values)) / len(values) for name, values in self._train.items()}
         row.update(self._val)
         row["epoch_s"] = time.perf_counter() - self._start
         self.epochs.append(row)
