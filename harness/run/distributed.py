@@ -1,6 +1,6 @@
 """Lightning DDP for one large run: `attnbench run|tune ... --strategy ddp --devices N [--num-nodes M]`.
 
-Suites fan out whole runs over workers (`bench --devices N`); DDP is for a single run too big for one
+Suites fan out whole runs over workers (`bench --workers N`); DDP is for a single run too big for one
 device. Lightning starts ranks 1..N-1 by re-running the same command line with LOCAL_RANK set (under
 `srun`, SLURM starts every rank), so every process walks through the same CLI code. `start` joins the
 process group before any work, which lets rank 0 send the others what to train (tuning samples a trial on
@@ -30,7 +30,7 @@ class Distribution:
             raise ValueError("--devices and --num-nodes must be at least 1")
         if self.strategy == "auto" and (self.devices > 1 or self.num_nodes > 1):
             raise ValueError(f"--devices {self.devices} --num-nodes {self.num_nodes} needs --strategy ddp: one run uses one device "
-                             "unless it is data-parallel (to run many runs at once, use `attnbench bench --devices N`)")
+                             "unless it is data-parallel (to run many runs at once, use `attnbench bench --workers N`)")
 
     @property
     def world_size(self) -> int:
