@@ -301,8 +301,8 @@ def _plots(task: dict[str, Any], alpha: float, plot_ids) -> str:
     if timed:
         figures.append((_cost_plot(timed, task, scale, label), f"{task['primary']} against time per epoch (log scale)."))
     curves = [(row["variant"], row["history"]) for row in task["rows"] if row.get("history")]
-    if curves:
-        panels = _curve_panels(task, curves)
+    panels = _curve_panels(task, curves) if curves else []
+    if panels:
         figures.append((_curve_plot(curves, panels, task), "Learning curves, mean over the seeds at each epoch: "
                         + " and ".join(_e(name) for name in panels) + "; the dot marks the best epoch of the validation curve."))
     parts = ["<div class=\"plots\">\n"]

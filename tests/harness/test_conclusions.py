@@ -13,7 +13,7 @@ from harness.report.html_page import render_html
 from harness.report.markdown import render_markdown
 from harness.report.stats import above_chance_p, detectable_difference
 from modules.tasks import get_task
-from tests.harness.test_board import BASE, record, records_for, row, shifted, suite_and_plan, table
+from tests.harness.test_board import BASE, records_for, row, shifted, suite_and_plan, table
 
 CORA_TEST_CLASS0 = 130
 """Test nodes of class 0 in Cora's public split (class sizes 130, 91, 144, 319, 149, 103, 64 of 1000)."""
