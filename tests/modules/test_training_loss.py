@@ -186,3 +186,63 @@ def _shape():
     from modules.attention.kernel import HeadShape
 
     return HeadShape(num_heads=1, head_dim=4)
+
+
+def test_diagnostics_are_logged_per_call_and_averaged_over_calls():
+    from modules.lit.attention_terms import diagnostics
+
+    kernel = KnownAuxAttention(KnownAuxConfig(), _shape())
+    trace = [(kernel, AttentionResult(None, {}, {"entropy": torch.tensor(1.0), "support": torch.tensor(3.0)})),
+             (kernel, AttentionResult(None, {}, {"entropy": torch.tensor(2.0)}))]
+    logs = {k: v.item() for k, v in diagnostics(trace).items()}
+    assert logs == {"attn/l0/entropy": 1.0, "attn/l0/support": 3.0, "attn/l1/entropy": 2.0, "attn/entropy": 1.5, "attn/support": 3.0}
+    assert diagnostics([]) == {}
+
+
+def test_a_non_finite_loss_stops_the_run_naming_the_epoch():
+    from modules.lit.attention_terms import DivergedError, check_finite
+
+    check_finite(torch.tensor(1e30), epoch=0)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(DivergedError, match="at epoch 7; the run diverged"):
+            check_finite(torch.tensor(bad), epoch=7)
+    assert issubclass(DivergedError, FloatingPointError)
+
+
+def test_data_parallel_ranks_stop_together_when_any_one_diverges(monkeypatch):
+    """A finite loss on this rank still stops when another rank's was not (the all-reduced flag says so);
+    a single process never all-reduces."""
+    from modules.lit import attention_terms
+    from modules.lit.attention_terms import DivergedError, check_finite
+
+    calls = []
+
+    def all_reduce(flag, op):
+        calls.append(op)
+        flag.fill_(1.0)  # another rank diverged
+
+    dist = attention_terms.torch.distributed
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 1)
+    check_finite(torch.tensor(0.5), epoch=1)
+    assert calls == []
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    with pytest.raises(DivergedError, match="at epoch 3"):
+        check_finite(torch.tensor(0.5), epoch=3)
+    assert calls == [dist.ReduceOp.MAX]
+
+
+def test_sampling_kernels_trains_only_the_kernels_and_restores_eval_even_on_error():
+    from modules.lit.attention_terms import sampling_kernels
+
+    kernels = [KnownAuxAttention(KnownAuxConfig(), _shape()).eval() for _ in range(2)]
+    other = torch.nn.Dropout().eval()
+    with sampling_kernels(kernels):
+        assert all(k.training for k in kernels) and not other.training
+    assert not any(k.training for k in kernels)
+    with pytest.raises(RuntimeError):
+        with sampling_kernels(kernels):
+            raise RuntimeError("a failing pass")
+    assert not any(k.training for k in kernels)
