@@ -135,3 +135,61 @@ def test_a_corrupt_record_is_not_finished_and_is_reported_not_dropped(tmp_path, 
     assert [r.key for r in store] == ["good"]
     err = capsys.readouterr().err
     assert err.count("unreadable record") == 2 and err.count(str(store.path("bad"))) == 2
+
+
+# The file format and names are part of the store's contract: committed records must stay byte-stable (they
+# are diffed and merged in git), and a conflicting copy is named by a digest that must not change between
+# versions, or importing the same copy twice would store it twice.
+
+
+def test_a_record_file_is_sorted_json_indented_by_one_and_paths_become_strings(tmp_path, monkeypatch):
+    import hashlib
+
+    from harness.results.record import Record
+    from harness.results.store import record_digest
+
+    store = RecordStore(tmp_path)
+    names = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (names.append(Path(src).name), real_replace(src, dst)))
+    record = Record.from_dict({"status": "ok", "key": "k1", "metrics": {"b": {"value": 1.0}, "a": {"value": 2.0}},
+                               "spec": {"extra": {"tuned_from": tmp_path / "p.yaml"}}})
+    store.write(record)
+    expected = json.dumps(record.to_dict(), indent=1, sort_keys=True, default=str)
+    assert store.path("k1").read_text() == expected and f'"tuned_from": "{tmp_path / "p.yaml"}"' in expected
+    assert len(names) == 1 and names[0].startswith(".k1.") and names[0].endswith(".tmp")
+    compact = json.dumps(record.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
+    assert record_digest(record) == hashlib.sha256(compact.encode()).hexdigest()[:12]
+    reordered = Record.from_dict({**record.to_dict(), "metrics": {"a": {"value": 2.0}, "b": {"value": 1.0}}})
+    assert record_digest(reordered) == record_digest(record)
+
+
+def test_unreadable_records_are_named_with_their_cause_whatever_their_order(tmp_path):
+    store = RecordStore(tmp_path)
+    store.write({"key": "good", "status": "ok"})
+    store.path("bad").write_text("{")
+    with pytest.raises(UnreadableRecord) as caught:
+        store.read_checked("bad")
+    assert str(caught.value).startswith(f"{store.path('bad')}: JSONDecodeError: ")
+    loaded = store.load(["bad", "good"])
+    assert list(loaded.records) == ["good"]
+    assert loaded.unreadable["bad"].startswith("records/bad.json: JSONDecodeError: Expecting property name")
+    assert store.read_many(["bad", "good", "missing"]) == {"good": store.read("good")}
+
+
+def test_import_adds_new_keys_recognises_the_same_record_and_never_overwrites(tmp_path):
+    from harness.results.record import Record
+    from harness.results.store import record_digest
+
+    store = RecordStore(tmp_path)
+    first = Record.from_dict({"key": "k", "status": "ok", "commit": "aaa"})
+    other = Record.from_dict({"key": "k", "status": "ok", "commit": "bbb"})
+    assert store.import_record(first) == "added" and store.read("k") == first
+    assert store.import_record(first) == "same"
+    assert store.import_record(other) == "conflict" and store.read("k") == first
+    assert [p.name for p in store.conflicting_copies("k")] == [f"k.{record_digest(other)}.json"]
+    # a corrupt file under a key is kept for repair, and the arriving record kept beside it
+    store.path("c").write_text("{")
+    arriving = Record.from_dict({"key": "c", "status": "ok"})
+    assert store.import_record(arriving) == "conflict"
+    assert store.path("c").read_text() == "{" and len(store.conflicting_copies("c")) == 1
