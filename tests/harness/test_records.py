@@ -193,3 +193,39 @@ def test_import_adds_new_keys_recognises_the_same_record_and_never_overwrites(tm
     arriving = Record.from_dict({"key": "c", "status": "ok"})
     assert store.import_record(arriving) == "conflict"
     assert store.path("c").read_text() == "{" and len(store.conflicting_copies("c")) == 1
+
+
+def test_a_record_is_a_typed_value_that_reads_like_its_stored_mapping():
+    import re
+
+    from harness.plan.spec import make_spec
+    from harness.results.record import SUMMARY_FIELDS, Record, Status, utc_now
+
+    spec = make_spec("cora", "softmax", 0)
+    ok = Record.ok(spec, {"test/acc": {"value": 0.8, "higher_is_better": True}}, epochs=3, commit="abc",
+                   hardware={"label": "CPU x"})
+    assert ok.to_dict() == {"key": spec.key, "status": "ok", "spec": spec.to_dict(), "epochs": 3, "commit": "abc",
+                            "metrics": {"test/acc": {"value": 0.8, "higher_is_better": True}}, "hardware": {"label": "CPU x"}}
+    assert ok["status"] == "ok" and ok.get("error") is None and len(ok) == 7 and set(ok) == set(ok.to_dict())
+    assert hash(ok) == hash(spec.key) and ok != ok.to_dict() and ok == Record.from_dict(ok.to_dict())
+    assert ok.hardware_label == "CPU x" and Record(key="k", status="ok").hardware_label is None
+    assert ok.summary() == {name: ok.get(name) for name in SUMMARY_FIELDS} and list(ok.summary()) == list(SUMMARY_FIELDS)
+    failed = Record.failed(spec, "RuntimeError: x", wall_time_s=1.5)
+    assert (failed.status, failed.error, failed.metrics, failed.wall_time_s, failed.retryable) == (Status.FAILED, "RuntimeError: x", {}, 1.5, False)
+    assert "retryable" not in failed.to_dict() and "dirty" not in failed.to_dict()
+    died = Record.died("k", {"seed": 1}, "WorkerDied: gone", commit="abc-dirty", wall_time_s=2.0)
+    assert died.to_dict()["retryable"] is True and died.dirty and died.to_dict()["dirty"] is True and died.wall_time_s == 2.0
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", died.finished) and re.fullmatch(r".*T\d\d:\d\d:\d\d\+00:00", utc_now())
+    with_unknown = Record.from_dict({"key": "u", "status": "pruned", "future_field": [1, 2]})
+    assert with_unknown.status is Status.PRUNED and with_unknown.unknown == {"future_field": [1, 2]}
+    assert with_unknown.to_dict() == {"future_field": [1, 2], "key": "u", "status": "pruned"}
+
+
+@pytest.mark.parametrize("data, message", [({"key": "", "status": "ok"}, "non-empty string key, got ''"),
+                                           ({"key": 5, "status": "ok"}, "non-empty string key, got 5"),
+                                           ({"key": "k", "status": "done"}, "record k: unknown status 'done'; one of ok, failed, pruned$")])
+def test_a_record_without_a_key_or_with_an_unknown_status_is_refused(data, message):
+    from harness.results.record import Record
+
+    with pytest.raises(ValueError, match=message):
+        Record.from_dict(data)
