@@ -37,7 +37,7 @@ MODULES: dict[str, list[str]] = {
     "harness/report/stats.py": ["tests/harness/test_board.py"],
     "harness/report/board.py": ["tests/harness/test_board.py"],
     "modules/attention/groups.py": ["tests/attention/test_groups.py"],
-    "modules/lit/attention_terms.py": ["tests/modules/test_training_loss.py"],
+    "modules/lit/attention_terms.py": ["tests/modules/test_aux_terms.py"],
     "harness/run/worker_pool.py": ["tests/harness/test_worker_retry.py"],
 }
 COPIED = ("harness", "modules", "datamodules", "tests", "leaderboards/records", "pyproject.toml")
