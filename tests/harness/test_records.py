@@ -188,6 +188,9 @@ def test_import_adds_new_keys_recognises_the_same_record_and_never_overwrites(tm
     assert store.import_record(first) == "same"
     assert store.import_record(other) == "conflict" and store.read("k") == first
     assert [p.name for p in store.conflicting_copies("k")] == [f"k.{record_digest(other)}.json"]
+    loaded = store.load(["k", "missing"])
+    assert loaded.records == {"k": first} and loaded.conflicts == {"k": [f"records/conflicts/k.{record_digest(other)}.json"]}
+    assert store.load(["missing"]).conflicts == {}
     # a corrupt file under a key is kept for repair, and the arriving record kept beside it
     store.path("c").write_text("{")
     arriving = Record.from_dict({"key": "c", "status": "ok"})
