@@ -232,3 +232,16 @@ def test_a_record_without_a_key_or_with_an_unknown_status_is_refused(data, messa
 
     with pytest.raises(ValueError, match=message):
         Record.from_dict(data)
+
+
+def test_the_runs_folder_is_explicit_else_attnbench_runs_else_runs_and_records_live_in_records(tmp_path, monkeypatch):
+    from harness.results.store import runs_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ATTNBENCH_RUNS", raising=False)
+    assert runs_dir() == tmp_path / "runs"
+    monkeypatch.setenv("ATTNBENCH_RUNS", str(tmp_path / "env"))
+    assert runs_dir() == tmp_path / "env" and runs_dir(tmp_path / "x") == tmp_path / "x"
+    assert RecordStore().root == tmp_path / "env" / "records" and (tmp_path / "env" / "records").is_dir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert runs_dir("~/r") == tmp_path / "r"
