@@ -120,6 +120,10 @@ def write_report(results: list[dict]) -> None:
         share = f"{100 * killed / total:.1f}" if total else "n/a"
         lines.append(f"| `{r['module']}` | {', '.join(Path(t).name for t in r['tests'])} | {total} | {killed} | {total - killed} | "
                      f"{share} | {r['seconds'] / 60:.1f} |")
+    measured = {r["module"] for r in results}
+    for module in MODULES:
+        if module not in measured:
+            lines.append(f"| `{module}` | {', '.join(Path(t).name for t in MODULES[module])} | not measured yet | | | | |")
     lines += ["", f"Target: at least {TARGET:.0%} killed per module.", ""]
     for r in results:
         if r["survived"]:
