@@ -135,3 +135,113 @@ def test_a_corrupt_record_is_not_finished_and_is_reported_not_dropped(tmp_path, 
     assert [r.key for r in store] == ["good"]
     err = capsys.readouterr().err
     assert err.count("unreadable record") == 2 and err.count(str(store.path("bad"))) == 2
+
+
+# The file format and names are part of the store's contract: committed records must stay byte-stable (they
+# are diffed and merged in git), and a conflicting copy is named by a digest that must not change between
+# versions, or importing the same copy twice would store it twice.
+
+
+def test_a_record_file_is_sorted_json_indented_by_one_and_paths_become_strings(tmp_path, monkeypatch):
+    import hashlib
+
+    from harness.results.record import Record
+    from harness.results.store import record_digest
+
+    store = RecordStore(tmp_path)
+    names = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (names.append(Path(src).name), real_replace(src, dst)))
+    record = Record.from_dict({"status": "ok", "key": "k1", "metrics": {"b": {"value": 1.0}, "a": {"value": 2.0}},
+                               "spec": {"extra": {"tuned_from": tmp_path / "p.yaml"}}})
+    store.write(record)
+    expected = json.dumps(record.to_dict(), indent=1, sort_keys=True, default=str)
+    assert store.path("k1").read_text() == expected and f'"tuned_from": "{tmp_path / "p.yaml"}"' in expected
+    assert len(names) == 1 and names[0].startswith(".k1.") and names[0].endswith(".tmp")
+    compact = json.dumps(record.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
+    assert record_digest(record) == hashlib.sha256(compact.encode()).hexdigest()[:12]
+    reordered = Record.from_dict({**record.to_dict(), "metrics": {"a": {"value": 2.0}, "b": {"value": 1.0}}})
+    assert record_digest(reordered) == record_digest(record)
+
+
+def test_unreadable_records_are_named_with_their_cause_whatever_their_order(tmp_path):
+    store = RecordStore(tmp_path)
+    store.write({"key": "good", "status": "ok"})
+    store.path("bad").write_text("{")
+    with pytest.raises(UnreadableRecord) as caught:
+        store.read_checked("bad")
+    assert str(caught.value).startswith(f"{store.path('bad')}: JSONDecodeError: ")
+    loaded = store.load(["bad", "good"])
+    assert list(loaded.records) == ["good"]
+    assert loaded.unreadable["bad"].startswith("records/bad.json: JSONDecodeError: Expecting property name")
+    assert store.read_many(["bad", "good", "missing"]) == {"good": store.read("good")}
+
+
+def test_import_adds_new_keys_recognises_the_same_record_and_never_overwrites(tmp_path):
+    from harness.results.record import Record
+    from harness.results.store import record_digest
+
+    store = RecordStore(tmp_path)
+    first = Record.from_dict({"key": "k", "status": "ok", "commit": "aaa"})
+    other = Record.from_dict({"key": "k", "status": "ok", "commit": "bbb"})
+    assert store.import_record(first) == "added" and store.read("k") == first
+    assert store.import_record(first) == "same"
+    assert store.import_record(other) == "conflict" and store.read("k") == first
+    assert [p.name for p in store.conflicting_copies("k")] == [f"k.{record_digest(other)}.json"]
+    loaded = store.load(["k", "missing"])
+    assert loaded.records == {"k": first} and loaded.conflicts == {"k": [f"records/conflicts/k.{record_digest(other)}.json"]}
+    assert store.load(["missing"]).conflicts == {}
+    # a corrupt file under a key is kept for repair, and the arriving record kept beside it
+    store.path("c").write_text("{")
+    arriving = Record.from_dict({"key": "c", "status": "ok"})
+    assert store.import_record(arriving) == "conflict"
+    assert store.path("c").read_text() == "{" and len(store.conflicting_copies("c")) == 1
+
+
+def test_a_record_is_a_typed_value_that_reads_like_its_stored_mapping():
+    import re
+
+    from harness.plan.spec import make_spec
+    from harness.results.record import SUMMARY_FIELDS, Record, Status, utc_now
+
+    spec = make_spec("cora", "softmax", 0)
+    ok = Record.ok(spec, {"test/acc": {"value": 0.8, "higher_is_better": True}}, epochs=3, commit="abc",
+                   hardware={"label": "CPU x"})
+    assert ok.to_dict() == {"key": spec.key, "status": "ok", "spec": spec.to_dict(), "epochs": 3, "commit": "abc",
+                            "metrics": {"test/acc": {"value": 0.8, "higher_is_better": True}}, "hardware": {"label": "CPU x"}}
+    assert ok["status"] == "ok" and ok.get("error") is None and len(ok) == 7 and set(ok) == set(ok.to_dict())
+    assert hash(ok) == hash(spec.key) and ok != ok.to_dict() and ok == Record.from_dict(ok.to_dict())
+    assert ok.hardware_label == "CPU x" and Record(key="k", status="ok").hardware_label is None
+    assert ok.summary() == {name: ok.get(name) for name in SUMMARY_FIELDS} and list(ok.summary()) == list(SUMMARY_FIELDS)
+    failed = Record.failed(spec, "RuntimeError: x", wall_time_s=1.5)
+    assert (failed.status, failed.error, failed.metrics, failed.wall_time_s, failed.retryable) == (Status.FAILED, "RuntimeError: x", {}, 1.5, False)
+    assert "retryable" not in failed.to_dict() and "dirty" not in failed.to_dict()
+    died = Record.died("k", {"seed": 1}, "WorkerDied: gone", commit="abc-dirty", wall_time_s=2.0)
+    assert died.to_dict()["retryable"] is True and died.dirty and died.to_dict()["dirty"] is True and died.wall_time_s == 2.0
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", died.finished) and re.fullmatch(r".*T\d\d:\d\d:\d\d\+00:00", utc_now())
+    with_unknown = Record.from_dict({"key": "u", "status": "pruned", "future_field": [1, 2]})
+    assert with_unknown.status is Status.PRUNED and with_unknown.unknown == {"future_field": [1, 2]}
+    assert with_unknown.to_dict() == {"future_field": [1, 2], "key": "u", "status": "pruned"}
+
+
+@pytest.mark.parametrize("data, message", [({"key": "", "status": "ok"}, "non-empty string key, got ''"),
+                                           ({"key": 5, "status": "ok"}, "non-empty string key, got 5"),
+                                           ({"key": "k", "status": "done"}, "record k: unknown status 'done'; one of ok, failed, pruned$")])
+def test_a_record_without_a_key_or_with_an_unknown_status_is_refused(data, message):
+    from harness.results.record import Record
+
+    with pytest.raises(ValueError, match=message):
+        Record.from_dict(data)
+
+
+def test_the_runs_folder_is_explicit_else_attnbench_runs_else_runs_and_records_live_in_records(tmp_path, monkeypatch):
+    from harness.results.store import runs_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ATTNBENCH_RUNS", raising=False)
+    assert runs_dir() == tmp_path / "runs"
+    monkeypatch.setenv("ATTNBENCH_RUNS", str(tmp_path / "env"))
+    assert runs_dir() == tmp_path / "env" and runs_dir(tmp_path / "x") == tmp_path / "x"
+    assert RecordStore().root == tmp_path / "env" / "records" and (tmp_path / "env" / "records").is_dir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert runs_dir("~/r") == tmp_path / "r"

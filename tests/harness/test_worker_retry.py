@@ -7,6 +7,7 @@ executor's own bookkeeping is what is tested; test_bench.py checks the same thro
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import signal
@@ -115,3 +116,23 @@ def test_a_dead_shard_skips_finished_runs_and_blames_the_next(tmp_path):
     # every run recorded: nothing to blame
     store.write(Record.ok(SPECS[2], {}))
     assert record_dead_shard(shard, "job 10 ended") is None
+
+
+def test_gpus_come_from_cuda_visible_devices_and_each_gpu_worker_gets_every_thread(monkeypatch, tmp_path):
+    from harness.run.threads import threads_per_worker
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2,")
+    assert worker_pool.visible_gpus() == ["0", "2"] and worker_pool.default_workers() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert worker_pool.visible_gpus() == [] and worker_pool.default_workers() == max(1, os.cpu_count() or 1)
+    options = WorkerOptions(runs_dir=str(tmp_path), data_root="/data", cache_dir="/cache", plugin_files=["p.py"], commit="c", workers=2,
+                            env={"A": "1"})
+    on_gpu, on_cpu = options.settings("1"), options.settings(None)
+    assert (on_gpu.gpu, on_gpu.threads) == ("1", threads_per_worker(1))
+    assert (on_cpu.gpu, on_cpu.threads) == (None, threads_per_worker(2))
+    assert (on_cpu.runs_dir, on_cpu.data_root, on_cpu.cache_dir, on_cpu.plugin_files, on_cpu.commit, dict(on_cpu.env)) == (
+        str(tmp_path), "/data", "/cache", ("p.py",), "c", {"A": "1"})
+    with pytest.raises(ValueError, match="3 workers but only 2 GPU"):
+        LocalExecutor(dataclasses.replace(options, workers=3), gpus=["0", "1"])
+    assert LocalExecutor(options, gpus=["5", "6", "7"]).slots == ["5", "6"]
+    assert LocalExecutor(options, gpus=[]).slots == [None, None]

@@ -162,26 +162,6 @@ def test_training_loss_is_task_loss_plus_weighted_aux_of_every_layer(host, varia
     assert expected_aux > 0.1  # large enough that dropping it, or any one layer's share, shows
 
 
-def test_weighted_aux_loss_sums_weight_times_term_over_layers_and_logs_unweighted_means():
-    first, second = (KnownAuxAttention(KnownAuxConfig(weight=w), _shape()) for w in (0.5, 2.0))
-    results = [AttentionResult(None, {"known": torch.tensor(1.5), "unweighted": torch.tensor(4.0)}),
-               AttentionResult(None, {"known": torch.tensor(-0.25), "unweighted": torch.tensor(8.0)})]
-    total, logs = weighted_aux_loss(results, [first, second], step=1)
-    assert total.item() == pytest.approx(0.5 * 2 * 1.5 + 2.0 * 2 * -0.25)
-    assert {k: v.item() for k, v in logs.items()} == {"aux/known": pytest.approx(0.625), "aux/unweighted": 6.0}
-    assert trace_aux_loss([], step=0) == (None, {})
-    none, logs = weighted_aux_loss(results[:1], [KnownAuxAttention(KnownAuxConfig(weight=0.0), _shape())], step=0)
-    assert none is None and logs["aux/known"].item() == 1.5
-
-
-def test_an_epoch_schedule_reads_the_epoch_and_refuses_to_guess_it():
-    kernel = KnownAuxByEpochAttention(KnownAuxByEpochConfig(weight=1.0), _shape())
-    total, _ = weighted_aux_loss([AttentionResult(None, {"known": torch.tensor(1.0)})], [kernel], step=100, epoch=4)
-    assert total.item() == 5.0
-    with pytest.raises(ValueError, match="pass epoch="):
-        kernel.loss_weights(100)
-
-
 def _shape():
     from modules.attention.kernel import HeadShape
 

@@ -1,0 +1,94 @@
+"""The aux-loss bookkeeping every LightningModule shares (modules/lit/attention_terms.py), unit by unit: the
+weighted sum over layers with each kernel's step or epoch schedule, the logged means, diagnostics, the
+divergence check and Monte-Carlo sampling mode. test_training_loss.py checks the same sum end to end through
+every host's training_step; this file is the fast one that mutation testing runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modules.attention import AttentionResult
+from modules.lit.attention_terms import trace_aux_loss, weighted_aux_loss
+
+from .test_training_loss import KnownAuxAttention, KnownAuxByEpochAttention, KnownAuxByEpochConfig, KnownAuxConfig, _shape
+
+
+def test_weighted_aux_loss_sums_weight_times_term_over_layers_and_logs_unweighted_means():
+    first, second = (KnownAuxAttention(KnownAuxConfig(weight=w), _shape()) for w in (0.5, 2.0))
+    results = [AttentionResult(None, {"known": torch.tensor(1.5), "unweighted": torch.tensor(4.0)}),
+               AttentionResult(None, {"known": torch.tensor(-0.25), "unweighted": torch.tensor(8.0)})]
+    total, logs = weighted_aux_loss(results, [first, second], step=1)
+    assert total.item() == pytest.approx(0.5 * 2 * 1.5 + 2.0 * 2 * -0.25)
+    assert {k: v.item() for k, v in logs.items()} == {"aux/known": pytest.approx(0.625), "aux/unweighted": 6.0}
+    assert trace_aux_loss([], step=0) == (None, {})
+    none, logs = weighted_aux_loss(results[:1], [KnownAuxAttention(KnownAuxConfig(weight=0.0), _shape())], step=0)
+    assert none is None and logs["aux/known"].item() == 1.5
+
+
+def test_an_epoch_schedule_reads_the_epoch_and_refuses_to_guess_it():
+    kernel = KnownAuxByEpochAttention(KnownAuxByEpochConfig(weight=1.0), _shape())
+    total, _ = weighted_aux_loss([AttentionResult(None, {"known": torch.tensor(1.0)})], [kernel], step=100, epoch=4)
+    assert total.item() == 5.0
+    with pytest.raises(ValueError, match="pass epoch="):
+        kernel.loss_weights(100)
+
+
+def test_diagnostics_are_logged_per_call_and_averaged_over_calls():
+    from modules.lit.attention_terms import diagnostics
+
+    kernel = KnownAuxAttention(KnownAuxConfig(), _shape())
+    trace = [(kernel, AttentionResult(None, {}, {"entropy": torch.tensor(1.0), "support": torch.tensor(3.0)})),
+             (kernel, AttentionResult(None, {}, {"entropy": torch.tensor(2.0)}))]
+    logs = {k: v.item() for k, v in diagnostics(trace).items()}
+    assert logs == {"attn/l0/entropy": 1.0, "attn/l0/support": 3.0, "attn/l1/entropy": 2.0, "attn/entropy": 1.5, "attn/support": 3.0}
+    assert diagnostics([]) == {}
+
+
+def test_a_non_finite_loss_stops_the_run_naming_the_epoch():
+    from modules.lit.attention_terms import DivergedError, check_finite
+
+    check_finite(torch.tensor(1e30), epoch=0)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(DivergedError, match="at epoch 7; the run diverged"):
+            check_finite(torch.tensor(bad), epoch=7)
+    assert issubclass(DivergedError, FloatingPointError)
+
+
+def test_data_parallel_ranks_stop_together_when_any_one_diverges(monkeypatch):
+    """A finite loss on this rank still stops when another rank's was not (the all-reduced flag says so);
+    a single process never all-reduces."""
+    from modules.lit import attention_terms
+    from modules.lit.attention_terms import DivergedError, check_finite
+
+    calls = []
+
+    def all_reduce(flag, op):
+        calls.append(op)
+        flag.fill_(1.0)  # another rank diverged
+
+    dist = attention_terms.torch.distributed
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 1)
+    check_finite(torch.tensor(0.5), epoch=1)
+    assert calls == []
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    with pytest.raises(DivergedError, match="at epoch 3"):
+        check_finite(torch.tensor(0.5), epoch=3)
+    assert calls == [dist.ReduceOp.MAX]
+
+
+def test_sampling_kernels_trains_only_the_kernels_and_restores_eval_even_on_error():
+    from modules.lit.attention_terms import sampling_kernels
+
+    kernels = [KnownAuxAttention(KnownAuxConfig(), _shape()).eval() for _ in range(2)]
+    other = torch.nn.Dropout().eval()
+    with sampling_kernels(kernels):
+        assert all(k.training for k in kernels) and not other.training
+    assert not any(k.training for k in kernels)
+    with pytest.raises(RuntimeError):
+        with sampling_kernels(kernels):
+            raise RuntimeError("a failing pass")
+    assert not any(k.training for k in kernels)
