@@ -16,7 +16,7 @@ endif
 export ATTNBENCH_DATA
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser postgres bench paper-gat perf startup scaling probe tune leaderboard test test-slow mutation clean
+.PHONY: help install browser postgres bench paper-gat perf startup gpu-smoke scaling probe tune leaderboard test test-slow mutation clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ perf: install ## forward+backward time of every variant relative to softmax, den
 
 startup: install ## how fast --help, --version, list, describe and argument errors answer (target: 1.5 s each)
 	$(BIN)/python -m harness.studies.startup
+
+gpu-smoke: install ## on a GPU machine (< 10 min): versions, every variant dense bf16/fp32, on Cora, in MiniLM, one captioning epoch; writes leaderboards/gpu-smoke/<gpu>.md. Without a GPU: says so, exits 0
+	$(BIN)/python -m harness.studies.gpu_smoke
 
 scaling: install ## the SUITE (default quick) with 1 and with 2 workers in one command: prints the speed-up
 	$(BIN)/attnbench scaling --suite $(SUITE) --workers 1,2

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from platformdirs import user_cache_dir
 
@@ -45,19 +48,62 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_or_build(path: Path, build: Callable[[], Any]) -> Any:
+LOCK_TIMEOUT_ENV = "ATTNBENCH_LOCK_TIMEOUT_S"
+DEFAULT_LOCK_TIMEOUT_S = 3 * 3600.0
+"""Longer than any cache build we know (COCO features on one CPU: about an hour), short of forever."""
+
+
+class CacheLockTimeout(TimeoutError):
+    """Waited too long for a cache lock; the message names the lock file and how to clear a stale one."""
+
+
+def lock_timeout_s() -> float:
+    value = os.environ.get(LOCK_TIMEOUT_ENV)
+    return float(value) if value else DEFAULT_LOCK_TIMEOUT_S
+
+
+@contextmanager
+def cache_lock(lock_path: Path | str, timeout_s: float | None = None) -> Iterator[None]:
+    """An inter-process lock on a cache entry, with a timeout: on a shared filesystem without working flock a
+    builder that was killed (OOM) leaves its lock behind, and waiting forever would hang every worker."""
+    from filelock import FileLock, Timeout
+
+    timeout_s = lock_timeout_s() if timeout_s is None else timeout_s
+    try:
+        with FileLock(str(lock_path), timeout=timeout_s):
+            yield
+    except Timeout:
+        raise CacheLockTimeout(
+            f"waited {timeout_s:.0f} s for the cache lock {lock_path}; another process is building this cache entry, "
+            f"or one that was killed left the lock behind. If no attnbench process is running, delete {lock_path} and "
+            f"retry (set {LOCK_TIMEOUT_ENV} to wait longer)"
+        ) from None
+
+
+def unique_temp_path(path: Path) -> Path:
+    """A temp name next to `path` that no other process, on this node or another sharing the filesystem, uses."""
+    return path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def load_or_build(path: Path, build: Callable[[], Any], *, mmap: bool = False) -> Any:
     """torch.load(path), or build() once and save it there by atomic rename. Parallel workers asking for
     the same file wait on a lock for the one that builds it, and nobody ever reads a half-written file.
-    `build` returns what torch.save can store under weights_only loading (tensors, dicts, lists)."""
+    `build` returns what torch.save can store under weights_only loading (tensors, dicts, lists).
+    `mmap`: map the file instead of reading it (large feature tensors: pages are shared by every worker
+    process on the node through the page cache, and only the rows a batch touches are read)."""
     import torch
-    from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
+    if path.is_file():  # built already: no lock needed, the file appeared by atomic rename
+        return torch.load(path, weights_only=True, mmap=mmap)
+    with cache_lock(str(path) + ".lock"):
         if path.is_file():
-            return torch.load(path, weights_only=True)
+            return torch.load(path, weights_only=True, mmap=mmap)
         value = build()
-        tmp = path.with_suffix(".tmp")
-        torch.save(value, tmp)
-        tmp.replace(path)
-        return value
+        tmp = unique_temp_path(path)
+        try:
+            torch.save(value, tmp)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return torch.load(path, weights_only=True, mmap=True) if mmap else value

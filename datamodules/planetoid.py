@@ -8,13 +8,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from filelock import FileLock
 from torch.utils.data import DataLoader
 from torch_geometric.data import Data
 from torch_geometric.datasets import Planetoid
 from torch_geometric.transforms import NormalizeFeatures
 
-from .paths import MissingDataError, cache_dir, data_root, sha256_of
+from .paths import MissingDataError, cache_dir, cache_lock, data_root, sha256_of
 
 NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 RAW_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
@@ -102,7 +101,7 @@ def load_graph(name: str, root: str | None = None, cache: str | None = None) -> 
     work_root.mkdir(parents=True, exist_ok=True)
     source = data_root(root)
     # Several worker processes may load the same graph at once; PyG's processing is not safe for that.
-    with FileLock(str(work_root / f"{NAMES[name]}.lock")):
+    with cache_lock(work_root / f"{NAMES[name]}.lock"):
         if source is not None:
             raw = check_raw_files(name, source)
             target = work_root / NAMES[name] / "raw"

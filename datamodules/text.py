@@ -132,9 +132,15 @@ class BucketBatchSampler(torch.utils.data.BatchSampler):
     the tokens of a plain random batch are padding), while each epoch's batches stay random.
 
     A BatchSampler that takes `sampler` so that Lightning's DDP can re-create it around a
-    DistributedSampler: each rank then buckets its own shard (equal in size on every rank, so the ranks
-    step together). On one process the batches come from the sampler's size and the run's seed alone, so
-    that they do not depend on the global RNG."""
+    DistributedSampler. Then every rank builds the same global bucket plan (from the DistributedSampler's
+    shared seed and epoch, not from its own shard): windows of the whole data set sorted by length, cut into
+    global batches of batch_size x world_size, and rank r takes every world_size-th example of each. So at
+    every step all ranks hold examples of about the same length: bucketing each rank's own shard gave ranks
+    different sequence lengths at a step (stragglers, and an OOM on one rank while the others hang in
+    all-reduce). The data set is padded to a multiple of world_size by repeating its first examples, as the
+    DistributedSampler does, so that every rank takes the same number of equal-sized batches. On one process
+    the batches come from the sampler's size and the run's seed alone, so that they do not depend on the
+    global RNG."""
 
     def __init__(self, sampler, batch_size: int, drop_last: bool = False, *, lengths: Tensor, window: int = 50):
         if drop_last:
@@ -144,23 +150,38 @@ class BucketBatchSampler(torch.utils.data.BatchSampler):
         self.window = window
         self.epoch = 0
 
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(int(torch.initial_seed()) + self.epoch)
-        self.epoch += 1
-        if isinstance(self.sampler, torch.utils.data.DistributedSampler):
-            order = torch.tensor(list(self.sampler), dtype=torch.long)  # this rank's shuffled shard
-        else:
-            order = torch.randperm(len(self.lengths), generator=generator)
-        span = self.batch_size * self.window
+    def _bucketed(self, order: Tensor, size: int, generator: torch.Generator) -> list[Tensor]:
+        """`order` cut into batches of `size` sorted by length within windows of `window` batches, shuffled."""
+        span = size * self.window
         batches = []
         for start in range(0, len(order), span):
             chunk = order[start : start + span]
             chunk = chunk[torch.argsort(self.lengths[chunk], stable=True)]
-            batches.extend(chunk[i : i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size))
-        for i in torch.randperm(len(batches), generator=generator).tolist():
-            yield batches[i]
+            batches.extend(chunk[i : i + size] for i in range(0, len(chunk), size))
+        return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+    def __iter__(self):
+        sampler = self.sampler
+        if isinstance(sampler, torch.utils.data.DistributedSampler):
+            world, rank = sampler.num_replicas, sampler.rank
+            generator = torch.Generator().manual_seed(sampler.seed + sampler.epoch)  # the same on every rank
+            count = len(self.lengths)
+            order = torch.randperm(count, generator=generator) if sampler.shuffle else torch.arange(count)
+            padded = -(-count // world) * world
+            order = torch.cat([order, order[: padded - count]])
+            for global_batch in self._bucketed(order, self.batch_size * world, generator):
+                yield global_batch[rank::world].tolist()
+            return
+        generator = torch.Generator().manual_seed(int(torch.initial_seed()) + self.epoch)
+        self.epoch += 1
+        order = torch.randperm(len(self.lengths), generator=generator)
+        for batch in self._bucketed(order, self.batch_size, generator):
+            yield batch.tolist()
 
     def __len__(self) -> int:
+        if isinstance(self.sampler, torch.utils.data.DistributedSampler):
+            world = self.sampler.num_replicas
+            return -(-(-(-len(self.lengths) // world) * world) // (self.batch_size * world))
         return -(-len(self.sampler) // self.batch_size)
 
 

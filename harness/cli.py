@@ -161,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching this glob")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to time the kernels (default: cpu)")
     _common(p)
 
     p = sub.add_parser("scaling", help="run a suite with 1, 2, ... workers in one command and print the speed-up")
@@ -474,7 +475,7 @@ def cmd_perf(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    measure(args.variants, args.repeats, data_root=args.data_root, cache_dir=args.cache_dir)
+    measure(args.variants, args.repeats, data_root=args.data_root, cache_dir=args.cache_dir, device=args.device)
     return 0
 
 

@@ -9,7 +9,9 @@ progress lines) stay on rank 0."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import Any
 
 STRATEGIES = ("auto", "ddp")
@@ -43,15 +45,29 @@ class Distribution:
     def trainer_kwargs(self) -> dict[str, Any]:
         if not self.is_distributed:
             return {"devices": 1}
+        from lightning.pytorch.strategies import DDPStrategy
+
         # Variants may own parameters that some configurations leave out of the loss (a learned prior
         # when it is fixed, ...); plain DDP would stop with an error on those.
-        return {"devices": self.devices, "num_nodes": self.num_nodes, "strategy": "ddp_find_unused_parameters_true"}
+        strategy = DDPStrategy(find_unused_parameters=True, timeout=process_group_timeout())
+        return {"devices": self.devices, "num_nodes": self.num_nodes, "strategy": strategy}
 
     def describe(self) -> dict[str, Any]:
         return {**asdict(self), "world_size": self.world_size}
 
 
 SINGLE = Distribution()
+
+TIMEOUT_ENV = "ATTNBENCH_DDP_TIMEOUT_MIN"
+DEFAULT_TIMEOUT_MIN = 10.0
+"""A collective that waits longer than this ends the run with an error instead of hanging: a rank that died
+(an OOM on one GPU) otherwise leaves the others in all-reduce for torch's default 30 minutes (NCCL), or for
+ever where no timeout applies. Ten minutes is far above any step or validation pass of the suites here."""
+
+
+def process_group_timeout() -> timedelta:
+    value = os.environ.get(TIMEOUT_ENV)
+    return timedelta(minutes=float(value) if value else DEFAULT_TIMEOUT_MIN)
 
 
 def start(distribution: Distribution) -> int:
@@ -61,7 +77,10 @@ def start(distribution: Distribution) -> int:
         return 0
     from lightning.fabric import Fabric
 
-    fabric = Fabric(accelerator="auto", strategy="ddp", devices=distribution.devices, num_nodes=distribution.num_nodes)
+    from lightning.fabric.strategies import DDPStrategy
+
+    fabric = Fabric(accelerator="auto", strategy=DDPStrategy(timeout=process_group_timeout()), devices=distribution.devices,
+                    num_nodes=distribution.num_nodes)
     fabric.launch()
     return fabric.global_rank
 

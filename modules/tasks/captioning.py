@@ -17,7 +17,7 @@ from typing import Annotated
 from annotated_types import Ge, Gt, Interval
 
 from datamodules import coco
-from datamodules.image_features import WEIGHTS, ImageEncoderSpec
+from datamodules.image_features import WEIGHTS, ImageEncoderSpec, pretrained_weights_problem
 
 from ..hosts.captioner import Captioner
 from ..lit.captioning import CaptioningModule
@@ -91,7 +91,7 @@ class CocoCaptionsTask(Task):
                 coco.karpathy_split(coco.read_captions(data_root), params.karpathy_split, data_root)
             except coco.MissingDataError as exc:
                 return str(exc)
-        return problem
+        return problem or (pretrained_weights_problem(params.backbone, params.image_weights) if params else None)
 
     def splits(self, params: CaptionParams, data_root) -> coco.CaptionSplits:
         items = coco.read_captions(data_root)

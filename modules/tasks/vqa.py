@@ -13,7 +13,7 @@ from typing import Annotated
 
 from annotated_types import Ge, Gt, Interval
 
-from datamodules.image_features import ImageEncoderSpec
+from datamodules.image_features import ImageEncoderSpec, pretrained_weights_problem
 from datamodules.vqa import (
     VQADataModule,
     VQASplits,
@@ -110,7 +110,7 @@ class VQATask(Task):
         if self.preset["dataset"] == "easy-vqa":
             return easy_vqa_problem()
         vqa_dir = params.vqa_dir if params is not None else self.preset.get("vqa_dir", VQAParams.vqa_dir)
-        return vqa_problem(data_root, vqa_dir)
+        return vqa_problem(data_root, vqa_dir) or (pretrained_weights_problem(params.backbone, params.image_weights) if params else None)
 
     def splits(self, params: VQAParams, data_root) -> VQASplits:
         if params.dataset == "easy-vqa":

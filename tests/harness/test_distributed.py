@@ -106,3 +106,28 @@ def test_ddp_tuning_samples_each_trial_on_rank_zero_only(env, tmp_path):
     assert study.trials[0].user_attrs["defaults"] and {"alpha", "prior"} <= set(study.trials[1].params)
     assert (tmp_path / "params" / "cora" / "fenchel.yaml").is_file()
     assert done.stdout.count("best parameters written") == 1
+
+
+def test_ranks_see_the_same_lengths_at_every_step():
+    """A global bucket plan (issue #18): at each step the ranks' batches are slices of one length-sorted
+    global batch, so no rank gets long sequences while another gets short ones."""
+    lengths = torch.randint(5, 500, (203,))
+    world = 4
+    per_rank = []
+    for rank in range(world):
+        sampler = DistributedSampler(range(203), num_replicas=world, rank=rank, shuffle=True, seed=7)
+        sampler.set_epoch(2)
+        batches = BucketBatchSampler(sampler, 8, lengths=lengths)
+        per_rank.append(list(batches))
+        assert len(per_rank[-1]) == len(batches)
+    assert len({len(b) for b in per_rank}) == 1
+    for step in zip(*per_rank):
+        assert len({len(b) for b in step}) == 1  # equal batch sizes on every rank
+        # taking the ranks' j-th examples in rank order, j = 0, 1, ..., gives one length-sorted global batch
+        interleaved = [int(lengths[step[r][j]]) for j in range(len(step[0])) for r in range(world)]
+        assert interleaved == sorted(interleaved)
+    seen = [i for batches in per_rank for b in batches for i in b]
+    assert sorted(set(seen)) == list(range(203)) and len(seen) == 204  # 203 padded to 204: one example twice
+    # the plan is the same on every rank, so the shards are disjoint apart from the padding
+    shards = [{i for b in batches for i in b} for batches in per_rank]
+    assert sum(len(s) for s in shards) - len(set().union(*shards)) == 1

@@ -95,3 +95,15 @@ def test_proc_driver_is_read_without_nvidia_smi(monkeypatch, tmp_path):
     (tmp_path / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  470.57.02\n")
     monkeypatch.setattr(devices, "Path", fake_path)
     assert devices.node_gpus() == ["0000:3b:00.0, NVRM version: NVIDIA UNIX x86_64 Kernel Module  470.57.02"]
+
+
+def test_gpu_smoke_without_a_gpu_says_so_and_exits_0(monkeypatch, capsys, tmp_path):
+    import torch
+
+    from harness.studies import gpu_smoke
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(devices, "node_gpus", lambda: [])
+    assert gpu_smoke.main(["--out", str(tmp_path / "smoke")]) == 0
+    assert "gpu-smoke: no GPU usable by torch" in capsys.readouterr().out
+    assert not (tmp_path / "smoke").exists()

@@ -224,7 +224,8 @@ class EntmaxAttention(AttentionKernel):
             steps = self.config.solver_steps or NEWTON_STEP_CAP
             head_alpha = per_head(alpha, x) if isinstance(alpha, Tensor) else alpha
             weights = GroupedEntmax.apply(x, head_alpha, groups, steps)
-        weights = weights.to(q.dtype)  # the scores are float32 at least; the values are in q's dtype
+        # the scores are float32 at least; the values (for the aggregation) are in q's dtype
+        weights = weights.to(q.dtype if q is not None else logits.dtype)
         diagnostics = standard_diagnostics(weights, groups, self)
         if self.alpha_logit is not None:
             diagnostics["alpha"] = alpha.detach().mean()
