@@ -277,3 +277,13 @@ def test_no_records_yet_still_shows_every_planned_row_as_missing(tmp_path):
     assert group["hardware"] == "no records yet" and group["records"] == 0
     assert [(r["variant"], r["rank"], r["missing"]) for r in group["tasks"][0]["rows"]] == [("gmm", None, 2), ("softmax", None, 2)]
     assert [(o["variant"], o["mean_rank"], o["tasks_covered"]) for o in group["overall"]] == [("gmm", None, 0), ("softmax", None, 0)]
+
+
+def test_paired_p_treats_spread_within_1e_12_of_the_scale_as_float_noise():
+    """The tolerance is 1e-12 x max(1, |diff|), inclusive: at 1000 a spread of 2e-10 is noise (a constant shift,
+    p = 0); at scale 1 a spread of 1.5e-12 is not (a t-test runs); a spread of exactly 1e-12 around 0 is no
+    difference (p = 1)."""
+    assert paired_p([1000.0 + 1e-10, 1000.0, 1000.0 - 1e-10]) == 0.0
+    p = paired_p([1.5e-12, 0.0, 0.7e-12])
+    assert p == pytest.approx(stats.ttest_rel([1.5e-12, 0.0, 0.7e-12], [0.0] * 3).pvalue) and 0 < p < 1
+    assert paired_p([1e-12, 0.0]) == 1.0
