@@ -287,3 +287,13 @@ def test_paired_p_treats_spread_within_1e_12_of_the_scale_as_float_noise():
     p = paired_p([1.5e-12, 0.0, 0.7e-12])
     assert p == pytest.approx(stats.ttest_rel([1.5e-12, 0.0, 0.7e-12], [0.0] * 3).pvalue) and 0 < p < 1
     assert paired_p([1e-12, 0.0]) == 1.0
+
+
+def test_summaries_of_no_one_and_two_values():
+    from harness.report.stats import summarize
+
+    assert summarize([]) == {"n": 0, "mean": None, "std": None, "ci_low": None, "ci_high": None}
+    assert summarize([0.5]) == {"n": 1, "mean": 0.5, "std": None, "ci_low": None, "ci_high": None}
+    two = summarize([1.0, 3.0])
+    half = stats.t.ppf(0.975, 1) * math.sqrt(2) / math.sqrt(2)
+    assert two == {"n": 2, "mean": 2.0, "std": pytest.approx(math.sqrt(2)), "ci_low": pytest.approx(2.0 - half), "ci_high": pytest.approx(2.0 + half)}
