@@ -277,3 +277,23 @@ def test_no_records_yet_still_shows_every_planned_row_as_missing(tmp_path):
     assert group["hardware"] == "no records yet" and group["records"] == 0
     assert [(r["variant"], r["rank"], r["missing"]) for r in group["tasks"][0]["rows"]] == [("gmm", None, 2), ("softmax", None, 2)]
     assert [(o["variant"], o["mean_rank"], o["tasks_covered"]) for o in group["overall"]] == [("gmm", None, 0), ("softmax", None, 0)]
+
+
+def test_paired_p_treats_spread_within_1e_12_of_the_scale_as_float_noise():
+    """The tolerance is 1e-12 x max(1, |diff|), inclusive: at 1000 a spread of 2e-10 is noise (a constant shift,
+    p = 0); at scale 1 a spread of 1.5e-12 is not (a t-test runs); a spread of exactly 1e-12 around 0 is no
+    difference (p = 1)."""
+    assert paired_p([1000.0 + 1e-10, 1000.0, 1000.0 - 1e-10]) == 0.0
+    p = paired_p([1.5e-12, 0.0, 0.7e-12])
+    assert p == pytest.approx(stats.ttest_rel([1.5e-12, 0.0, 0.7e-12], [0.0] * 3).pvalue) and 0 < p < 1
+    assert paired_p([1e-12, 0.0]) == 1.0
+
+
+def test_summaries_of_no_one_and_two_values():
+    from harness.report.stats import summarize
+
+    assert summarize([]) == {"n": 0, "mean": None, "std": None, "ci_low": None, "ci_high": None}
+    assert summarize([0.5]) == {"n": 1, "mean": 0.5, "std": None, "ci_low": None, "ci_high": None}
+    two = summarize([1.0, 3.0])
+    half = stats.t.ppf(0.975, 1) * math.sqrt(2) / math.sqrt(2)
+    assert two == {"n": 2, "mean": 2.0, "std": pytest.approx(math.sqrt(2)), "ci_low": pytest.approx(2.0 - half), "ci_high": pytest.approx(2.0 + half)}
