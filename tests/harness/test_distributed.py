@@ -48,8 +48,9 @@ def test_lightning_shards_bucketed_text_batches_across_ranks():
     assert len(shards[0]) == len(shards[1]) == len(sharded.batch_sampler) == 7  # ranks step together: ceil(51 / 8)
     seen = [i for shard in shards for batch in shard for i in batch]
     assert sorted(set(seen)) == data and len(seen) == 102  # every example once, one padded in twice
-    # The ranks' shards are disjoint apart from the one example padded in to even them out.
-    assert len({i for b in shards[0] for i in b} & {i for b in shards[1] for i in b}) == 1
+    # The ranks' shards are disjoint apart from the one example padded in to even them out, which the global
+    # bucket plan may hand to either rank (or to the same rank twice).
+    assert len({i for b in shards[0] for i in b} & {i for b in shards[1] for i in b}) <= 1
     # Within a batch, lengths stay close (bucketing survives sharding).
     for batch in shards[0]:
         assert torch.equal(lengths[batch].sort().values, lengths[batch]) or len(batch) < 8

@@ -118,7 +118,7 @@ def test_a_dead_shard_skips_finished_runs_and_blames_the_next(tmp_path):
     assert record_dead_shard(shard, "job 10 ended") is None
 
 
-def test_gpus_come_from_cuda_visible_devices_and_each_gpu_worker_gets_every_thread(monkeypatch, tmp_path):
+def test_gpus_come_from_cuda_visible_devices_and_workers_split_the_threads(monkeypatch, tmp_path):
     from harness.run.threads import threads_per_worker
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2,")
@@ -128,7 +128,8 @@ def test_gpus_come_from_cuda_visible_devices_and_each_gpu_worker_gets_every_thre
     options = WorkerOptions(runs_dir=str(tmp_path), data_root="/data", cache_dir="/cache", plugin_files=["p.py"], commit="c", workers=2,
                             env={"A": "1"})
     on_gpu, on_cpu = options.settings("1"), options.settings(None)
-    assert (on_gpu.gpu, on_gpu.threads) == ("1", threads_per_worker(1))
+    # GPU workers share the host's cores too (#18: 8 GPU workers with every core each oversubscribe a node)
+    assert (on_gpu.gpu, on_gpu.threads) == ("1", threads_per_worker(2))
     assert (on_cpu.gpu, on_cpu.threads) == (None, threads_per_worker(2))
     assert (on_cpu.runs_dir, on_cpu.data_root, on_cpu.cache_dir, on_cpu.plugin_files, on_cpu.commit, dict(on_cpu.env)) == (
         str(tmp_path), "/data", "/cache", ("p.py",), "c", {"A": "1"})
