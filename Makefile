@@ -57,7 +57,9 @@ tune: install ## Optuna-tune VARIANT on TASK (TRIALS=20), or every pair of SUITE
 # Every committed board unless SUITE is given on the command line. The records are the committed store
 # (leaderboards/records/, RUNS=dir for another): a fresh clone regenerates every board byte for byte, and a
 # board none of whose records are committed is left as it is with a one-line note, never blanked.
-BOARDS := $(if $(filter command line environment,$(origin SUITE)),$(SUITE),$(basename $(notdir $(wildcard leaderboards/*.md))))
+# Only the .md files named after a built-in suite are boards (leaderboards/ also holds mutation.md and the like).
+SUITE_NAMES := $(basename $(notdir $(wildcard harness/suites/*.yaml)))
+BOARDS := $(if $(filter command line environment,$(origin SUITE)),$(SUITE),$(filter $(SUITE_NAMES),$(basename $(notdir $(wildcard leaderboards/*.md)))))
 RUNS ?= leaderboards
 leaderboard: install ## regenerate every leaderboards/<suite>.{md,csv,html} (or SUITE=name) from the committed records (RUNS=leaderboards)
 	@$(BIN)/attnbench leaderboard --suite $(BOARDS) --runs-dir $(RUNS) --skip-unrecorded
