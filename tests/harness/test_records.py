@@ -245,3 +245,16 @@ def test_the_runs_folder_is_explicit_else_attnbench_runs_else_runs_and_records_l
     assert RecordStore().root == tmp_path / "env" / "records" and (tmp_path / "env" / "records").is_dir()
     monkeypatch.setenv("HOME", str(tmp_path))
     assert runs_dir("~/r") == tmp_path / "r"
+
+
+def test_a_store_whose_runs_folder_was_removed_meanwhile_still_writes_its_records(tmp_path):
+    """A bench that outlives a cleaned-up runs folder keeps the runs it finishes: the write makes the
+    folders again."""
+    import shutil
+
+    from harness.results.record import Record
+
+    store = RecordStore(tmp_path / "runs")
+    shutil.rmtree(tmp_path / "runs")
+    assert store.write({"key": "k", "status": "ok"}) == tmp_path / "runs" / "records" / "k.json"
+    assert store.read("k") == Record.from_dict({"key": "k", "status": "ok"})
