@@ -207,3 +207,29 @@ def test_restricting_a_graph_to_some_queries_keeps_their_edges(p):
     assert restricted.num_nodes == 2
     torch.testing.assert_close(restricted.softmax(logits.index_select(0, kept)), groups.softmax(logits).index_select(0, kept), rtol=0, atol=1e-12)
     assert sorted(groups.dst[kept].tolist()) == [1] * 5 + [7] * 3
+    # the keys are unchanged: still every node of the batch graph, with the out-degrees the kept edges give
+    assert restricted.num_src_nodes == groups.num_src_nodes == 10
+    assert restricted.key_degree().squeeze(-1).tolist() == torch.bincount(groups.src[kept], minlength=10).tolist()
+
+
+def test_query_and_key_sets_of_other_shapes_masks_and_graphs():
+    """Batch, heads, length and width all distinct, so that no axis can stand in for another; a 2-D mask
+    (broadcast over batch and heads) with a key no query sees; no mask at all; a graph with a node that
+    nothing attends to, one that attends to nothing and a key seen by exactly one edge."""
+    p = make_problem(batch=3, heads=2, length=4, dim=5)
+    dense_q, dense_k, q_valid, k_valid = p.dense.query_and_key_sets(p.q, p.k)
+    assert torch.equal(dense_q, p.q.reshape(6, 4, 5)) and torch.equal(dense_k, p.k.reshape(6, 4, 5))
+    assert torch.equal(q_valid, p.key_valid.repeat_interleave(2, 0)) and torch.equal(k_valid, q_valid)
+    assert DenseGroups().query_and_key_sets(p.q, p.k)[2:] == (None, None)
+    mask = torch.tensor([[True, False, True, False], [True, True, False, False], [False, True, True, False], [True, True, True, False]])
+    _, _, q_valid, k_valid = DenseGroups(mask).query_and_key_sets(p.q, p.k)
+    assert q_valid is None and torch.equal(k_valid, torch.tensor([True, True, True, False]).expand(6, 4))
+
+    graph = SegmentGroups(dst=torch.tensor([0, 1, 1]), src=torch.tensor([2, 2, 0]), num_nodes=3)
+    q, k = torch.randn(3, 2, 4), torch.randn(3, 2, 4)  # [nodes, heads, width]
+    seg_q, seg_k, q_valid, k_valid = graph.query_and_key_sets(q, k)
+    assert torch.equal(seg_q, q.transpose(0, 1)) and torch.equal(seg_k, k.transpose(0, 1))
+    assert torch.equal(q_valid, torch.tensor([[True, True, False]] * 2))  # node 2 has no incoming edge
+    assert torch.equal(k_valid, torch.tensor([[True, False, True]] * 2))  # node 1 is nobody's key, node 0 one edge's
+    complete = SegmentGroups(dst=torch.tensor([0, 1]), src=torch.tensor([1, 0]), num_nodes=2)
+    assert complete.query_and_key_sets(q[:2], k[:2])[2:] == (None, None)
