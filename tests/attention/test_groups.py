@@ -210,6 +210,13 @@ def test_restricting_a_graph_to_some_queries_keeps_their_edges(p):
     # the keys are unchanged: still every node of the batch graph, with the out-degrees the kept edges give
     assert restricted.num_src_nodes == groups.num_src_nodes == 10
     assert restricted.key_degree().squeeze(-1).tolist() == torch.bincount(groups.src[kept], minlength=10).tolist()
+    # built on the device of the rows, not the default device (`meta` here tells the two apart on a CPU)
+    torch.set_default_device("meta")
+    try:
+        on_rows_device, kept_there = groups.restrict_queries(rows)
+    finally:
+        torch.set_default_device(None)
+    assert torch.equal(kept_there, kept) and torch.equal(on_rows_device.dst, restricted.dst)
 
 
 def test_query_and_key_sets_of_other_shapes_masks_and_graphs():
