@@ -207,3 +207,98 @@ def test_restricting_a_graph_to_some_queries_keeps_their_edges(p):
     assert restricted.num_nodes == 2
     torch.testing.assert_close(restricted.softmax(logits.index_select(0, kept)), groups.softmax(logits).index_select(0, kept), rtol=0, atol=1e-12)
     assert sorted(groups.dst[kept].tolist()) == [1] * 5 + [7] * 3
+    # the keys are unchanged: still every node of the batch graph, with the out-degrees the kept edges give
+    assert restricted.num_src_nodes == groups.num_src_nodes == 10
+    assert restricted.key_degree().squeeze(-1).tolist() == torch.bincount(groups.src[kept], minlength=10).tolist()
+    # built on the device of the rows, not the default device (`meta` here tells the two apart on a CPU)
+    torch.set_default_device("meta")
+    try:
+        on_rows_device, kept_there = groups.restrict_queries(rows)
+    finally:
+        torch.set_default_device(None)
+    assert torch.equal(kept_there, kept) and torch.equal(on_rows_device.dst, restricted.dst)
+
+
+def test_query_and_key_sets_of_other_shapes_masks_and_graphs():
+    """Batch, heads, length and width all distinct, so that no axis can stand in for another; a 2-D mask
+    (broadcast over batch and heads) with a key no query sees; no mask at all; a graph with a node that
+    nothing attends to, one that attends to nothing and a key seen by exactly one edge."""
+    p = make_problem(batch=3, heads=2, length=4, dim=5)
+    dense_q, dense_k, q_valid, k_valid = p.dense.query_and_key_sets(p.q, p.k)
+    assert torch.equal(dense_q, p.q.reshape(6, 4, 5)) and torch.equal(dense_k, p.k.reshape(6, 4, 5))
+    assert torch.equal(q_valid, p.key_valid.repeat_interleave(2, 0)) and torch.equal(k_valid, q_valid)
+    assert DenseGroups().query_and_key_sets(p.q, p.k)[2:] == (None, None)
+    mask = torch.tensor([[True, False, True, False], [True, True, False, False], [False, True, True, False], [True, True, True, False]])
+    _, _, q_valid, k_valid = DenseGroups(mask).query_and_key_sets(p.q, p.k)
+    assert q_valid is None and torch.equal(k_valid, torch.tensor([True, True, True, False]).expand(6, 4))
+
+    graph = SegmentGroups(dst=torch.tensor([0, 1, 1]), src=torch.tensor([2, 2, 0]), num_nodes=3)
+    q, k = torch.randn(3, 2, 4), torch.randn(3, 2, 4)  # [nodes, heads, width]
+    seg_q, seg_k, q_valid, k_valid = graph.query_and_key_sets(q, k)
+    assert torch.equal(seg_q, q.transpose(0, 1)) and torch.equal(seg_k, k.transpose(0, 1))
+    assert torch.equal(q_valid, torch.tensor([[True, True, False]] * 2))  # node 2 has no incoming edge
+    assert torch.equal(k_valid, torch.tensor([[True, False, True]] * 2))  # node 1 is nobody's key, node 0 one edge's
+    complete = SegmentGroups(dst=torch.tensor([0, 1]), src=torch.tensor([1, 0]), num_nodes=2)
+    assert complete.query_and_key_sets(q[:2], k[:2])[2:] == (None, None)
+
+
+def test_max_and_mean_broadcast_each_querys_value_over_its_keys(p):
+    full = logits_of(p)
+    for layout, groups, logits, *_ in both(p):
+        # broadcastable against the logits (dense [B, H, Lq, 1]), so expanded to read them pair by pair
+        largest, average = groups.max(logits).expand_as(logits), groups.mean(groups.zero_invalid(logits)).expand_as(logits)
+        for b, i, j in pairs(p):
+            keys = full[b, :, i, p.key_valid[b]]
+            torch.testing.assert_close(at(p, layout, largest, b, i, j), keys.max(-1).values, rtol=0, atol=1e-12)
+            torch.testing.assert_close(at(p, layout, average, b, i, j), keys.mean(-1), rtol=0, atol=1e-12)
+        cheap = groups.max_if_cheap(logits)
+        if layout == "dense":  # one elementwise pass on rows; a scatter on segments, which it declines
+            torch.testing.assert_close(cheap, groups.reduce(logits, "max"), rtol=0, atol=0)
+        else:
+            assert cheap is None
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["one sparse product", "autograd"])
+def test_several_sums_at_once_equal_one_sum_each(p, requires_grad):
+    """Segments batch the sums into one CSR product without autograd, and fall back to one sum each with it."""
+    for layout, groups, logits, *_ in both(p):
+        x = logits.detach().clone().requires_grad_(requires_grad)
+        y = (logits.detach() * 2 - 1).requires_grad_(requires_grad)
+        got = groups.sums(x, y)
+        assert len(got) == 2
+        torch.testing.assert_close(got[0], groups.reduce(x, "sum"), rtol=0, atol=1e-12)
+        torch.testing.assert_close(got[1], groups.reduce(y, "sum"), rtol=0, atol=1e-12)
+        (only,) = groups.sums(x)
+        torch.testing.assert_close(only, groups.reduce(x, "sum"), rtol=0, atol=1e-12)
+
+
+def test_per_key_values_broadcast_to_every_query_of_the_key(p):
+    full = logits_of(p)[..., 0, :]  # any per-key quantity, dense [B, H, Lk]
+    spread = p.dense.per_key(full).expand(2, 2, 5, 5)  # broadcastable against the logits, never expanded itself
+    for b, i, j in pairs(p):
+        torch.testing.assert_close(spread[b, :, i, j], full[b, :, j], rtol=0, atol=0)
+    keys = p.nodes(p.k)[..., 0]  # segment [N, H]
+    torch.testing.assert_close(p.segment.per_key(keys), keys[p.segment.src], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_dense_attention_is_the_masked_softmax_of_the_scaled_scores_times_v(p, with_bias):
+    bias = torch.randn(2, 2, 5, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float32) if with_bias else None
+    logits = logits_of(p) + (0 if bias is None else bias.double())
+    expected = p.dense.softmax(logits) @ p.v
+    got = p.dense.fused_attention(p.q, p.k, p.v, bias=bias, scale=SCALE, dropout_p=0.0)
+    for b, i in real_queries(p):  # padded query rows are never read
+        torch.testing.assert_close(got[b, :, i], expected[b, :, i], rtol=0, atol=1e-12)
+    assert p.dense.has_fused_attention and not p.segment.has_fused_attention
+    unmasked = DenseGroups()
+    torch.testing.assert_close(unmasked.fused_attention(p.q, p.k, p.v, bias=bias, scale=SCALE, dropout_p=0.0),
+                               unmasked.softmax(logits) @ p.v, rtol=0, atol=1e-12)
+
+
+def test_layouts_without_an_operation_say_so():
+    with pytest.raises(NotImplementedError, match="DenseGroups cannot restrict its queries; check can_restrict_queries"):
+        DenseGroups().restrict_queries(torch.tensor([0]))
+    assert not DenseGroups.can_restrict_queries and SegmentGroups.can_restrict_queries
+    graph = SegmentGroups(dst=torch.tensor([0]), src=torch.tensor([0]), num_nodes=1)
+    with pytest.raises(NotImplementedError, match="SegmentGroups has no fused attention kernel"):
+        graph.fused_attention(torch.ones(1, 1, 1), torch.ones(1, 1, 1), torch.ones(1, 1, 1), bias=None, scale=1.0, dropout_p=0.0)

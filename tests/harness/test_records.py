@@ -215,6 +215,7 @@ def test_a_record_is_a_typed_value_that_reads_like_its_stored_mapping():
     assert ok.summary() == {name: ok.get(name) for name in SUMMARY_FIELDS} and list(ok.summary()) == list(SUMMARY_FIELDS)
     failed = Record.failed(spec, "RuntimeError: x", wall_time_s=1.5)
     assert (failed.status, failed.error, failed.metrics, failed.wall_time_s, failed.retryable) == (Status.FAILED, "RuntimeError: x", {}, 1.5, False)
+    assert failed.spec == spec.to_dict() and failed.key == spec.key  # a failed run still says what ran
     assert "retryable" not in failed.to_dict() and "dirty" not in failed.to_dict()
     died = Record.died("k", {"seed": 1}, "WorkerDied: gone", commit="abc-dirty", wall_time_s=2.0)
     assert died.to_dict()["retryable"] is True and died.dirty and died.to_dict()["dirty"] is True and died.wall_time_s == 2.0
@@ -222,6 +223,11 @@ def test_a_record_is_a_typed_value_that_reads_like_its_stored_mapping():
     with_unknown = Record.from_dict({"key": "u", "status": "pruned", "future_field": [1, 2]})
     assert with_unknown.status is Status.PRUNED and with_unknown.unknown == {"future_field": [1, 2]}
     assert with_unknown.to_dict() == {"future_field": [1, 2], "key": "u", "status": "pruned"}
+    # even a stored field that happens to be called "unknown" is kept as one, not taken for the bag of them
+    named_unknown = {"key": "u", "status": "ok", "unknown": [3]}
+    assert Record.from_dict(named_unknown).to_dict() == named_unknown
+    with pytest.raises(TypeError, match="^a record is a JSON object, got list$"):
+        Record.from_dict([1, 2])
 
 
 @pytest.mark.parametrize("data, message", [({"key": "", "status": "ok"}, "non-empty string key, got ''"),
@@ -245,3 +251,16 @@ def test_the_runs_folder_is_explicit_else_attnbench_runs_else_runs_and_records_l
     assert RecordStore().root == tmp_path / "env" / "records" and (tmp_path / "env" / "records").is_dir()
     monkeypatch.setenv("HOME", str(tmp_path))
     assert runs_dir("~/r") == tmp_path / "r"
+
+
+def test_a_store_whose_runs_folder_was_removed_meanwhile_still_writes_its_records(tmp_path):
+    """A bench that outlives a cleaned-up runs folder keeps the runs it finishes: the write makes the
+    folders again."""
+    import shutil
+
+    from harness.results.record import Record
+
+    store = RecordStore(tmp_path / "runs")
+    shutil.rmtree(tmp_path / "runs")
+    assert store.write({"key": "k", "status": "ok"}) == tmp_path / "runs" / "records" / "k.json"
+    assert store.read("k") == Record.from_dict({"key": "k", "status": "ok"})

@@ -92,3 +92,48 @@ def test_sampling_kernels_trains_only_the_kernels_and_restores_eval_even_on_erro
         with sampling_kernels(kernels):
             raise RuntimeError("a failing pass")
     assert not any(k.training for k in kernels)
+
+
+def test_trace_aux_loss_weights_each_call_by_its_kernels_step_or_epoch_schedule():
+    """A trace mixing a step-scheduled and an epoch-scheduled kernel: each term is weighted by its own
+    counter (weight x (1 + counter)), and the epoch is 0 unless given, in both entry points."""
+    by_step = KnownAuxAttention(KnownAuxConfig(weight=1.0), _shape())
+    by_epoch = KnownAuxByEpochAttention(KnownAuxByEpochConfig(weight=1.0), _shape())
+    trace = [(by_step, AttentionResult(None, {"known": torch.tensor(2.0)})),
+             (by_epoch, AttentionResult(None, {"known": torch.tensor(3.0)}))]
+    total, logs = trace_aux_loss(trace, step=3, epoch=5)
+    assert total.item() == (1 + 3) * 2.0 + (1 + 5) * 3.0
+    assert {k: v.item() for k, v in logs.items()} == {"aux/known": 2.5}
+    total, _ = trace_aux_loss(trace, step=3)
+    assert total.item() == (1 + 3) * 2.0 + (1 + 0) * 3.0
+    total, _ = weighted_aux_loss([result for _, result in trace], [by_step, by_epoch], step=3)
+    assert total.item() == (1 + 3) * 2.0 + (1 + 0) * 3.0
+
+
+def test_results_and_kernels_of_unequal_length_are_refused():
+    """A host that lost track of one call would otherwise pair each result with the wrong kernel's weights."""
+    kernel = KnownAuxAttention(KnownAuxConfig(), _shape())
+    results = [AttentionResult(None, {"known": torch.tensor(1.0)})] * 2
+    with pytest.raises(ValueError, match="zip"):
+        weighted_aux_loss(results, [kernel], step=0)
+
+
+def test_the_divergence_flag_is_all_reduced_on_the_device_of_the_loss(monkeypatch):
+    """NCCL all-reduces only CUDA tensors: the flag must live where the loss does, not on the default device.
+    Here the default device is `meta` and the loss on the CPU, which tells the two apart without a GPU."""
+    from modules.lit import attention_terms
+    from modules.lit.attention_terms import check_finite
+
+    devices = []
+    dist = attention_terms.torch.distributed
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "all_reduce", lambda flag, op: devices.append(flag.device))
+    loss = torch.tensor(0.5, device="cpu")
+    torch.set_default_device("meta")
+    try:
+        check_finite(loss, epoch=0)
+    finally:
+        torch.set_default_device(None)
+    assert devices == [torch.device("cpu")]

@@ -72,6 +72,8 @@ def mutmut(folder: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def run_module(module: str, tests: list[str], max_children: int | None) -> dict:
+    # the commit of the tree the copy is made from: edits committed while mutmut runs must not be cited
+    measured_commit = commit()
     folder = prepare(module, tests)
     start = time.perf_counter()
     ran = mutmut(folder, "run", *(["--max-children", str(max_children)] if max_children else []))
@@ -80,7 +82,7 @@ def run_module(module: str, tests: list[str], max_children: int | None) -> dict:
     statuses = dict(re.findall(r"^\s+(\S+): (.+)$", listed, flags=re.M))
     result = {"module": module, "tests": tests, "counts": dict(Counter(statuses.values())), "seconds": time.perf_counter() - start,
               "survived": sorted(name for name, status in statuses.items() if status not in ("killed", "timeout")),
-              "returncode": ran.returncode, "commit": commit()}
+              "returncode": ran.returncode, "commit": measured_commit}
     (folder / "result.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -105,25 +107,26 @@ def write_report(results: list[dict]) -> None:
     lines = [
         "# Mutation testing of the core modules",
         "",
-        f"mutmut {importlib.metadata.version('mutmut')}, commit {', '.join(sorted({r['commit'] for r in results}))}, written by `make mutation` "
-        "(tests/mutation/run.py). Each module is mutated on its own and tested with the files named beside it; "
+        f"mutmut {importlib.metadata.version('mutmut')}, written by `make mutation` "
+        "(tests/mutation/run.py). Each module is mutated on its own, in a copy of the tree at the commit beside it "
+        "(a tree with uncommitted changes is marked dirty), and tested with the files named beside it; "
         "a mutant is killed when one of them fails (a timeout counts as killed). Surviving mutants are discussed in "
         "README.md, Testing.",
         "",
-        "| module | tests | mutants | killed | survived | killed % | minutes |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| module | tests | commit | mutants | killed | survived | killed % | minutes |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         counts = r["counts"]
         total = sum(counts.values())
         killed = counts.get("killed", 0) + counts.get("timeout", 0)
         share = f"{100 * killed / total:.1f}" if total else "n/a"
-        lines.append(f"| `{r['module']}` | {', '.join(Path(t).name for t in r['tests'])} | {total} | {killed} | {total - killed} | "
+        lines.append(f"| `{r['module']}` | {', '.join(Path(t).name for t in r['tests'])} | {r['commit']} | {total} | {killed} | {total - killed} | "
                      f"{share} | {r['seconds'] / 60:.1f} |")
     measured = {r["module"] for r in results}
     for module in MODULES:
         if module not in measured:
-            lines.append(f"| `{module}` | {', '.join(Path(t).name for t in MODULES[module])} | not measured yet | | | | |")
+            lines.append(f"| `{module}` | {', '.join(Path(t).name for t in MODULES[module])} | | not measured yet | | | | |")
     lines += ["", f"Target: at least {TARGET:.0%} killed per module.", ""]
     for r in results:
         if r["survived"]:
