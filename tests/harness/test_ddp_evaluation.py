@@ -80,3 +80,14 @@ def test_two_gloo_processes_validate_like_one(tmp_path, shared_data):
             assert two[host]["metrics"][name] == pytest.approx(value, rel=1e-5, abs=1e-6), (host, name)
     assert {"val/acc", "val/f1", "val/mcc", "val/ece", "val/nll", "val/loss"} <= set(one["text"]["metrics"])
     assert one["text"]["metrics"]["val/loss"] == pytest.approx(one["text"]["metrics"]["val/nll"], rel=1e-6)
+
+
+def test_validation_loss_is_the_example_weighted_mean():
+    from modules.lit.example_mean import ExampleMean
+
+    mean = ExampleMean()
+    for loss, size in ((0.5, 8), (1.0, 8), (2.0, 7)):
+        mean.update(torch.tensor(loss), size)
+    assert mean.compute().item() == pytest.approx((4 + 8 + 14) / 23)
+    mean.update(torch.tensor(float("nan")), 2)  # a diverged batch stays visible to early stopping
+    assert mean.compute().isnan()
