@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules.image_features import ImageEncoderSpec, cached_grid_features
 
+from .evaluation import unrepeated
 from .paths import MissingDataError
 from .paths import cache_dir as resolve_cache_dir
 from .paths import load_or_build
@@ -286,7 +287,12 @@ class CocoCaptionDataModule(L.LightningDataModule):
         return DataLoader(self.sets["train"], batch_size=self.batch_size, shuffle=True, collate_fn=collate_pairs)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.sets["val"], batch_size=self.eval_batch_size, collate_fn=collate_images)
+        return self._evaluation_loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.sets["test"], batch_size=self.eval_batch_size, collate_fn=collate_images)
+        return self._evaluation_loader("test")
+
+    def _evaluation_loader(self, split: str) -> DataLoader:
+        data = self.sets[split]
+        sampler = unrepeated(torch.utils.data.SequentialSampler(data), self.trainer)
+        return DataLoader(data, batch_size=self.eval_batch_size, sampler=sampler, collate_fn=collate_images)

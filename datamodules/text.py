@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from .evaluation import unrepeated
 from .glue import Example
 from .paths import cache_dir as resolve_cache_dir
 from .paths import load_or_build
@@ -225,7 +226,8 @@ class TextDataModule(L.LightningDataModule):
             # shuffling DistributedSampler; on one process only its length is used.
             sampler = BucketBatchSampler(torch.utils.data.RandomSampler(data), self.batch_size, lengths=data.lengths())
             return DataLoader(data, batch_sampler=sampler, collate_fn=pad_batch)
-        return DataLoader(data, batch_size=self.eval_batch_size, sampler=LengthSortedSampler(data.lengths()), collate_fn=pad_batch)
+        sampler = unrepeated(LengthSortedSampler(data.lengths()), self.trainer)
+        return DataLoader(data, batch_size=self.eval_batch_size, sampler=sampler, collate_fn=pad_batch)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)

@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader
 
 from datamodules.image_features import ImageEncoderSpec, cached_grid_features
 
+from .evaluation import unrepeated
 from .paths import MissingDataError
 from .paths import cache_dir as resolve_cache_dir
 from .paths import data_root as resolve_data_root
@@ -396,8 +397,12 @@ class VQADataModule(L.LightningDataModule):
     def _loader(self, name: str, *, shuffle: bool) -> DataLoader:
         # The loader only draws row indices; each batch is one gather from the whole-split tensors. A partial,
         # not a lambda: loader worker processes (num_workers > 0, spawn) need a picklable collate function.
-        size = self.batch_size if shuffle else self.eval_batch_size
-        return DataLoader(range(len(self.encoded(name))), batch_size=size, shuffle=shuffle, collate_fn=functools.partial(self.batch, name))
+        rows = range(len(self.encoded(name)))
+        collate = functools.partial(self.batch, name)
+        if shuffle:
+            return DataLoader(rows, batch_size=self.batch_size, shuffle=True, collate_fn=collate)
+        sampler = unrepeated(torch.utils.data.SequentialSampler(rows), self.trainer)
+        return DataLoader(rows, batch_size=self.eval_batch_size, sampler=sampler, collate_fn=collate)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

@@ -30,13 +30,16 @@ from typing import Any, Iterable, Mapping
 from harness.plan.planner import Plan
 from harness.results.record import Record, Status
 from datamodules.paths import MissingDataError
-from harness.report.stats import ALPHA, CONFIDENCE, MIN_SEEDS_TO_RANK, POWER, above_chance_p, detectable_difference, holm, paired_p, summarize
+from harness.report.stats import (ALPHA, CONFIDENCE, MIN_SEEDS_TO_RANK, POWER, above_chance_p, correlation_above_zero_p, detectable_difference, holm,
+                                  metric_kind, paired_p, summarize)
 
 BASELINE = "softmax"
 TEST_DESCRIPTION = "paired t-test over seeds vs softmax, Holm-corrected across the variants of a task"
 CHANCE_DESCRIPTION = ("one-sided test that the primary metric beats the task's trivial baseline: a one-sample t-test over the "
-                      "seeds (2 or more), an exact binomial test of the correct count on the test examples (one seed, accuracies "
-                      "only); at chance when p >= α, uncorrected")
+                      "seeds (2 or more), an exact binomial test of the correct count on the test examples (one seed, accuracies); "
+                      "correlations (MCC, Pearson, Spearman) are tested against 0, no association, which is what any input-blind "
+                      "predictor has (one seed: MCC·√n standard normal, Pearson and Spearman by Student's t with n−2 degrees of "
+                      "freedom); other metrics have no one-seed test (a table's footnote says why); at chance when p >= α, uncorrected")
 RESOLUTION_DESCRIPTION = ("the smallest true difference from softmax in the primary metric that a two-sided paired t-test at α "
                           "(before Holm) detects with 80% power at the table's seed count, given the paired spread the table shows "
                           "(pooled over its variants)")
@@ -77,7 +80,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
     for record in unique:
         by_label[hardware_label(record)].append(record)
     labels = sorted(by_label) or [NO_RECORDS]
-    trivial = {name: _trivial(the_plan, name) for name in tasks}
+    trivial = {name: trivial_baseline(the_plan, name) for name in tasks}
 
     groups = []
     for label in labels:
@@ -133,7 +136,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
     }
 
 
-def _trivial(the_plan: Plan, task: str) -> dict[str, Any] | None:
+def trivial_baseline(the_plan: Plan, task: str) -> dict[str, Any] | None:
     """The task's trivial baseline as board data; None when it declares none or its data is not here (a plan
     made without checking data, say, where the board's other numbers still stand)."""
     if task in the_plan.missing_data:
@@ -199,6 +202,8 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
     primary = metrics[0]["name"]
     for row in rows.values():
         row["chance"] = _chance(row["metrics"][primary]["values"], trivial, primary, metrics[0]["higher_is_better"])
+    untested = trivial is not None and trivial["metrics"].get(primary) is not None and metric_kind(primary) != "correlation" and any(
+        row["chance"] is None and len(row["metrics"][primary]["values"]) == 1 for row in rows.values())
     ordered = _rank(list(rows.values()), primary, metrics[0]["higher_is_better"])
     table_records = _unique_records(records[s.key] for s in task_specs if s.key in records and hardware_label(records[s.key]) == group)
     tuning = {s.display: _plain(s.extra["tuning"]) for s in task_specs if s.extra.get("tuning")}
@@ -211,6 +216,7 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
         "finished_range": _finished_range(table_records),
         "baseline": baseline,
         "trivial": trivial,
+        **({"chance_note": _untested_reason(primary)} if untested else {}),
         "resolution": _resolution(rows, baseline, primary),
         "rows": ordered,
         "tuning": dict(sorted(tuning.items())),
@@ -218,14 +224,38 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
 
 
 def _chance(values: list[float], trivial: dict[str, Any] | None, metric: str, higher: bool) -> dict[str, Any] | None:
-    chance = (trivial or {}).get("metrics", {}).get(metric)
-    if chance is None:
+    if trivial is None or metric not in trivial["metrics"]:
         return None
-    tested = above_chance_p(values, chance, higher, trivial["test_sizes"].get(metric))
+    if metric_kind(metric) == "correlation":
+        # Against 0 even where the baseline shows a value: a constant prediction leaves a correlation undefined,
+        # and what torchmetrics returns for it then (CoLA: 0.0256) is an artefact of its zero-division guard.
+        size = trivial["test_sizes"].get(metric)
+        if len(values) == 1 and higher and size:
+            p = correlation_above_zero_p(values[0], size, metric)
+            tested = None if p is None else (p, "correlation")
+        else:
+            tested = above_chance_p(values, 0.0, higher)
+    else:
+        chance = trivial["metrics"][metric]
+        if chance is None:
+            return None
+        tested = above_chance_p(values, chance, higher, trivial["test_sizes"].get(metric))
     if tested is None:
         return None
     p, test = tested
     return {"p": p, "test": test, "at_chance": p >= ALPHA}
+
+
+def _untested_reason(metric: str) -> str:
+    """Why a one-seed row of `metric` has no test against the trivial baseline (the table's footnote)."""
+    if metric.rsplit("/", 1)[-1].endswith("f1"):
+        return (f"{metric} of a single seed is not tested against the trivial baseline: how far F1 strays by chance depends "
+                "on the counts of true and false positives and false negatives, which n and the F1 value (all a record "
+                "keeps) do not determine, and a permutation or bootstrap test needs the predictions; with 2 or more seeds "
+                "it is a t-test over seeds")
+    return (f"{metric} of a single seed is not tested against the trivial baseline: it is neither a fraction of correct "
+            "predictions nor a correlation, whose chance spread follows from n alone; with 2 or more seeds it is a "
+            "t-test over seeds")
 
 
 def _resolution(rows: Mapping[str, dict[str, Any]], baseline: str | None, primary: str) -> dict[str, Any] | None:

@@ -20,6 +20,9 @@ from harness.report.format import format_duration, format_p, resolution_sentence
 from harness.report.board import problem_lines
 
 MARKS = {"better": "▲", "worse": "▼"}
+CHANCE_TESTS = {"binomial": "binomial test of the correct count against the trivial baseline",
+                "t": "t-test over seeds against the trivial baseline",
+                "correlation": "test of no association (a correlation of 0) from the number of test examples"}
 BAR_COLOR = "#9db4cf"
 BASELINE_COLOR = "#d9822b"
 
@@ -192,8 +195,7 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
         chance = row.get("chance")
         cells.append(_cell(_e(f"{'at chance' if chance['at_chance'] else 'above'} ({format_p(chance['p'])})") if chance else _NONE,
                            chance["p"] if chance else None,
-                           title=f"{'binomial test of the correct count' if chance['test'] == 'binomial' else 't-test over seeds'} "
-                                 f"against the trivial baseline, one-sided" if chance else ""))
+                           title=f"{CHANCE_TESTS[chance['test']]}, one-sided" if chance else ""))
         extra = f" <span class=\"none\" title=\"runs recorded on other hardware\">(+{row['other_hardware']} elsewhere)</span>" if row.get("other_hardware") else ""
         cells += [
             _cell(f"{row['n']}/{row['planned']}{extra}", row["n"]),
@@ -220,7 +222,8 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
         body.append(f"<tr class=\"trivial\">{''.join(cells)}</tr>\n")
     parts.append(_table(header, body, "task"))
     if trivial:
-        parts.append(f"<p><em>trivial</em>: {_e(trivial['predictor'])}." + (f" {_e(trivial['note'])}." if trivial["note"] else "") + "</p>\n")
+        parts.append(f"<p><em>trivial</em>: {_e(trivial['predictor'])}." + (f" {_e(trivial['note'])}." if trivial["note"] else "")
+                     + (f" {_e(task['chance_note'])}." if task.get("chance_note") else "") + "</p>\n")
     failures = [(row["variant"], error) for row in task["rows"] for error in row.get("errors", [])]
     if failures:
         parts.append("<p>Failures:</p>\n<ul>\n")

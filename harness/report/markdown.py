@@ -109,7 +109,8 @@ def _write_task(out: io.StringIO, table: dict[str, Any], several_groups: bool) -
     if trivial:
         values = [_trivial_cell(trivial["metrics"].get(m["name"]), m["percent"]) for m in metrics]
         out.write("| " + " | ".join(["—", "*trivial*", *values, *["—"] * (len(header) - 2 - len(values))]) + " |\n")
-        out.write(f"\n*trivial*: {trivial['predictor']}." + (f" {trivial['note']}." if trivial["note"] else "") + "\n")
+        out.write(f"\n*trivial*: {trivial['predictor']}." + (f" {trivial['note']}." if trivial["note"] else "")
+                  + (f" {table['chance_note']}." if table.get("chance_note") else "") + "\n")
     failures = [(row["variant"], e) for row in table["rows"] for e in row["errors"]]
     if failures:
         out.write("\nFailures:\n")

@@ -4,7 +4,8 @@
 - against the baseline: a two-sided paired t-test over the seeds both finished, Holm-corrected across the
   variants of a table (one family per table and metric); significant when the Holm p is below `ALPHA`;
 - against the task's trivial baseline (a fixed number): a one-sided test that the row is better than it
-  (`above_chance_p`), and a table's resolution, the smallest paired difference its seeds can detect
+  (`above_chance_p`; for correlations, that it is above 0 with `correlation_above_zero_p` from one seed),
+  and a table's resolution, the smallest paired difference its seeds can detect
   (`detectable_difference`)."""
 
 from __future__ import annotations
@@ -76,6 +77,31 @@ def above_chance_p(values: list[float], chance: float, higher_is_better: bool, t
         correct = round(values[0] * test_size)
         return float(stats.binomtest(correct, test_size, chance, alternative="greater" if higher_is_better else "less").pvalue), "binomial"
     return None
+
+
+CORRELATIONS = ("mcc", "pearson", "spearman")
+"""Metrics that measure association with the labels: 0 means none, which is what any input-blind predictor
+has (a constant prediction leaves them undefined), so they are tested against 0 rather than a baseline value."""
+
+
+def metric_kind(name: str) -> str:
+    """"correlation" for MCC, Pearson and Spearman ("test/mcc", "test/mm_pearson"), else "other"."""
+    return "correlation" if name.rsplit("/", 1)[-1].endswith(CORRELATIONS) else "other"
+
+
+def correlation_above_zero_p(value: float, n: int, metric: str) -> float | None:
+    """One-sided p of "the association is positive" from one correlation over `n` test examples (higher is
+    better). MCC (the phi coefficient of two classes): n·MCC² is the chi-square statistic of independence,
+    so under independence MCC·√n is about standard normal. Pearson and Spearman: r·√((n−2)/(1−r²)) follows
+    Student's t with n−2 degrees of freedom under no correlation, the test scipy's pearsonr and spearmanr
+    use. None below 3 examples or for a value outside [−1, 1] (not a correlation)."""
+    if n < 3 or not -1.0 <= value <= 1.0:
+        return None
+    if metric.rsplit("/", 1)[-1].endswith("mcc"):
+        return float(stats.norm.sf(value * math.sqrt(n)))
+    if value >= 1.0:
+        return 0.0
+    return float(stats.t.sf(value * math.sqrt((n - 2) / (1.0 - value * value)), n - 2))
 
 
 def detectable_difference(spread: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:

@@ -61,6 +61,33 @@ def check_finite(loss: Tensor, epoch: int) -> None:
         raise DivergedError(f"training loss became non-finite ({loss.item()} on this process) at epoch {epoch}; the run diverged")
 
 
+class DivergenceWatch:
+    """check_finite on the training losses of all steps since the last check, run every
+    `log_every_n_steps` steps (Lightning's logging interval) and at each epoch's last step.
+
+    Reading a loss on the host makes it wait for every queued GPU kernel; once per step that stalls the
+    GPU at each step (issue #18). Non-finite losses are remembered on the device instead (the first one
+    is kept), so that no step's divergence goes unseen, and a diverged run still fails within its epoch,
+    before that epoch's validation. Ranks check at the same steps: they run the same number of batches."""
+
+    def __init__(self) -> None:
+        self._unchecked: Tensor | None = None
+
+    def update(self, loss: Tensor, module, batch_idx: int) -> None:
+        loss = loss.detach()
+        unchecked = self._unchecked
+        self._unchecked = loss if unchecked is None else torch.where(torch.isfinite(unchecked), loss, unchecked)
+        if _check_due(getattr(module, "_trainer", None), batch_idx):
+            unchecked, self._unchecked = self._unchecked, None
+            check_finite(unchecked, module.current_epoch)
+
+
+def _check_due(trainer, batch_idx: int) -> bool:
+    if trainer is None:  # a step called by hand: check it now
+        return True
+    return (batch_idx + 1) % trainer.log_every_n_steps == 0 or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+
+
 @contextmanager
 def sampling_kernels(kernels: Sequence[AttentionKernel]) -> Iterator[None]:
     """Put only the attention kernels in training mode, so stochastic variants sample their weights

@@ -14,7 +14,8 @@ from torch import Tensor
 from datamodules.vocab import Vocabulary
 
 from ..hosts.captioner import Captioner
-from .attention_terms import check_finite, diagnostics, trace_aux_loss
+from .attention_terms import DivergenceWatch, diagnostics, trace_aux_loss
+from .example_mean import ExampleMean
 from .optimization import WarmupAdamW
 from .caption_metrics import CaptionScores, java_available
 
@@ -27,12 +28,14 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
                  label_smoothing: float, beam_size: int, max_decode_words: int, length_penalty: float = 0.0,
                  meteor: bool = True):
         super().__init__()
+        self._divergence = DivergenceWatch()
         self.model, self.vocab = model, vocab
         self.lr, self.weight_decay, self.warmup_ratio = lr, weight_decay, warmup_ratio
         self.label_smoothing = label_smoothing
         self.beam_size, self.length_penalty = beam_size, length_penalty
         self.max_decode_len = max_decode_words + 1  # the words and their <eos>
         self.val_scores = CaptionScores(VAL_SCORERS)
+        self.val_loss = ExampleMean()
         # METEOR starts a JVM that loads 2 GB of paraphrase tables (about 10 s): only when asked for.
         self.test_scores = CaptionScores(TEST_SCORERS if meteor and java_available() else TEST_SCORERS[:-1])
 
@@ -47,7 +50,7 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
         aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
         if aux is not None:
             loss = loss + aux
-        check_finite(loss, self.current_epoch)
+        self._divergence.update(loss, self, batch_idx)
         self.log("train/loss", loss, batch_size=len(captions))
         self.log_dict(aux_logs, batch_size=len(captions))
         return loss
@@ -67,11 +70,12 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
         return [self.vocab.decode(row) for row in tokens]
 
     def validation_step(self, batch, batch_idx):
-        self.log("val/loss", self._reference_loss(batch), batch_size=len(batch["captions"]), sync_dist=True)
+        self.val_loss.update(self._reference_loss(batch), len(batch["captions"]))
         self.val_scores.update(batch["image_ids"], self._decode(batch["features"], 1), batch["references"])
 
     def on_validation_epoch_end(self):
-        self.log_dict({f"val/{k}": v.float() for k, v in self.val_scores.compute().items()})
+        self.log_dict({"val/loss": self.val_loss.compute(), **{f"val/{k}": v.float() for k, v in self.val_scores.compute().items()}})
+        self.val_loss.reset()
         self.val_scores.reset()
 
     def test_step(self, batch, batch_idx):

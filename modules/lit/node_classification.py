@@ -5,11 +5,15 @@ from __future__ import annotations
 import lightning as L
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
+from datamodules.evaluation import distributed_kwargs
+
 from ..hosts.gat import GAT, graph_groups
-from .attention_terms import check_finite, diagnostics, trace_aux_loss
+from .attention_terms import DivergenceWatch, diagnostics, trace_aux_loss
+from .example_mean import ExampleMean
 from .optimization import parameter_groups
 
 
@@ -19,6 +23,7 @@ class NodeClassificationModule(L.LightningModule):
 
     def __init__(self, model: GAT, num_classes: int, *, lr: float, weight_decay: float):
         super().__init__()
+        self._divergence = DivergenceWatch()
         self.model = model
         self.lr, self.weight_decay = lr, weight_decay
         metrics = MetricCollection(
@@ -26,39 +31,65 @@ class NodeClassificationModule(L.LightningModule):
         )
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
+        self.val_loss = ExampleMean()
         self._groups = None
+        self._mask_nodes: dict[str, Tensor] = {}
 
     def _forward(self, graph):
         """Class logits and the model's attention trace."""
         if self._groups is None or self._groups.num_nodes != graph.num_nodes:
             self._groups = graph_groups(graph.edge_index, graph.num_nodes)
+            self._mask_nodes = {}
         trace = []
         return self.model(graph.x, self._groups, trace), trace
 
     def training_step(self, graph, batch_idx):
         logits, trace = self._forward(graph)
-        loss = F.cross_entropy(logits[graph.train_mask], graph.y[graph.train_mask])
+        nodes = self._nodes("train", graph.train_mask)
+        loss = F.cross_entropy(logits[nodes], graph.y[nodes])
         aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
         if aux is not None:
             loss = loss + aux
-        check_finite(loss, self.current_epoch)
+        self._divergence.update(loss, self, batch_idx)
         self.log("train/loss", loss, batch_size=1)
         self.log_dict({**aux_logs, **diagnostics(trace)}, batch_size=1)
         return loss
 
-    def _evaluate(self, graph, mask, metrics, prefix: str):
+    def _nodes(self, split: str, mask: Tensor) -> Tensor:
+        """Indices of a split's nodes, found once per graph: indexing with the boolean mask finds them at every
+        step, which on a GPU waits for the device (its output size depends on the data). The same rows in
+        the same order, so the loss is bit-identical."""
+        if split not in self._mask_nodes:
+            self._mask_nodes[split] = mask.nonzero().squeeze(1)
+        return self._mask_nodes[split]
+
+    def _evaluate(self, graph, split: str, metrics):
         logits, trace = self._forward(graph)
-        loss = F.cross_entropy(logits[mask], graph.y[mask])
-        metrics.update(logits[mask], graph.y[mask])
-        self.log(f"{prefix}/loss", loss, batch_size=1, sync_dist=True)
-        self.log_dict(metrics, batch_size=1)
+        nodes = self._own_share(self._nodes(split, getattr(graph, f"{split}_mask")))
+        loss = F.cross_entropy(logits[nodes], graph.y[nodes])
+        metrics.update(logits[nodes], graph.y[nodes])
+        if split == "val":
+            self.val_loss.update(loss, len(nodes))
+            self.log("val/loss", self.val_loss)
+        else:  # tests run on one process (harness/run/distributed.py)
+            self.log(f"{split}/loss", loss, batch_size=len(nodes), sync_dist=True)
+        self.log_dict(metrics, batch_size=len(nodes))
         return trace
 
+    def _own_share(self, nodes: Tensor) -> Tensor:
+        """The nodes of a split that this process scores. The graph is one batch, so under DDP every rank gets it (the
+        DistributedSampler repeats it) and runs the whole forward pass; each rank then scores every
+        world-size-th masked node, so that the metrics synced over ranks count each node once (issue #18)."""
+        kwargs = distributed_kwargs(getattr(self, "_trainer", None))
+        if kwargs is None:
+            return nodes
+        return nodes[kwargs["rank"] :: kwargs["num_replicas"]]
+
     def validation_step(self, graph, batch_idx):
-        self._evaluate(graph, graph.val_mask, self.val_metrics, "val")
+        self._evaluate(graph, "val", self.val_metrics)
 
     def test_step(self, graph, batch_idx):
-        trace = self._evaluate(graph, graph.test_mask, self.test_metrics, "test")
+        trace = self._evaluate(graph, "test", self.test_metrics)
         self.log_dict({f"test/{k}": v for k, v in diagnostics(trace).items()}, batch_size=1)
 
     def configure_optimizers(self):

@@ -22,7 +22,8 @@ from torchmetrics.classification import (
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
 from ..hosts.text_encoder import encode, kernels_of, mean_pool
-from .attention_terms import check_finite, diagnostics, sampling_kernels, trace_aux_loss
+from .attention_terms import DivergenceWatch, diagnostics, sampling_kernels, trace_aux_loss
+from .example_mean import ExampleMean
 from .optimization import WarmupAdamW
 
 ECE_BINS = 15
@@ -97,12 +98,14 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
         mc_samples: int = 1,
     ):
         super().__init__()
+        self._divergence = DivergenceWatch()
         self.model = model
         self.num_labels = num_labels
         self.regression = num_labels == 1
         self.lr, self.weight_decay, self.warmup_ratio = lr, weight_decay, warmup_ratio
         self.mc_samples = mc_samples if any(k.stochastic for k in model.kernels()) else 1
         self.val_metrics = task_metrics(metric_names, max(num_labels, 2)).clone(prefix="val/")
+        self.val_loss = ExampleMean()
         # The first evaluation set is the primary one: test/acc; the others test/<name>_acc.
         self.test_prefixes = ["test/"] + [f"test/{name}_" for name in list(test_names)[1:]]
         self.test_metrics = nn.ModuleList(task_metrics(metric_names, max(num_labels, 2)).clone(prefix=p) for p in self.test_prefixes)
@@ -118,7 +121,7 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
         aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
         if aux is not None:
             loss = loss + aux
-        check_finite(loss, self.current_epoch)
+        self._divergence.update(loss, self, batch_idx)
         batch_size = len(batch["labels"])
         self.log("train/loss", loss, batch_size=batch_size)
         self.log_dict({**aux_logs, **diagnostics(trace)}, batch_size=batch_size)
@@ -143,10 +146,11 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
     def validation_step(self, batch, batch_idx):
         prediction, loss, _ = self.predict_batch(batch)
         update_metrics(self.val_metrics, prediction, batch["labels"])
-        self.log("val/loss", loss, batch_size=len(batch["labels"]), sync_dist=True)
+        self.val_loss.update(loss, len(batch["labels"]))
 
     def on_validation_epoch_end(self):
-        self.log_dict(self.val_metrics.compute())
+        self.log_dict({"val/loss": self.val_loss.compute(), **self.val_metrics.compute()})
+        self.val_loss.reset()
         self.val_metrics.reset()
 
     def test_step(self, batch, batch_idx, dataloader_idx: int = 0):

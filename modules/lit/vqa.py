@@ -19,7 +19,8 @@ from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import MulticlassCalibrationError
 
 from ..hosts.mcan import MCAN
-from .attention_terms import check_finite, diagnostics, sampling_kernels, trace_aux_loss
+from .attention_terms import DivergenceWatch, diagnostics, sampling_kernels, trace_aux_loss
+from .example_mean import ExampleMean
 from .optimization import WarmupAdamW
 
 ECE_BINS = 15
@@ -132,10 +133,12 @@ class VQAModule(WarmupAdamW, L.LightningModule):
     def __init__(self, model: MCAN, *, num_answers: int, lr: float, weight_decay: float, warmup_ratio: float,
                  mc_samples: int = 1, pavpu_threshold: float = 0.5):
         super().__init__()
+        self._divergence = DivergenceWatch()
         self.model = model
         self.lr, self.weight_decay, self.warmup_ratio = lr, weight_decay, warmup_ratio
         self.mc_samples = mc_samples if any(k.stochastic for k in model.kernels()) else 1
         self.val_metrics = vqa_metrics(num_answers, pavpu_threshold, full=False).clone(prefix="val/")
+        self.val_loss = ExampleMean()
         self.test_metrics = vqa_metrics(num_answers, pavpu_threshold, full=True).clone(prefix="test/")
 
     def forward(self, batch: dict[str, Tensor], trace=None, *, need_weights: bool = False) -> Tensor:
@@ -151,7 +154,7 @@ class VQAModule(WarmupAdamW, L.LightningModule):
         aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
         if aux is not None:
             loss = loss + aux
-        check_finite(loss, self.current_epoch)
+        self._divergence.update(loss, self, batch_idx)
         batch_size = len(batch["target"])
         self.log("train/loss", loss, batch_size=batch_size)
         self.log_dict(aux_logs, batch_size=batch_size)
@@ -173,10 +176,11 @@ class VQAModule(WarmupAdamW, L.LightningModule):
     def validation_step(self, batch, batch_idx):
         probs, loss, _ = self.predict_batch(batch)
         self.val_metrics.update(probs, batch["target"])
-        self.log("val/loss", loss, batch_size=len(probs), sync_dist=True)
+        self.val_loss.update(loss, len(probs))
 
     def on_validation_epoch_end(self):
-        self.log_dict(self.val_metrics.compute())
+        self.log_dict({"val/loss": self.val_loss.compute(), **self.val_metrics.compute()})
+        self.val_loss.reset()
         self.val_metrics.reset()
 
     def test_step(self, batch, batch_idx):

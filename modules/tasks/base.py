@@ -33,8 +33,9 @@ class TrivialBaseline:
     metrics: Mapping[str, float | None]
     """Test metric name -> the predictor's value; None where the metric is undefined for it (`note` says why)."""
     test_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    """Metric name -> number of test examples, for the metrics that are a fraction of correct predictions:
-    with one seed, such a value is tested against the baseline with an exact binomial test."""
+    """Metric name -> number of test examples, for the metrics that are a fraction of correct predictions
+    (with one seed, such a value is tested against the baseline with an exact binomial test) and for
+    correlations (MCC, Pearson, Spearman: with one seed, tested against 0 from n)."""
     note: str = ""
 
 

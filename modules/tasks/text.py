@@ -93,17 +93,19 @@ class TextTask(Task):
 
         splits = self.splits(params, data_root)
         train = subsample(splits.train, params.max_train_examples)
+        # named as the module names its test sets: the first is test/<m>, the others test/<set>_<m>
+        prefixes = ["test/"] + [f"test/{name}_" for name in list(splits.tests)[1:]]
+        # n of each test set for the metrics a one-seed test reads it for (harness/report/stats.py)
+        counted = [name for name in self.metric_names if name in ("acc", "mcc", "pearson", "spearman")]
+        sizes = {f"{prefix}{name}": len(examples) for prefix, examples in zip(prefixes, splits.tests.values()) for name in counted}
         if self.num_labels == 1:
             mean = statistics.fmean(float(e.label) for e in train)
-            return TrivialBaseline(f"the mean of the train labels ({mean:.3f}) for every example", {m.name: None for m in self.metrics},
+            return TrivialBaseline(f"the mean of the train labels ({mean:.3f}) for every example", {m.name: None for m in self.metrics}, sizes,
                                    note="Pearson and Spearman correlations are undefined for a constant prediction (zero variance)")
         counts = torch.bincount(torch.tensor([int(e.label) for e in train]), minlength=self.num_labels).double()
         prior = (counts / counts.sum()).float()
         majority = int(prior.argmax())  # the first of equal counts: the lowest class id
         values: dict[str, float] = {}
-        sizes: dict[str, int] = {}
-        # named as the module names its test sets: the first is test/<m>, the others test/<set>_<m>
-        prefixes = ["test/"] + [f"test/{name}_" for name in list(splits.tests)[1:]]
         for prefix, examples in zip(prefixes, splits.tests.values()):
             labels = torch.tensor([int(e.label) for e in examples])
             metrics = task_metrics(self.metric_names, max(self.num_labels, 2)).clone(prefix=prefix)
@@ -111,8 +113,6 @@ class TextTask(Task):
                 warnings.simplefilter("ignore")
                 update_metrics(metrics, prior.expand(len(labels), -1), labels)
                 values.update({name: float(v) for name, v in metrics.compute().items()})
-            if "acc" in self.metric_names:
-                sizes[f"{prefix}acc"] = len(labels)
         note = ("MCC is undefined for a constant prediction (no variance); shown is what torchmetrics, which scores the models, "
                 "returns for it") if "mcc" in self.metric_names else ""
         return TrivialBaseline(f"the train labels' class prior for every example (always class {majority}, {float(prior[majority]):.1%} of train)",

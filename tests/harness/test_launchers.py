@@ -105,7 +105,7 @@ def test_local_launcher_jobs_outlive_the_submitter_then_resume_runs_only_the_res
         ("fenchel", 0), ("fenchel", 1), ("softmax", 0), ("softmax", 1)]
     board = (lb / "tiny.md").read_text()
     assert "`softmax`" in board and "`fenchel`" in board and "4 of 4 planned runs" in board
-    assert len((lb / "tiny.csv").read_text().splitlines()) == 5
+    assert len((lb / "tiny.csv").read_text().splitlines()) == 6  # header, 4 runs, cora's trivial baseline
 
     # A third submission has nothing to run and submits nothing.
     assert main(["bench", *common, "--data-root", str(shared_data)]) == 0

@@ -138,20 +138,33 @@ def _cosine_cost(x: Tensor, y: Tensor) -> Tensor:
 # The authors' navigator_for adds this to the norm it divides by.
 _NAVIGATOR_NORM_EPS = 1e-6
 
+_SINKHORN_READ_EVERY = 30
+"""Iterations between host reads of the convergence test (a multiple of its 10): at the default 50
+iterations one read per solve instead of five; at most 20 iterations run past convergence, masked."""
+
 # Below this ratio of largest cost to ε, exp(−C/ε) stays far from float64's underflow (about 1e-308).
 _EXP_DOMAIN_LIMIT = 600.0
 
 
+COST_BOUND = 2.0 * (1 + 1e-3)
+"""Above every cost of align-ot, with a margin for rounding: the cosine cost is 1 - cos <= 2, the squared
+Euclidean one is divided by its maximum (<= 1)."""
+
+
 @torch.no_grad()
-def sinkhorn_plan(cost: Tensor, a: Tensor, b: Tensor, eps: float, iterations: int, tol: float) -> Tensor:
+def sinkhorn_plan(cost: Tensor, a: Tensor, b: Tensor, eps: float, iterations: int, tol: float,
+                  cost_bound: float | None = None) -> Tensor:
     """Entropic OT plans argmin <π, C> − ε H(π) s.t. π1 = a, πᵀ1 = b for a batch of costs [C, n, m].
 
     Written out rather than POT's `ot.solve_batch(method="sinkhorn")`, which multiplies full [C, n, m]
     matrices every iteration (here: batched matrix-vector products) and creates its scaling vectors on the
     CPU whatever the cost's device. Bounded costs (at most 2 here) let the exp-domain iterations run in float64
     (several times faster on CPU than the log-domain ones); beyond that range POT's log-domain solver takes over.
+    A `cost_bound` known to be above every cost decides the domain without reading the largest cost on the
+    host (which waits for the GPU) whenever the bound alone keeps within the exp-domain's range.
     """
-    if float(cost.max()) / eps > _EXP_DOMAIN_LIMIT:
+    exp_domain_is_safe = cost_bound is not None and cost_bound / eps <= _EXP_DOMAIN_LIMIT
+    if not exp_domain_is_safe and float(cost.max()) / eps > _EXP_DOMAIN_LIMIT:
         # Imported here: POT takes seconds to import and only this rare fallback needs it.
         try:
             import ot
@@ -167,14 +180,22 @@ def sinkhorn_plan(cost: Tensor, a: Tensor, b: Tensor, eps: float, iterations: in
     # Start at 1 on the support of b only: a padded point (mass 0) would otherwise weigh in the first
     # u-update and, as the iterations stop before full convergence, leave its trace in the plan.
     v = (b > 0).to(b.dtype)
+    # Convergence is tested every 10 iterations as before, on the device; the host reads the outcome only
+    # every _SINKHORN_READ_EVERY iterations (each read waits for the GPU). Iterations after the converged
+    # test leave u and v as they were, so the plan is bit-identical to stopping right at it.
+    stopped: Tensor | None = None
     for step in range(iterations):
-        u = a / (v.unsqueeze(-2) @ kernel_t).squeeze(-2)
-        v = b / (u.unsqueeze(-2) @ kernel).squeeze(-2)
+        new_u = a / (v.unsqueeze(-2) @ kernel_t).squeeze(-2)
+        u = new_u if stopped is None else torch.where(stopped, u, new_u)
+        new_v = b / (u.unsqueeze(-2) @ kernel).squeeze(-2)
+        v = new_v if stopped is None else torch.where(stopped, v, new_v)
         if step % 10 == 9:
             # After the v-update the columns match b exactly; stop once the rows match a too.
             rows = u * (v.unsqueeze(-2) @ kernel_t).squeeze(-2)
-            if float((rows - a).abs().sum(-1).max()) < tol:
-                break
+            converged = (rows - a).abs().sum(-1).max() < tol
+            stopped = converged if stopped is None else stopped | converged
+        if stopped is not None and step % _SINKHORN_READ_EVERY == _SINKHORN_READ_EVERY - 1 and step < iterations - 1 and bool(stopped):
+            break
     return (u.unsqueeze(-1) * kernel * v.unsqueeze(-2)).to(cost.dtype)
 
 
@@ -366,7 +387,7 @@ class OTAlignmentAttention(AlignmentAttention):
 
     def transport_plan(self, cost: Tensor, clouds: PointClouds) -> Tensor:
         a, b = clouds.masses()
-        return sinkhorn_plan(cost.detach(), a, b, self.config.eps, self.config.iterations, self.config.tol)
+        return sinkhorn_plan(cost.detach(), a, b, self.config.eps, self.config.iterations, self.config.tol, cost_bound=COST_BOUND)
 
     def alignment_loss(self, clouds: PointClouds) -> Tensor:
         cost = self.cost(clouds)
