@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import traceback
 from collections import Counter
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+REPO = str(Path(__file__).resolve().parents[2]) + "/"
+"""Frames are named relative to the checkout, wherever it lives."""
 
 aten = torch.ops.aten
 ALWAYS = {
@@ -39,7 +43,7 @@ class HostSyncs(TorchDispatchMode):
         return sum(self.where.values())
 
     def _note(self, what: str) -> None:
-        frames = [f"{f.filename.split('/wt-left/')[-1].split('/work/main/')[-1]}:{f.lineno}" for f in traceback.extract_stack()[:-2]
+        frames = [f"{f.filename.removeprefix(REPO)}:{f.lineno}" for f in traceback.extract_stack()[:-2]
                   if "site-packages" not in f.filename and "host_syncs" not in f.filename and "/tests/" not in f.filename]
         self.where[(what, frames[-1] if frames else "?")] += 1
 
