@@ -10,9 +10,9 @@ from harness.results.store import RecordStore
 
 REPO = Path(__file__).resolve().parents[2]
 BOARDS = REPO / "leaderboards"
-DIRTY_PENDING_RERUN = {"minilm-rte", "mutation"}
+DIRTY_PENDING_RERUN = {"minilm-rte"}
 """Committed files that still cite a -dirty commit until they are re-run from a clean one: minilm-rte's four
-runs, and the mutation summary (its first modules were measured in a work tree with uncommitted tests)."""
+runs."""
 """Boards rendered from dirty trees before records were committed; issue 16 has them re-run. Strict xfail:
 once a clean re-run lands, its test passes and this set must lose the name."""
 
