@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -32,16 +33,19 @@ MODULES: dict[str, list[str]] = {
     # module -> the focused test files that pin its behaviour (the whole suite would take hours per module)
     "harness/results/store.py": ["tests/harness/test_records.py", "tests/test_record_compat.py"],
     "harness/results/record.py": ["tests/harness/test_records.py", "tests/test_record_compat.py", "tests/harness/test_worker_retry.py",
-                                  "tests/harness/test_provenance.py"],
+                                  "tests/harness/test_provenance.py", "tests/harness/test_results_exchange.py"],
     "harness/plan/spec.py": ["tests/harness/test_run_keys.py"],
-    "harness/report/stats.py": ["tests/harness/test_board.py"],
-    "harness/report/board.py": ["tests/harness/test_board.py"],
-    "modules/attention/groups.py": ["tests/attention/test_groups.py"],
-    "modules/lit/attention_terms.py": ["tests/modules/test_aux_terms.py"],
-    "harness/run/worker_pool.py": ["tests/harness/test_worker_retry.py"],
+    "harness/report/stats.py": ["tests/harness/test_board.py", "tests/harness/test_chance_correlations.py",
+                                "tests/harness/test_conclusions.py"],
+    "harness/report/board.py": ["tests/harness/test_board.py", "tests/harness/test_chance_correlations.py",
+                                "tests/harness/test_conclusions.py", "tests/harness/test_history.py"],
+    "modules/attention/groups.py": ["tests/attention/test_groups.py", "tests/attention/test_realistic_scale.py"],
+    "modules/lit/attention_terms.py": ["tests/modules/test_aux_terms.py", "tests/modules/test_host_syncs.py",
+                                       "tests/modules/test_training_loss.py"],
+    "harness/run/worker_pool.py": ["tests/harness/test_worker_retry.py", "tests/harness/test_gpu_failures.py"],
 }
-COPIED = ("harness", "modules", "datamodules", "tests", "leaderboards/records", "pyproject.toml")
-"""What a run's copy holds: the code, the tests and the committed records some tests read."""
+COPIED = ("harness", "modules", "datamodules", "tests", "leaderboards", "pyproject.toml")
+"""What a run's copy holds: the code, the tests and the committed boards and records some tests read."""
 
 
 def tracked_files() -> list[str]:
@@ -60,15 +64,29 @@ def prepare(module: str, tests: list[str]) -> Path:
         shutil.copy2(REPO / test, folder / test)
     lines = ["[mutmut]", "source_paths =", "    harness", "    modules", "    datamodules", f"only_mutate = {module}",
              "pytest_add_cli_args_test_selection =", *(f"    {t}" for t in tests),
-             "also_copy =", "    leaderboards/records", ""]
+             "also_copy =", "    leaderboards", ""]
     (folder / "setup.cfg").write_text("\n".join(lines))
     return folder
 
 
-def mutmut(folder: Path, *args: str) -> subprocess.CompletedProcess:
+def mutmut(folder: Path, *args: str, log: str = "mutmut.log") -> str:
+    """mutmut's output. A mutant of the worker pool can leave worker processes behind that hold a pipe open
+    forever, so the output goes to a file, mutmut runs in its own session and that whole process group is
+    killed when mutmut itself has returned."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the copy's mutants/, not this tree
     env.setdefault("ATTNBENCH_DATA", str((REPO.parent / "shared" / "data").resolve()))
-    return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=folder, env=env, capture_output=True, text=True)
+    path = folder / log
+    with path.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "mutmut", *args], cwd=folder, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            process.wait()
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return path.read_text()
 
 
 def run_module(module: str, tests: list[str], max_children: int | None) -> dict:
@@ -76,13 +94,12 @@ def run_module(module: str, tests: list[str], max_children: int | None) -> dict:
     measured_commit = commit()
     folder = prepare(module, tests)
     start = time.perf_counter()
-    ran = mutmut(folder, "run", *(["--max-children", str(max_children)] if max_children else []))
-    (folder / "mutmut-run.log").write_text(ran.stdout + ran.stderr)
-    listed = mutmut(folder, "results", "--all", "true").stdout
+    mutmut(folder, "run", *(["--max-children", str(max_children)] if max_children else []), log="mutmut-run.log")
+    listed = mutmut(folder, "results", "--all", "true", log="mutmut-results.log")
     statuses = dict(re.findall(r"^\s+(\S+): (.+)$", listed, flags=re.M))
     result = {"module": module, "tests": tests, "counts": dict(Counter(statuses.values())), "seconds": time.perf_counter() - start,
               "survived": sorted(name for name, status in statuses.items() if status not in ("killed", "timeout")),
-              "returncode": ran.returncode, "commit": measured_commit}
+              "commit": measured_commit}
     (folder / "result.json").write_text(json.dumps(result, indent=1))
     return result
 
