@@ -44,7 +44,7 @@ def paired_p(diffs: list[float]) -> float:
     constant shift into a huge but arbitrary t, hence the tolerance."""
     scale = max(1.0, max(abs(d) for d in diffs))
     if max(diffs) - min(diffs) <= 1e-12 * scale:
-        return 1.0 if all(abs(d) <= 1e-12 * scale for d in diffs) else 0.0
+        return 1.0 if all(abs(d) <= 1e-12 for d in diffs) else 0.0  # all within 1e-12·scale means scale is 1
     return float(stats.ttest_rel(diffs, [0.0] * len(diffs)).pvalue)
 
 
@@ -52,7 +52,7 @@ def holm(p_values: Mapping[str, float]) -> dict[str, float]:
     """Holm's step-down adjustment (controls the family-wise error rate without assuming independence).
     Written here because scipy has none (`false_discovery_control` is Benjamini-Hochberg/Yekutieli, which
     controls the false discovery rate instead) and statsmodels would be a heavy dependency for five lines."""
-    ordered = sorted(p_values.items(), key=lambda item: (item[1], item[0]))
+    ordered = sorted(p_values.items(), key=lambda item: item[1])  # tied p-values get the same adjusted value in any order
     m = len(ordered)
     adjusted, running = {}, 0.0
     for i, (name, p) in enumerate(ordered):
@@ -71,7 +71,7 @@ def above_chance_p(values: list[float], chance: float, higher_is_better: bool, t
         beyond = [(v - chance) if higher_is_better else (chance - v) for v in values]
         scale = max(1.0, max(abs(b) for b in beyond))
         if max(beyond) - min(beyond) <= 1e-12 * scale:
-            return (0.0 if min(beyond) > 1e-12 * scale else 1.0), "t"
+            return (0.0 if min(beyond) > 1e-12 else 1.0), "t"
         return float(stats.ttest_1samp(beyond, 0.0, alternative="greater").pvalue), "t"
     if len(values) == 1 and test_size and 0.0 < chance < 1.0:
         correct = round(values[0] * test_size)
@@ -86,7 +86,7 @@ has (a constant prediction leaves them undefined), so they are tested against 0 
 
 def metric_kind(name: str) -> str:
     """"correlation" for MCC, Pearson and Spearman ("test/mcc", "test/mm_pearson"), else "other"."""
-    return "correlation" if name.rsplit("/", 1)[-1].endswith(CORRELATIONS) else "other"
+    return "correlation" if name.endswith(CORRELATIONS) else "other"
 
 
 def correlation_above_zero_p(value: float, n: int, metric: str) -> float | None:
@@ -97,10 +97,10 @@ def correlation_above_zero_p(value: float, n: int, metric: str) -> float | None:
     use. None below 3 examples or for a value outside [−1, 1] (not a correlation)."""
     if n < 3 or not -1.0 <= value <= 1.0:
         return None
-    if metric.rsplit("/", 1)[-1].endswith("mcc"):
+    if metric.endswith("mcc"):
         return float(stats.norm.sf(value * math.sqrt(n)))
-    if value >= 1.0:
-        return 0.0
+    if abs(value) == 1.0:  # a perfect (anti-)correlation: the t statistic is infinite
+        return 0.0 if value > 0 else 1.0
     return float(stats.t.sf(value * math.sqrt((n - 2) / (1.0 - value * value)), n - 2))
 
 

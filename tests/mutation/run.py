@@ -35,7 +35,7 @@ MODULES: dict[str, list[str]] = {
     "harness/results/record.py": ["tests/harness/test_records.py", "tests/test_record_compat.py", "tests/harness/test_worker_retry.py",
                                   "tests/harness/test_provenance.py", "tests/harness/test_results_exchange.py"],
     "harness/plan/spec.py": ["tests/harness/test_run_keys.py"],
-    "harness/report/stats.py": ["tests/harness/test_board.py", "tests/harness/test_chance_correlations.py",
+    "harness/report/stats.py": ["tests/harness/test_stats.py", "tests/harness/test_board.py", "tests/harness/test_chance_correlations.py",
                                 "tests/harness/test_conclusions.py"],
     "harness/report/board.py": ["tests/harness/test_board.py", "tests/harness/test_chance_correlations.py",
                                 "tests/harness/test_conclusions.py", "tests/harness/test_history.py"],
