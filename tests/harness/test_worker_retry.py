@@ -137,3 +137,43 @@ def test_gpus_come_from_cuda_visible_devices_and_workers_split_the_threads(monke
         LocalExecutor(dataclasses.replace(options, workers=3), gpus=["0", "1"])
     assert LocalExecutor(options, gpus=["5", "6", "7"]).slots == ["5", "6"]
     assert LocalExecutor(options, gpus=[]).slots == [None, None]
+
+
+class ScriptedWorker:
+    """serve()'s RunWorker: seed 1's run fails retryably (a device failure), every other run is ok."""
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    def run(self, spec_dict):
+        spec = next(s for s in SPECS if s.seed == spec_dict["seed"])
+        if spec.seed == 1:
+            return Record.died(spec.key, spec.to_dict(), "CUDA error: out of memory", commit=None)
+        return Record.ok(spec, {"test/acc": {"value": 0.5, "higher_is_better": True}})
+
+
+def test_a_worker_serves_runs_until_told_to_stop_and_retires_after_a_retryable_failure(monkeypatch, tmp_path):
+    """serve() in this process (the pool's tests run it in forked workers, where nothing records which lines ran)."""
+    monkeypatch.setattr(worker_pool, "RunWorker", ScriptedWorker)
+    settings = WorkerOptions(runs_dir=str(tmp_path), data_root=None, cache_dir=None).settings(None)
+
+    coordinator, worker = mp.Pipe()
+    for message in (SPECS[3].to_dict(), SPECS[2].to_dict(), None, SPECS[0].to_dict()):
+        coordinator.send(message)
+    worker_pool.serve(worker, settings)  # two runs, then the shutdown message
+    answers = [coordinator.recv(), coordinator.recv()]
+    assert [(summary["key"], summary["status"], retire) for summary, retire in answers] == [
+        (SPECS[3].key, "ok", False), (SPECS[2].key, "ok", False)]
+    assert not coordinator.poll() and worker.poll()  # nothing more answered; the spec after the shutdown is left unread
+
+    coordinator, worker = mp.Pipe()
+    for message in (SPECS[1].to_dict(), SPECS[3].to_dict()):
+        coordinator.send(message)
+    worker_pool.serve(worker, settings)  # retires after the device failure, before the next run
+    summary, retire = coordinator.recv()
+    assert (summary["key"], summary["status"], retire) == (SPECS[1].key, "failed", True)
+    assert not coordinator.poll() and worker.poll()
+
+    coordinator, worker = mp.Pipe()
+    coordinator.close()
+    worker_pool.serve(worker, settings)  # the coordinator is gone: returns instead of raising EOFError

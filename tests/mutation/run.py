@@ -28,6 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / "build" / "mutation"
 REPORT = REPO / "leaderboards" / "mutation.md"
 TARGET = 0.90
+TEST_TIMEOUT_S = 120
+"""Wall-clock limit per test under a mutant; the slowest focused test takes ~20 s on two busy cores."""
 
 MODULES: dict[str, list[str]] = {
     # module -> the focused test files that pin its behaviour (the whole suite would take hours per module)
@@ -42,7 +44,7 @@ MODULES: dict[str, list[str]] = {
     "modules/attention/groups.py": ["tests/attention/test_groups.py", "tests/attention/test_realistic_scale.py"],
     "modules/lit/attention_terms.py": ["tests/modules/test_aux_terms.py", "tests/modules/test_host_syncs.py",
                                        "tests/modules/test_training_loss.py"],
-    "harness/run/worker_pool.py": ["tests/harness/test_worker_retry.py", "tests/harness/test_gpu_failures.py"],
+    "harness/run/worker_pool.py": ["tests/harness/test_worker_retry.py", "tests/harness/test_gpu_failures.py", "tests/harness/test_node_resources.py"],
 }
 COPIED = ("harness", "modules", "datamodules", "tests", "leaderboards", "pyproject.toml")
 """What a run's copy holds: the code, the tests and the committed boards and records some tests read."""
@@ -63,6 +65,9 @@ def prepare(module: str, tests: list[str]) -> Path:
     for test in tests:  # an untracked new test file is still what the module is measured with
         shutil.copy2(REPO / test, folder / test)
     lines = ["[mutmut]", "source_paths =", "    harness", "    modules", "    datamodules", f"only_mutate = {module}",
+             # mutmut's own timeout is a CPU-time limit, which a mutant that leaves a test waiting on a worker
+             # never reaches: a wall-clock limit per test (pytest-timeout) turns that hang into a failure
+             "pytest_add_cli_args =", f"    --timeout={TEST_TIMEOUT_S}",
              "pytest_add_cli_args_test_selection =", *(f"    {t}" for t in tests),
              "also_copy =", "    leaderboards", ""]
     (folder / "setup.cfg").write_text("\n".join(lines))
