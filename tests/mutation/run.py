@@ -121,7 +121,9 @@ def last_results() -> list[dict]:
 
 def commit() -> str:
     sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", *COPIED], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    # the report itself is rewritten after every module: it does not make the next module's tree dirty
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *COPIED, f":(exclude){REPORT.relative_to(REPO)}"], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()
     return sha + ("-dirty" if dirty else "")
 
 
