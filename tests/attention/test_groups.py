@@ -302,3 +302,18 @@ def test_layouts_without_an_operation_say_so():
     graph = SegmentGroups(dst=torch.tensor([0]), src=torch.tensor([0]), num_nodes=1)
     with pytest.raises(NotImplementedError, match="SegmentGroups has no fused attention kernel"):
         graph.fused_attention(torch.ones(1, 1, 1), torch.ones(1, 1, 1), torch.ones(1, 1, 1), bias=None, scale=1.0, dropout_p=0.0)
+
+
+@pytest.mark.parametrize("num_queries", [None, 5, 2])
+def test_causal_key_padding_masks_every_later_key_and_every_padded_one(num_queries):
+    """A decoder's groups: query i (of the last Lq positions when queries are fewer than keys, as when
+    decoding continues a prefix) attends to keys up to its own position, and never to padding."""
+    key_valid = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    groups = DenseGroups.from_key_padding(key_valid, causal=True, num_queries=num_queries)
+    lq = num_queries or 5
+    expected = torch.tensor([[[[key <= query + 5 - lq and bool(key_valid[b, key]) for key in range(5)] for query in range(lq)]]
+                             for b in range(2)])
+    assert groups.mask.dtype == torch.bool and groups.mask.shape == (2, 1, lq, 5)
+    assert torch.equal(groups.mask, expected)
+    plain = DenseGroups.from_key_padding(key_valid)
+    assert plain.mask.shape == (2, 1, 1, 5) and torch.equal(plain.mask[:, 0, 0], key_valid)
