@@ -19,6 +19,13 @@ from torch_geometric.utils import scatter, to_dense_batch
 from torch_geometric.utils import softmax as segment_softmax
 
 
+def host_reads_are_cheap(t: Tensor) -> bool:
+    """Whether reading a value of `t` on the host is cheap. On CPU it is a memory read, which a shortcut such as
+    "every query has keys, so no mask is needed" repays; on an accelerator it waits for every queued kernel
+    (a device sync) and costs more than the masked operations it would spare, so the shortcuts are skipped."""
+    return t.device.type == "cpu"
+
+
 class Groups(ABC):
     """The layout of attention logits and the reductions a variant needs within each group."""
 
@@ -194,10 +201,14 @@ class Groups(ABC):
         # Softmax is shift invariant, so the shift needs no gradient. A scatter max per group costs as much as
         # all the rest on CPU (measured), so shift by the global max and fall back to the group max only if
         # some group's mass underflows (logits spread over more than ~60 nats); log p stays exact either way.
+        # On an accelerator the fallback's test would be a device sync per call; a max per group is one more kernel.
         detached = self.fill_invalid(logits.detach(), float("-inf"))
-        shifted, e, total = self._shifted_exp(logits, detached.max())
-        if self.zero_invalid(self.broadcast(total) < torch.finfo(e.dtype).tiny ** 0.75).any():
+        if not host_reads_are_cheap(logits):
             shifted, e, total = self._shifted_exp(logits, self.max(detached))
+        else:
+            shifted, e, total = self._shifted_exp(logits, detached.max())
+            if self.zero_invalid(self.broadcast(total) < torch.finfo(e.dtype).tiny ** 0.75).any():
+                shifted, e, total = self._shifted_exp(logits, self.max(detached))
         total = total.clamp_min(torch.finfo(e.dtype).tiny)
         # log per group, then broadcast: a gather is cheaper than a log over every pair.
         return e / self.broadcast(total), self.zero_invalid(shifted - self.broadcast(total.log()))
@@ -255,9 +266,9 @@ class DenseGroups(Groups):
         rows = None if self.query_valid is None else self.query_valid[:, None, :]  # [B, 1, Lq]
         if self.mask is not None:
             with_keys = self.mask.any(-1)  # [B|1, 1|H, Lq|1]
-            if not bool(with_keys.all()):
+            if not host_reads_are_cheap(with_keys) or not bool(with_keys.all()):
                 rows = with_keys if rows is None else rows & with_keys
-        if rows is not None and bool(rows.all()):
+        if rows is not None and host_reads_are_cheap(rows) and bool(rows.all()):
             return None
         return rows
 
@@ -407,18 +418,19 @@ class SegmentGroups(Groups):
     def valid(self) -> Tensor | None:
         return None
 
+    # Counted by index_add into a tensor of the known size: bincount's size is the largest index, a device sync.
     @cached_property
     def _in_degree(self) -> Tensor:
-        return torch.bincount(self.dst, minlength=self.num_nodes)
+        return self.dst.new_zeros(self.num_nodes).index_add_(0, self.dst, torch.ones_like(self.dst))
 
     @cached_property
     def _out_degree(self) -> Tensor:
-        return torch.bincount(self.src, minlength=self.num_src_nodes)
+        return self.src.new_zeros(self.num_src_nodes).index_add_(0, self.src, torch.ones_like(self.src))
 
     @cached_property
     def _valid_queries(self) -> Tensor | None:
         rows = self._in_degree > 0
-        return None if bool(rows.all()) else rows.unsqueeze(-1)
+        return None if host_reads_are_cheap(rows) and bool(rows.all()) else rows.unsqueeze(-1)
 
     @property
     def valid_queries(self) -> Tensor | None:
@@ -497,7 +509,7 @@ class SegmentGroups(Groups):
         # into the nodes, which is what `aggregate` does.
         heads, width, queries, keys = x.shape[1], x.shape[-1], self.num_nodes, self.num_src_nodes
         order = torch.argsort(self.dst, stable=True)
-        per_row = torch.bincount(self.dst, minlength=queries).repeat(heads)
+        per_row = self._in_degree.repeat(heads)
         rows = torch.cat([per_row.new_zeros(1), per_row.cumsum(0)])
         columns = (self.src[order].unsqueeze(0) + keys * torch.arange(heads, device=order.device).unsqueeze(1)).flatten()
         x_by_head = x.transpose(0, 1).reshape(heads * keys, width)
@@ -551,7 +563,7 @@ class SegmentGroups(Groups):
         heads = q.shape[1]
         q_valid = None if self.valid_queries is None else self.valid_queries.squeeze(-1).expand(heads, -1)
         keys_seen = self._out_degree > 0
-        k_valid = None if bool(keys_seen.all()) else keys_seen.expand(heads, -1)
+        k_valid = None if host_reads_are_cheap(keys_seen) and bool(keys_seen.all()) else keys_seen.expand(heads, -1)
         return q.transpose(0, 1), k.transpose(0, 1), q_valid, k_valid
 
     def sum_over_pairs(self, x: Tensor, like: Tensor) -> Tensor:

@@ -203,3 +203,31 @@ def test_entmax_newton_is_bit_identical_with_fewer_host_reads(alpha, monkeypatch
     every_step_weights, every_step_grad, newton_steps = solve()
     assert torch.equal(weights, every_step_weights) and torch.equal(grad, every_step_grad)
     assert newton_steps >= 5 and reads == math.ceil(newton_steps / every)
+
+
+@pytest.mark.parametrize("host", ["gat", "vqa"])
+@pytest.mark.parametrize("variant", ["bam-weibull", "align-gan"])
+def test_without_cheap_host_reads_the_groups_read_nothing_and_give_the_same_step(host, variant, monkeypatch):
+    """On an accelerator (simulated: host reads declared costly) the groups skip their "no mask needed" and
+    "no underflow" shortcuts, each a device sync, and compute the same loss and gradients as with them."""
+    from modules.attention import groups as groups_module
+
+    def one_step():
+        torch.manual_seed(0)
+        module, batch = HOSTS[host](variant)
+        module.trainer = None
+        with HostSyncs() as syncs:
+            loss = module.training_step(batch, 0)
+        loss.backward()
+        grads = [p.grad.clone() for p in module.parameters() if p.grad is not None]
+        return loss.detach(), grads, {k: n for k, n in syncs.where.items() if "attention/groups.py" in k[1]}
+
+    loss, grads, reads = one_step()
+    assert reads  # the shortcuts read on this CPU
+    monkeypatch.setattr(groups_module, "host_reads_are_cheap", lambda t: False)
+    costly_loss, costly_grads, costly_reads = one_step()
+    assert costly_reads == {}
+    torch.testing.assert_close(costly_loss, loss, rtol=1e-5, atol=1e-6)
+    assert len(costly_grads) == len(grads)
+    for a, b in zip(costly_grads, grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
