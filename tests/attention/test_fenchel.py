@@ -437,3 +437,40 @@ def test_every_committed_fenchel_exact_record_converged_or_names_why_it_failed()
             assert unconverged and set(unconverged.values()) == {0.0}, (record["key"], unconverged)
         else:
             assert record["status"] == "failed" and record["error"], record["key"]
+
+
+@pytest.mark.parametrize("layout", ["dense", "graph"])
+@pytest.mark.parametrize("alpha,logit_std", [(1.0, 2.0), (4.0, 4.0)])
+def test_off_the_cpu_the_solver_reads_the_host_every_few_rounds_and_finds_the_same_optimum(layout, alpha, logit_std, monkeypatch):
+    """Host reads declared costly, as on a GPU: no restriction to unconverged queries, the convergence and
+    line-search tests read every CONVERGENCE_CHECK_EVERY rounds; the extra rounds leave δ where it was."""
+    from modules.attention import groups as groups_module
+    from modules.attention.variants import fenchel
+
+    from ..modules.host_syncs import HostSyncs
+
+    if layout == "dense":
+        p, q, k = hard_problem(logit_std)
+        groups, attn = p.dense, exact_kernel(alpha, "position")
+        exponent, bias = attn.first_order_logits(attn.score(q, k, groups, scale=SCALE), groups)
+    else:
+        groups = random_graph(40, seed=2)
+        g = torch.Generator().manual_seed(1)
+        k = torch.randn(groups.num_nodes, HEADS, DIM, generator=g, dtype=torch.float64) * logit_std**0.5
+        attn = exact_kernel(alpha, "degree")
+        exponent, bias = attn.first_order_logits(torch.randn(groups.dst.shape[0], HEADS, generator=g, dtype=torch.float64) * logit_std, groups)
+
+    def solve():
+        with HostSyncs() as syncs:
+            solution = attn.solve_dual(exponent, groups, attn.templates(k), bias)
+        return solution, sum(n for (_, where), n in syncs.where.items() if "variants/fenchel.py" in where or "attention/groups.py" in where)
+
+    on_cpu, cpu_reads = solve()
+    monkeypatch.setattr(fenchel, "host_reads_are_cheap", lambda t: False)
+    monkeypatch.setattr(groups_module, "host_reads_are_cheap", lambda t: False)
+    off_cpu, reads = solve()
+    assert on_cpu.converged.all() and off_cpu.converged.all()
+    torch.testing.assert_close(off_cpu.delta, on_cpu.delta, rtol=0, atol=1e-12)
+    every = fenchel.CONVERGENCE_CHECK_EVERY
+    assert on_cpu.iterations <= off_cpu.iterations < on_cpu.iterations + every
+    assert reads <= cpu_reads // 2, (reads, cpu_reads)

@@ -51,7 +51,7 @@ from annotated_types import Ge, Gt, Interval
 import torch
 from torch import Tensor, nn
 
-from ..groups import Groups
+from ..groups import Groups, host_reads_are_cheap
 from ..kernel import (
     AttentionConfig,
     AttentionKernel,
@@ -260,6 +260,10 @@ ARMIJO = 0.25
 # Step halvings before a query is given up for this iteration (it then stays unconverged and is reported): 2^-40
 # is far below any step that still changes λ, so only non-finite values get there.
 MAX_HALVINGS = 40
+# Off the CPU every host read of the solver (is anyone left unconverged? has every line search passed?) waits
+# for the device, so there it reads only every few iterations and halvings: converged pairs take no step and an
+# accepted step length stays accepted, so the extra rounds leave δ unchanged.
+CONVERGENCE_CHECK_EVERY = 4
 
 
 def _log_sum_exp(groups: Groups, x: Tensor) -> Tensor:
@@ -282,7 +286,7 @@ def _log_mean_exp_centred(groups: Groups, weights: Tensor, log_weights: Tensor, 
     near = torch.log1p(groups.reduce(terms, "sum") / mass)
     # The usual case after the first steps, every x <= 1, tested by one global max (a max per group is a scatter
     # on segments, 2-3% of a Cora epoch, measured): then the second pass is skipped.
-    if bool(groups.fill_invalid(x, float("-inf")).max() <= 1.0):
+    if host_reads_are_cheap(x) and bool(groups.fill_invalid(x, float("-inf")).max() <= 1.0):
         return near
     is_small = groups.reduce(x, "max") <= 1.0
     return torch.where(is_small, near, _log_sum_exp(groups, log_weights + x))
@@ -395,9 +399,10 @@ class FenchelExactAttention(FenchelAttention):
             delta, chol, needs_factor = delta_all, chol_all, ~converged_all
             outer = (templates_.unsqueeze(-1) * templates_.unsqueeze(-2)).flatten(-2)
             negated_hessian = _negated_hessian_of(work, outer, diagonal)
+            cheap_reads = host_reads_are_cheap(exponent_)
             for iteration in range(self.config.steps + 1):
                 active = needs_factor.any(-1)
-                if iteration > 0 and groups.can_restrict_queries and 2 * int(active.sum()) < active.numel():
+                if cheap_reads and iteration > 0 and groups.can_restrict_queries and 2 * int(active.sum()) < active.numel():
                     _put(delta_all, rows, delta), _put(chol_all, rows, chol), _put(converged_all, rows, ~needs_factor)
                     keep = active.nonzero().squeeze(1)
                     rows = keep if rows is None else rows[keep]
@@ -416,27 +421,33 @@ class FenchelExactAttention(FenchelAttention):
                 # that moved last iteration are refactored: after 3 steps < 1% of Cora's pairs are left, and
                 # the d×d factorisations are LAPACK calls one matrix at a time (~0.4 µs each, measured).
                 hessian = negated_hessian(weights, mean)
-                moved = needs_factor.flatten().nonzero().squeeze(1)
-                if moved.numel() == needs_factor.numel():
+                moved = needs_factor.flatten().nonzero().squeeze(1) if cheap_reads else None
+                if moved is None or moved.numel() == needs_factor.numel():
                     chol = torch.linalg.cholesky(hessian)
                 else:
                     chol.view(-1, d, d)[moved] = torch.linalg.cholesky(hessian.expand(*mean.shape, d).reshape(-1, d, d)[moved])
                 needs_factor = ~converged
-                if iteration == self.config.steps or not bool(needs_factor.any()):
+                if iteration == self.config.steps:
                     break
-                stepping = needs_factor.flatten().nonzero().squeeze(1)
-                step = torch.zeros_like(gradient)
-                step.view(-1, d)[stepping] = torch.cholesky_solve(gradient.reshape(-1, d, 1)[stepping], chol.view(-1, d, d)[stepping]).squeeze(-1)
+                if (cheap_reads or iteration % CONVERGENCE_CHECK_EVERY == CONVERGENCE_CHECK_EVERY - 1) and not bool(needs_factor.any()):
+                    break
+                if cheap_reads:
+                    stepping = needs_factor.flatten().nonzero().squeeze(1)
+                    step = torch.zeros_like(gradient)
+                    step.view(-1, d)[stepping] = torch.cholesky_solve(gradient.reshape(-1, d, 1)[stepping], chol.view(-1, d, d)[stepping]).squeeze(-1)
+                else:
+                    solved = torch.cholesky_solve(gradient.unsqueeze(-1), chol).squeeze(-1)
+                    step = torch.where(needs_factor.unsqueeze(-1), solved, torch.zeros_like(solved))
                 slope = (gradient * step).sum(-1)  # <∇f, s> = ∇fᵀH⁻¹∇f >= 0
                 curvature = (step.square() * inverse_alpha).sum(-1)  # ||s||²/α
                 # f(δ + ηs) - f(δ) = η·slope - η²||s||²/(2α) - log E_p[exp(η·c)], c = <t, s> - <E_p[t], s>: the
                 # increase itself, not a difference of two values of f (see _log_mean_exp_centred).
                 centred = work.scores(step, templates_, 1.0) - work.per_query((mean * step).sum(-1))
                 eta = torch.ones_like(slope)
-                for _ in range(MAX_HALVINGS):
+                for halving in range(MAX_HALVINGS):
                     increase = eta * slope - 0.5 * eta.square() * curvature - _log_mean_exp_centred(work, weights, log_weights, work.per_query(eta) * centred)
                     accepted = converged | (increase >= ARMIJO * eta * slope)
-                    if bool(accepted.all()):
+                    if (cheap_reads or halving % CONVERGENCE_CHECK_EVERY == CONVERGENCE_CHECK_EVERY - 1) and bool(accepted.all()):
                         break
                     eta = torch.where(accepted, eta, 0.5 * eta)
                 else:
