@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -130,8 +129,8 @@ class LocalExecutor:
                     if worker.conn in ready:
                         try:
                             summary, retire = worker.conn.recv()
-                        except EOFError:
-                            summary, retire = None, False
+                        except EOFError:  # it died before answering: a death, handled below
+                            summary = None
                         if summary is not None:
                             spec, worker.spec = worker.spec, None
                             on_result(spec, summary)
@@ -173,4 +172,4 @@ class LocalExecutor:
 
 
 def log(message: str) -> None:
-    print(message, file=sys.stdout, flush=True)
+    print(message, flush=True)  # bench's output is often a file or pipe (nohup, SLURM): each progress line now

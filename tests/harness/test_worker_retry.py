@@ -73,7 +73,8 @@ def test_a_died_run_is_recorded_failed_and_retryable_with_the_cause(executed):
         record = store.read(spec.key)
         assert record.status is Status.FAILED and record.retryable is True
         assert record.error.startswith("WorkerDied: ") and how in record.error
-        assert record.commit == "abc123" and record.spec == spec.to_dict() and record.wall_time_s >= 0
+        # the run's own time, from when its worker got it (not a clock reading)
+        assert record.commit == "abc123" and record.spec == spec.to_dict() and 0 <= record.wall_time_s < 60
         assert results[spec.seed]["error"] == record.error
         assert not store.finished(spec.key) and not store.finished(spec.key, retry_failed=True)
 
@@ -142,8 +143,10 @@ def test_gpus_come_from_cuda_visible_devices_and_workers_split_the_threads(monke
 class ScriptedWorker:
     """serve()'s RunWorker: seed 1's run fails retryably (a device failure), every other run is ok."""
 
+    made: list = []
+
     def __init__(self, settings):
-        self.settings = settings
+        ScriptedWorker.made.append(settings)
 
     def run(self, spec_dict):
         spec = next(s for s in SPECS if s.seed == spec_dict["seed"])
@@ -160,7 +163,9 @@ def test_a_worker_serves_runs_until_told_to_stop_and_retires_after_a_retryable_f
     coordinator, worker = mp.Pipe()
     for message in (SPECS[3].to_dict(), SPECS[2].to_dict(), None, SPECS[0].to_dict()):
         coordinator.send(message)
+    ScriptedWorker.made = []
     worker_pool.serve(worker, settings)  # two runs, then the shutdown message
+    assert ScriptedWorker.made == [settings]  # one RunWorker per process, with the process's settings
     answers = [coordinator.recv(), coordinator.recv()]
     assert [(summary["key"], summary["status"], retire) for summary, retire in answers] == [
         (SPECS[3].key, "ok", False), (SPECS[2].key, "ok", False)]
@@ -177,3 +182,82 @@ def test_a_worker_serves_runs_until_told_to_stop_and_retires_after_a_retryable_f
     coordinator, worker = mp.Pipe()
     coordinator.close()
     worker_pool.serve(worker, settings)  # the coordinator is gone: returns instead of raising EOFError
+
+
+class GpuStandIn:
+    """Seed 0 fails with a device error (its worker retires), seed 1's worker exits cleanly mid-run (exit code 0),
+    the rest are ok. Every record names the GPU its worker was given."""
+
+    def __init__(self, settings):
+        self.settings, self.store = settings, RecordStore(settings.runs_dir)
+
+    def run(self, spec_dict):
+        spec = next(s for s in SPECS if s.seed == spec_dict["seed"])
+        if spec.seed == 0:
+            return Record.died(spec.key, spec.to_dict(), f"CUDA error: out of memory on gpu {self.settings.gpu}", commit=None)
+        if spec.seed == 1:
+            os._exit(0)
+        record = Record.ok(spec, {"test/acc": {"value": 0.5, "higher_is_better": True}}, hardware={"gpu": self.settings.gpu})
+        self.store.write(record)
+        return record
+
+
+def gpu_executor(tmp_path, monkeypatch, gpus, workers):
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("needs the fork start method")
+    monkeypatch.setattr(worker_pool, "RunWorker", GpuStandIn)
+    executor = LocalExecutor(WorkerOptions(runs_dir=str(tmp_path), data_root=None, cache_dir=None, commit="c", workers=workers), gpus=gpus)
+    executor.ctx = mp.get_context("fork")
+    started = []
+    start = executor._start
+    monkeypatch.setattr(executor, "_start", lambda gpu: started.append(gpu) or start(gpu))
+    return executor, started
+
+
+def test_workers_keep_their_gpus_when_replaced_and_a_clean_exit_mid_run_is_a_death(tmp_path, monkeypatch):
+    executor, started = gpu_executor(tmp_path, monkeypatch, ["5", "6"], workers=2)
+    results = {}
+    executor.run(SPECS[:4], lambda spec, summary: results.__setitem__(spec.seed, summary))
+    # two workers on the two GPUs; seed 0's retires after its device failure and seed 1's exits: each is
+    # replaced by a worker on the same GPU
+    assert started[:2] == ["5", "6"] and len(started) == 4 and set(started) == {"5", "6"}
+    assert sorted(started) == ["5", "5", "6", "6"]
+    assert results[0]["status"] == "failed" and "out of memory on gpu 5" in results[0]["error"]
+    died = executor.store.read(SPECS[1].key)
+    assert died.retryable and "(exit code 0)" in died.error
+    for seed in (2, 3):
+        assert executor.store.read(SPECS[seed].key).hardware["gpu"] in ("5", "6")
+
+
+def test_no_more_workers_start_than_there_are_runs(tmp_path, monkeypatch):
+    executor, started = gpu_executor(tmp_path, monkeypatch, [], workers=2)
+    executor.run(SPECS[3:4], lambda spec, summary: None)
+    assert started == [None]
+
+
+def test_cuda_devices_are_counted_when_cuda_visible_devices_is_unset_and_gpu_workers_multiply(monkeypatch):
+    import torch
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(worker_pool, "require_usable_gpus", lambda: None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert worker_pool.visible_gpus() == ["0", "1", "2"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
+    assert worker_pool.default_workers(3) == 6 and worker_pool.default_workers(0) == 2
+
+
+def test_progress_lines_reach_a_piped_log_while_the_bench_still_runs():
+    """bench's output is usually a file or a pipe (nohup, SLURM), where print buffers: each line is flushed."""
+    import subprocess
+    import sys
+
+    code = "from harness.run.worker_pool import log; log('[1/9] ok'); import time; time.sleep(60)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a batch job's Python would run
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env,
+                               cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    try:
+        ready, _, _ = __import__("select").select([process.stdout], [], [], 30)
+        assert ready and process.stdout.readline() == "[1/9] ok\n"
+    finally:
+        process.kill()
+        process.wait()
