@@ -68,9 +68,6 @@ def prepare(module: str, tests: list[str]) -> Path:
              # mutmut's own timeout is a CPU-time limit, which a mutant that leaves a test waiting on a worker
              # never reaches: a wall-clock limit per test (pytest-timeout) turns that hang into a failure
              "pytest_add_cli_args =", f"    --timeout={TEST_TIMEOUT_S}",
-             # mutmut's default CPU limit is 30x a test's own time: a mutant that loops (a solver that no longer
-             # converges) then burns a minute of CPU; 8x still leaves room for the slowest honest run
-             "timeout_multiplier = 4",
              "pytest_add_cli_args_test_selection =", *(f"    {t}" for t in tests),
              "also_copy =", "    leaderboards", ""]
     (folder / "setup.cfg").write_text("\n".join(lines))
