@@ -6,7 +6,7 @@ cover that module, so a run takes minutes, not hours). Writes leaderboards/mutat
 module, the mutmut version and the commit, and every surviving mutant by name (`mutmut show NAME` in that
 module's folder prints its diff).
 
-    python -m tests.mutation.run [--only harness/plan/spec.py ...] [--max-children N]
+    python -m tests.mutation.run [--only harness/plan/spec.py ...] [--max-children N] [--sample N]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -23,6 +24,8 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+from scipy import stats
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / "build" / "mutation"
@@ -46,6 +49,8 @@ MODULES: dict[str, list[str]] = {
                                        "tests/modules/test_training_loss.py"],
     "harness/run/worker_pool.py": ["tests/harness/test_worker_retry.py", "tests/harness/test_gpu_failures.py", "tests/harness/test_node_resources.py"],
 }
+SAMPLED = {"harness/report/board.py": 200, "modules/attention/groups.py": 200}
+"""Modules measured on a random sample of their mutants by default (about a thousand each; see run_module)."""
 COPIED = ("harness", "modules", "datamodules", "tests", "leaderboards", "pyproject.toml")
 """What a run's copy holds: the code, the tests and the committed boards and records some tests read."""
 
@@ -94,17 +99,32 @@ def mutmut(folder: Path, *args: str, log: str = "mutmut.log") -> str:
     return path.read_text()
 
 
-def run_module(module: str, tests: list[str], max_children: int | None) -> dict:
+def run_module(module: str, tests: list[str], max_children: int | None, sample: int | None = None) -> dict:
+    """mutmut over `module`; with `sample`, over that many of its mutants drawn at random (seeded by the
+    module's name, so a re-run draws the same ones): board.py and groups.py have about a thousand mutants
+    each, whose tests take hours on two cores, while a random sample of a few hundred estimates the killed
+    share to a few points (mutant sampling, as in Zhang et al., ICSE 2013)."""
     # the commit of the tree the copy is made from: edits committed while mutmut runs must not be cited
     measured_commit = commit()
     folder = prepare(module, tests)
     start = time.perf_counter()
-    mutmut(folder, "run", *(["--max-children", str(max_children)] if max_children else []), log="mutmut-run.log")
+    children = ["--max-children", str(max_children)] if max_children else []
+    chosen: list[str] = []
+    population = None
+    if sample:
+        # mutmut makes every mutant and maps the tests before refusing a name that matches none; then it lists them
+        mutmut(folder, "run", *children, "no-such-mutant", log="mutmut-generate.log")
+        names = re.findall(r"^\s+(\S+): ", mutmut(folder, "results", "--all", "true", log="mutmut-generated.log"), flags=re.M)
+        population = len(names)
+        chosen = sorted(random.Random(module).sample(sorted(names), min(sample, population)))
+    mutmut(folder, "run", *children, *chosen, log="mutmut-run.log")
     listed = mutmut(folder, "results", "--all", "true", log="mutmut-results.log")
     statuses = dict(re.findall(r"^\s+(\S+): (.+)$", listed, flags=re.M))
+    if chosen:
+        statuses = {name: statuses[name] for name in chosen}
     result = {"module": module, "tests": tests, "counts": dict(Counter(statuses.values())), "seconds": time.perf_counter() - start,
               "survived": sorted(name for name, status in statuses.items() if status not in ("killed", "timeout")),
-              "commit": measured_commit}
+              "commit": measured_commit, "sampled_from": population}
     (folder / "result.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -137,7 +157,7 @@ def write_report(results: list[dict]) -> None:
         "a mutant is killed when one of them fails (a timeout counts as killed). Surviving mutants are discussed in "
         "README.md, Testing.",
         "",
-        "| module | tests | commit | mutants | killed | survived | killed % | minutes |",
+        "| module | tests | commit | mutants | killed | survived | killed % [95% CI of a sample] | minutes |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -145,7 +165,13 @@ def write_report(results: list[dict]) -> None:
         total = sum(counts.values())
         killed = counts.get("killed", 0) + counts.get("timeout", 0)
         share = f"{100 * killed / total:.1f}" if total else "n/a"
-        lines.append(f"| `{r['module']}` | {', '.join(Path(t).name for t in r['tests'])} | {r['commit']} | {total} | {killed} | {total - killed} | "
+        mutants = str(total)
+        if r.get("sampled_from"):
+            # a sample estimates the module's killed share: Clopper-Pearson interval of the binomial proportion
+            low, high = stats.binomtest(killed, total).proportion_ci(0.95, method="exact")
+            share += f" [{100 * low:.1f}, {100 * high:.1f}]"
+            mutants = f"{total} sampled of {r['sampled_from']}"
+        lines.append(f"| `{r['module']}` | {', '.join(Path(t).name for t in r['tests'])} | {r['commit']} | {mutants} | {killed} | {total - killed} | "
                      f"{share} | {r['seconds'] / 60:.1f} |")
     measured = {r["module"] for r in results}
     for module in MODULES:
@@ -168,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="modules to run (default: all of MODULES)")
     parser.add_argument("--max-children", type=int, default=None, help="mutants tested at once (default: mutmut's, the CPU count)")
     parser.add_argument("--report", action="store_true", help="only rewrite the report from the last runs' folders")
+    parser.add_argument("--sample", type=int, default=None,
+                        help=f"test this many randomly drawn mutants per module, 0 = all (default: {SAMPLED} for those, all for the rest)")
     args = parser.parse_args(argv)
     chosen = args.only or list(MODULES)
     unknown = set(chosen) - set(MODULES)
@@ -175,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"not a mutation module: {sorted(unknown)}; one of {sorted(MODULES)}")
     for module in [] if args.report else chosen:  # in the order given: the quick ones first when time is short
         print(f"mutation: {module} against {', '.join(MODULES[module])} ...", flush=True)
-        result = run_module(module, MODULES[module], args.max_children)
+        sample = SAMPLED.get(module) if args.sample is None else args.sample
+        result = run_module(module, MODULES[module], args.max_children, sample or None)
         total = sum(result["counts"].values())
         print(f"mutation: {module}: {result['counts']} of {total} in {result['seconds'] / 60:.1f} min", flush=True)
     results = last_results()
