@@ -45,6 +45,10 @@ def record_digest(record: Record) -> str:
     return hashlib.sha256(json.dumps(record.to_dict(), sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()[:12]
 
 
+_UNREADABLE = object()
+"""What import_record finds under a key whose file does not load: neither "no record" (it is never overwritten)
+nor a record (the arriving one is kept beside it as a conflicting copy)."""
+
 _NUMBER_LIST = re.compile(r"\[\s*((?:-?[0-9][0-9.eE+-]*|null|NaN|-?Infinity)(?:,\s*(?:-?[0-9][0-9.eE+-]*|null|NaN|-?Infinity))*)\s*\]")
 
 
@@ -139,7 +143,7 @@ class RecordStore:
         return loaded
 
     def conflicting_copies(self, key: str) -> list[Path]:
-        return sorted(self.conflicts_dir.glob(f"{key}.*.json")) if self.conflicts_dir.is_dir() else []
+        return sorted(self.conflicts_dir.glob(f"{key}.*.json"))  # a folder not made yet globs to nothing
 
     def import_record(self, record: Record) -> str:
         """Merge one record from another store: "added" (a new key), "same" (an identical record is already
@@ -148,11 +152,8 @@ class RecordStore:
         try:
             present = self.read_checked(record.key)
         except UnreadableRecord:
-            present = None
-            unreadable = True
-        else:
-            unreadable = False
-        if present is None and not unreadable:
+            present = _UNREADABLE
+        if present is None:
             self.write(record)
             return "added"
         if present == record:
