@@ -10,11 +10,6 @@ from harness.results.store import RecordStore
 
 REPO = Path(__file__).resolve().parents[2]
 BOARDS = REPO / "leaderboards"
-DIRTY_PENDING_RERUN = {"minilm-rte"}
-"""Committed files that still cite a -dirty commit until they are re-run from a clean one: minilm-rte's four
-runs."""
-"""Boards rendered from dirty trees before records were committed; issue 16 has them re-run. Strict xfail:
-once a clean re-run lands, its test passes and this set must lose the name."""
 
 
 def test_a_dirty_commit_marks_the_record_dirty_and_the_file_says_so(tmp_path):
@@ -35,9 +30,19 @@ def test_no_committed_record_is_dirty():
     assert not list((BOARDS / "records").glob("conflicts/*.json")), "committed records have unresolved conflicts"
 
 
-@pytest.mark.parametrize("board", [
-    pytest.param(path, id=path.name, marks=[pytest.mark.xfail(strict=True, reason="re-run pending")] if path.stem in DIRTY_PENDING_RERUN else [])
-    for path in sorted(BOARDS.glob("*.md")) + sorted(BOARDS.glob("*.csv")) + sorted(BOARDS.glob("*.html"))
-])
+@pytest.mark.parametrize("board", sorted(BOARDS.glob("*.md")) + sorted(BOARDS.glob("*.csv")) + sorted(BOARDS.glob("*.html")),
+                         ids=lambda path: path.name)
 def test_no_committed_board_names_a_dirty_commit(board):
     assert "-dirty" not in board.read_text()
+
+
+@pytest.mark.parametrize("table", sorted(BOARDS.glob("*.csv")), ids=lambda path: path.name)
+def test_every_run_a_committed_board_shows_has_its_record_committed(table):
+    """A board is data: `make leaderboard` on a fresh clone must rebuild it from leaderboards/records/ (a board
+    whose records were lost cannot be, and is not committed)."""
+    import csv
+
+    with table.open() as fh:
+        keys = [row["key"] for row in csv.DictReader(fh) if row.get("status") in ("ok", "failed", "pruned")]
+    assert keys, f"{table.name} lists no runs"
+    assert [key for key in keys if not (BOARDS / "records" / f"{key}.json").exists()] == []
