@@ -90,6 +90,10 @@ def mutmut(folder: Path, *args: str, log: str = "mutmut.log") -> str:
     killed when mutmut itself has returned."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the copy's mutants/, not this tree
     env.setdefault("ATTNBENCH_DATA", str((REPO.parent / "shared" / "data").resolve()))
+    # mutmut forks each mutant's test run from a process that has imported torch: a forked child that enters an
+    # OpenMP parallel region the parent's thread pool started hangs, idle, until mutmut's wall clock calls it a
+    # timeout (seen on groups.py's sparse products). One thread per process: no pool to inherit.
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     path = folder / log
     with path.open("w") as out:
         process = subprocess.Popen([sys.executable, "-m", "mutmut", *args], cwd=folder, env=env, stdout=out,
