@@ -317,3 +317,86 @@ def test_causal_key_padding_masks_every_later_key_and_every_padded_one(num_queri
     assert torch.equal(groups.mask, expected)
     plain = DenseGroups.from_key_padding(key_valid)
     assert plain.mask.shape == (2, 1, 1, 5) and torch.equal(plain.mask[:, 0, 0], key_valid)
+
+
+def test_dense_groups_reject_non_boolean_masks_and_say_what_they_need():
+    with pytest.raises(TypeError, match=r"DenseGroups mask must be boolean with True where a query may attend to a key"):
+        DenseGroups(torch.ones(1, 1, 1, 3))
+    with pytest.raises(TypeError, match=r"query_valid must be a boolean \[B, Lq\] tensor, True for real queries"):
+        DenseGroups(None, torch.ones(2, 3, dtype=torch.bool)[None])
+
+
+def test_unmasked_dense_groups_softmax_and_sum_over_queries_like_torch():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64)
+    groups = DenseGroups()
+    weights, log_p = groups.softmax_and_log(logits)
+    torch.testing.assert_close(weights, logits.softmax(-1), rtol=0, atol=1e-15)
+    torch.testing.assert_close(log_p, logits.log_softmax(-1), rtol=0, atol=1e-15)
+    x = torch.randn(2, 3, 4, 6, generator=g, dtype=torch.float64)
+    per_key, weighted = groups.sum_over_queries(weights, x)
+    torch.testing.assert_close(per_key, weights.sum(-2))
+    torch.testing.assert_close(weighted, weights.transpose(-1, -2) @ x)
+
+
+def test_a_query_without_keys_gets_zero_weights_and_normalize_divides_by_each_rows_own_sum():
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    mask[0, 0, 1] = False  # query 1 sees no key
+    groups = DenseGroups(mask)
+    weights = groups.softmax(torch.randn(1, 2, 3, 3, dtype=torch.float64))
+    assert torch.equal(weights[0, :, 1], torch.zeros(2, 3)) and torch.allclose(weights[0, :, [0, 2]].sum(-1), torch.ones(2, 2, dtype=torch.float64))
+    positive = torch.rand(1, 2, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 0.05  # rows sum far below 1
+    positive = positive.masked_fill(~mask, 0.0)
+    expected = torch.where(mask.any(-1, keepdim=True), positive / positive.sum(-1, keepdim=True).clamp_min(1e-300), 0.0)
+    for zero_on_masked in (False, True):
+        torch.testing.assert_close(groups.normalize(positive, zero_on_masked=zero_on_masked), expected)
+
+
+def test_key_degree_of_a_causal_mask_counts_the_queries_that_see_each_key():
+    key_valid = torch.tensor([[True, True, True, False]])
+    groups = DenseGroups.from_key_padding(key_valid, causal=True)
+    # key j is seen by queries j..3 (4 - j of them), the padded key by none
+    assert groups.key_degree().flatten().tolist() == [4.0, 3.0, 2.0, 0.0]
+    assert DenseGroups.from_key_padding(key_valid).key_degree() is None  # key padding only: all valid queries see all valid keys
+
+
+def test_softmax_and_log_of_a_group_86_nats_below_the_rest_stays_exact_in_float32():
+    """Shifted by the global max, that group's smallest terms would be subnormal (3 digits); its own max is used."""
+    groups = SegmentGroups(dst=torch.tensor([0, 0, 1, 1, 1]), src=torch.tensor([0, 1, 0, 1, 2]), num_nodes=2)
+    logits = torch.tensor([[0.0], [-1.0], [-86.0], [-92.0], [-98.0]])
+    weights, log_p = groups.softmax_and_log(logits)
+    torch.testing.assert_close(weights[2:, 0], torch.tensor([0.0, -6.0, -12.0]).softmax(0), rtol=1e-6, atol=0)
+    torch.testing.assert_close(log_p[2:, 0], torch.tensor([0.0, -6.0, -12.0]).log_softmax(0), rtol=1e-6, atol=0)
+
+
+def test_segment_reductions_keep_nodes_without_incoming_edges():
+    groups = SegmentGroups(dst=torch.tensor([0, 0, 2]), src=torch.tensor([1, 2, 0]), num_nodes=5)
+    x = torch.tensor([[1.0], [2.0], [4.0]])
+    assert groups.reduce(x, "sum").flatten().tolist() == [3.0, 0.0, 4.0, 0.0, 0.0]
+    # a single seen (key, head): its value is the mean
+    one = SegmentGroups(dst=torch.tensor([0]), src=torch.tensor([1]), num_nodes=2)
+    assert one.mean_over_keys(torch.tensor([[0.0], [5.0]])).item() == 5.0
+
+
+def test_the_sparse_product_is_used_only_where_it_was_measured_faster_and_is_built_once_per_dtype():
+    pays = SegmentGroups._csr_pays
+    assert pays(torch.ones(10, 8)) and pays(torch.ones(10, 4, 16, dtype=torch.float64))
+    assert not pays(torch.ones(10, 65)) and not pays(torch.ones(0, 8))  # too wide; nothing to sum
+    assert not pays(torch.ones(10, 8, dtype=torch.bfloat16)) and not pays(torch.ones(10, 8, dtype=torch.float16))
+    assert not pays(torch.ones(10, 8, requires_grad=True))  # its backward is slower than index_add_'s
+    with torch.no_grad():
+        assert pays(torch.ones(10, 8, requires_grad=True))
+    groups = SegmentGroups(dst=torch.tensor([0, 0, 1]), src=torch.tensor([1, 2, 0]), num_nodes=3)
+    like = torch.ones(3, 1)
+    assert groups._edge_matrix(like) is groups._edge_matrix(like)
+    assert groups._edge_matrix(like.double()).dtype == torch.float64
+
+
+def test_segment_weighted_sum_operator_adds_each_query_and_heads_own_base():
+    g = torch.Generator().manual_seed(0)
+    groups = SegmentGroups(dst=torch.tensor([0, 0, 1, 2, 2, 2]), src=torch.tensor([1, 2, 0, 0, 1, 2]), num_nodes=3)
+    x = torch.randn(3, 2, 4, generator=g, dtype=torch.float64)  # per key, 2 heads
+    weights = torch.rand(6, 2, generator=g, dtype=torch.float64)
+    base = torch.randn(3, 2, 4, generator=g, dtype=torch.float64)  # differs per query and per head
+    expected = base + groups.aggregate(weights, x)
+    torch.testing.assert_close(groups.weighted_sum_operator(x)(weights, base), expected)
