@@ -320,9 +320,9 @@ def test_causal_key_padding_masks_every_later_key_and_every_padded_one(num_queri
 
 
 def test_dense_groups_reject_non_boolean_masks_and_say_what_they_need():
-    with pytest.raises(TypeError, match=r"DenseGroups mask must be boolean with True where a query may attend to a key"):
+    with pytest.raises(TypeError, match=r"^DenseGroups mask must be boolean with True where a query may attend to a key$"):
         DenseGroups(torch.ones(1, 1, 1, 3))
-    with pytest.raises(TypeError, match=r"query_valid must be a boolean \[B, Lq\] tensor, True for real queries"):
+    with pytest.raises(TypeError, match=r"^DenseGroups query_valid must be a boolean \[B, Lq\] tensor, True for real queries$"):
         DenseGroups(None, torch.ones(2, 3, dtype=torch.bool)[None])
 
 
@@ -373,6 +373,10 @@ def test_segment_reductions_keep_nodes_without_incoming_edges():
     groups = SegmentGroups(dst=torch.tensor([0, 0, 2]), src=torch.tensor([1, 2, 0]), num_nodes=5)
     x = torch.tensor([[1.0], [2.0], [4.0]])
     assert groups.reduce(x, "sum").flatten().tolist() == [3.0, 0.0, 4.0, 0.0, 0.0]
+    assert groups.reduce(x, "mean").flatten().tolist() == [1.5, 0.0, 4.0, 0.0, 0.0]
+    assert groups.reduce(x, "max").shape == (5, 1) and groups.reduce(x, "max")[[0, 2], 0].tolist() == [2.0, 4.0]
+    # normalize's own default: a group whose values sum far below 1 still sums to 1
+    torch.testing.assert_close(groups.normalize(x * 0.01), torch.tensor([[1 / 3], [2 / 3], [1.0]]))
     # a single seen (key, head): its value is the mean
     one = SegmentGroups(dst=torch.tensor([0]), src=torch.tensor([1]), num_nodes=2)
     assert one.mean_over_keys(torch.tensor([[0.0], [5.0]])).item() == 5.0
