@@ -375,7 +375,7 @@ def _cost(here: list[tuple[Any, Record]], ok: list[tuple[Any, Record]]) -> dict[
     memory = [float(r.peak_memory_mb) for _, r in ok if r.peak_memory_mb]
     parameters = [r.parameters for _, r in ok if r.parameters]
     # What the row cost on the accelerator, failed runs included: every run held its GPUs for its wall time.
-    gpu_seconds = [float(r.wall_time_s or 0.0) * int((r.hardware or {}).get("device_count") or 0)
+    gpu_seconds = [float(r.wall_time_s or 0.0) * int((r.hardware or {}).get("device_count") or 1)  # at least the one it ran on
                    for _, r in here if (r.hardware or {}).get("accelerator") == "gpu"]
     return {
         "epochs": mean_of("epochs"),

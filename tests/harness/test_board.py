@@ -297,3 +297,34 @@ def test_summaries_of_no_one_and_two_values():
     two = summarize([1.0, 3.0])
     half = stats.t.ppf(0.975, 1) * math.sqrt(2) / math.sqrt(2)
     assert two == {"n": 2, "mean": 2.0, "std": pytest.approx(math.sqrt(2)), "ci_low": pytest.approx(2.0 - half), "ci_high": pytest.approx(2.0 + half)}
+
+
+def test_overall_counts_every_task_a_variant_is_significantly_worse_on(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"], tasks=("cora", "citeseer"))
+    worse = shifted([-0.05, -0.051, -0.049, -0.052, -0.048])
+    found = {**records_for(the_plan, {"softmax": BASE, "gmm": worse}, task="cora"),
+             **records_for(the_plan, {"softmax": BASE, "gmm": worse}, task="citeseer")}
+    overall = build_board(suite, the_plan, found)["groups"][0]["overall"]
+    assert [(o["variant"], o["better"], o["worse"]) for o in overall] == [("softmax", 0, 0), ("gmm", 0, 2)]
+
+
+def test_two_seeds_give_a_resolution_but_no_ranks_and_unranked_rows_list_those_with_runs_first(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm", "fenchel", "sparsemax"], seeds=2)
+    board = build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE, "gmm": shifted([0.01, 0.03]), "fenchel": [0.8, None]}))
+    cora = table(board)
+    assert cora["resolution"]["pairs"] == 2 and cora["resolution"]["variants"] == 1  # gmm's two pairs; fenchel has one
+    assert cora["resolution"]["spread"] == pytest.approx(statistics.stdev([0.01, 0.03]))
+    # no rank below 3 seeds; rows with runs first (by name), then the one that has none
+    assert [(r["variant"], r["rank"], r["n"]) for r in cora["rows"]] == [("fenchel", None, 1), ("gmm", None, 2), ("softmax", None, 2),
+                                                                         ("sparsemax", None, 0)]
+
+
+def test_gpu_hours_count_the_gpus_each_run_held_and_at_least_one(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax"], seeds=2)
+    two_gpus = {**GPU, "device_count": 2}
+    unknown_count = {k: v for k, v in GPU.items() if k != "device_count"}
+    found = {}
+    for spec, hardware in zip(the_plan.specs, (two_gpus, unknown_count)):
+        found[spec.key] = record(spec, {"test/acc": 0.8}, hardware={**hardware, "label": "GPU"}, wall_time_s=3600.0)
+    cost = row(table(build_board(suite, the_plan, found)), "softmax")["cost"]
+    assert cost["gpu_hours"] == pytest.approx(3.0)  # 2 GPUs x 1 h + (count unknown: 1) x 1 h
