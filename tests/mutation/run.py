@@ -52,9 +52,9 @@ MODULES: dict[str, list[str]] = {
                                        "tests/modules/test_training_loss.py"],
     "harness/run/worker_pool.py": ["tests/harness/test_worker_retry.py", "tests/harness/test_gpu_failures.py", "tests/harness/test_node_resources.py"],
 }
-SAMPLED = {"harness/report/board.py": 200, "modules/attention/groups.py": 200, "harness/run/worker_pool.py": 100}
+SAMPLED = {"harness/report/board.py": 100, "modules/attention/groups.py": 200, "harness/run/worker_pool.py": 60}
 """Modules measured on a random sample of their mutants by default: about a thousand mutants each in board.py and
-groups.py; worker_pool.py's tests start worker processes, about 30 s per mutant (see run_module)."""
+groups.py; board.py's golden-board tests and worker_pool.py's worker processes take 20-30 s per mutant (see run_module)."""
 COPIED = ("harness", "modules", "datamodules", "tests", "leaderboards", "pyproject.toml")
 """What a run's copy holds: the code, the tests and the committed boards and records some tests read."""
 
