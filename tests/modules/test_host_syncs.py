@@ -136,6 +136,9 @@ def test_divergence_is_still_caught_between_checks_and_names_the_first_bad_loss(
     module._trainer = None
     with pytest.raises(DivergedError):
         DivergenceWatch().update(torch.tensor(math.nan), module, 0)
+    del module._trainer  # a module never attached to a trainer at all: the same
+    with pytest.raises(DivergedError):
+        DivergenceWatch().update(torch.tensor(math.nan), module, 0)
 
 
 def reference_sinkhorn(cost, a, b, eps, iterations, tol):
