@@ -328,3 +328,26 @@ def test_gpu_hours_count_the_gpus_each_run_held_and_at_least_one(tmp_path):
         found[spec.key] = record(spec, {"test/acc": 0.8}, hardware={**hardware, "label": "GPU"}, wall_time_s=3600.0)
     cost = row(table(build_board(suite, the_plan, found)), "softmax")["cost"]
     assert cost["gpu_hours"] == pytest.approx(3.0)  # 2 GPUs x 1 h + (count unknown: 1) x 1 h
+
+
+def test_each_group_names_its_software_versions_and_which_metrics_are_percentages(tmp_path):
+    from harness.report.board import is_fraction_metric
+
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax"], seeds=2)
+    group = build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE}))["groups"][0]
+    assert group["versions"] == {"python": ["3.11.7"], "torch": ["2.14.1"], "lightning": ["2.6.6"]}
+    assert [is_fraction_metric(m) for m in ("test/acc", "val/accuracy", "test/f1", "test/macro_f1", "test/nll", "test/mcc")] == [
+        True, True, True, True, False, False]
+
+
+def test_problem_lines_name_each_unreadable_file_and_each_conflict_with_its_copies():
+    from harness.report.board import problem_lines
+
+    board = {"unreadable": {"k1": "records/k1.json: Expecting value: line 1 column 1 (char 0)"},
+             "conflicts": {"k2": ["records/conflicts/k2.aaa.json", "records/conflicts/k2.bbb.json"]}}
+    assert problem_lines(board) == [
+        "Unreadable record (not counted as missing; repair the file or delete it and re-run): records/k1.json: Expecting value: line 1 column 1 (char 0)",
+        "Conflict: run k2 has a different record in records/conflicts/k2.aaa.json, records/conflicts/k2.bbb.json; the board shows the store's "
+        "own record until the wrong copy is deleted",
+    ]
+    assert problem_lines({}) == []
