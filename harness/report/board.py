@@ -217,7 +217,7 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
         "baseline": baseline,
         "trivial": trivial,
         **({"chance_note": _untested_reason(primary)} if untested else {}),
-        "resolution": _resolution(rows, baseline, primary),
+        "resolution": _resolution(rows, primary),
         "rows": ordered,
         "tuning": dict(sorted(tuning.items())),
     }
@@ -258,10 +258,10 @@ def _untested_reason(metric: str) -> str:
             "t-test over seeds")
 
 
-def _resolution(rows: Mapping[str, dict[str, Any]], baseline: str | None, primary: str) -> dict[str, Any] | None:
+def _resolution(rows: Mapping[str, dict[str, Any]], primary: str) -> dict[str, Any] | None:
     """The detectable difference at the most paired seeds any row has, from the paired spread pooled over the
     rows (each row's variance of differences weighted by its degrees of freedom); None without two pairs."""
-    compared = [row["metrics"][primary]["vs_baseline"] for label, row in rows.items() if label != baseline]
+    compared = [row["metrics"][primary]["vs_baseline"] for row in rows.values()]  # None for the baseline itself
     compared = [c for c in compared if c and c["n_pairs"] >= 2]
     if not compared:
         return None

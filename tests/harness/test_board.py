@@ -336,6 +336,10 @@ def test_each_group_names_its_software_versions_and_which_metrics_are_percentage
     suite, the_plan = suite_and_plan(tmp_path, ["softmax"], seeds=2)
     group = build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE}))["groups"][0]
     assert group["versions"] == {"python": ["3.11.7"], "torch": ["2.14.1"], "lightning": ["2.6.6"]}
+    assert {k: group[k] for k in ("accelerator", "device", "device_count", "cpu", "threads")} == {k: CPU[k] for k in (
+        "accelerator", "device", "device_count", "cpu", "threads")}
+    board = build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE}, commit=None))
+    assert board["description"] == "made up records" and board["groups"][0]["commits"] == ["unknown"]
     assert [is_fraction_metric(m) for m in ("test/acc", "val/accuracy", "test/f1", "test/macro_f1", "test/nll", "test/mcc")] == [
         True, True, True, True, False, False]
 
@@ -351,3 +355,15 @@ def test_problem_lines_name_each_unreadable_file_and_each_conflict_with_its_copi
         "own record until the wrong copy is deleted",
     ]
     assert problem_lines({}) == []
+
+
+def test_mean_curves_average_each_epoch_over_the_seeds_that_reached_it_and_skip_missing_points():
+    from harness.report.board import _mean_curves
+
+    histories = [{"epoch": [0, 1, 2], "train/loss": [1.0, 0.5, 0.25], "val/acc": [0.5, None, 0.7]},
+                 {"epoch": [0, 1], "train/loss": [3.0, 1.5], "val/acc": [0.7, 0.8]},  # stopped early
+                 {"epoch": [1, 2], "train/loss": [2.0]},  # a curve shorter than its epoch axis, no val/acc
+                 {"train/loss": [9.0]}]  # no epoch axis: nothing to place
+    assert _mean_curves(histories) == {"epoch": [0, 1, 2], "train/loss": [2.0, pytest.approx(4 / 3), 0.25],
+                                       "val/acc": [pytest.approx(0.6), 0.8, 0.7]}
+    assert _mean_curves([]) is None
