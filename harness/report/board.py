@@ -248,7 +248,7 @@ def _chance(values: list[float], trivial: dict[str, Any] | None, metric: str, hi
 
 def _untested_reason(metric: str) -> str:
     """Why a one-seed row of `metric` has no test against the trivial baseline (the table's footnote)."""
-    if metric.rsplit("/", 1)[-1].endswith("f1"):
+    if metric.endswith("f1"):
         return (f"{metric} of a single seed is not tested against the trivial baseline: how far F1 strays by chance depends "
                 "on the counts of true and false positives and false negatives, which n and the F1 value (all a record "
                 "keeps) do not determine, and a permutation or bootstrap test needs the predictions; with 2 or more seeds "
@@ -405,7 +405,8 @@ def _overall(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 worse += mark == "worse"
         overall.append({"variant": label, "mean_rank": statistics.fmean(ranks) if ranks else None,
                         "tasks_covered": len(ranks), "tasks_total": len(tables), "better": better, "worse": worse})
-    overall.sort(key=lambda o: (-o["tasks_covered"], o["mean_rank"] if o["mean_rank"] is not None else math.inf, o["variant"]))
+    # mean_rank is None exactly when tasks_covered is 0, so None never meets a number here
+    overall.sort(key=lambda o: (-o["tasks_covered"], o["mean_rank"] or 0, o["variant"]))
     return overall
 
 

@@ -328,6 +328,7 @@ def test_gpu_hours_count_the_gpus_each_run_held_and_at_least_one(tmp_path):
         found[spec.key] = record(spec, {"test/acc": 0.8}, hardware={**hardware, "label": "GPU"}, wall_time_s=3600.0)
     cost = row(table(build_board(suite, the_plan, found)), "softmax")["cost"]
     assert cost["gpu_hours"] == pytest.approx(3.0)  # 2 GPUs x 1 h + (count unknown: 1) x 1 h
+    assert (cost["epochs"], cost["time_per_epoch_s"], cost["peak_memory_mb"], cost["parameters"]) == (100, 0.05, 900.0, 1234)
 
 
 def test_each_group_names_its_software_versions_and_which_metrics_are_percentages(tmp_path):
@@ -367,3 +368,19 @@ def test_mean_curves_average_each_epoch_over_the_seeds_that_reached_it_and_skip_
     assert _mean_curves(histories) == {"epoch": [0, 1, 2], "train/loss": [2.0, pytest.approx(4 / 3), 0.25],
                                        "val/acc": [pytest.approx(0.6), 0.8, 0.7]}
     assert _mean_curves([]) is None
+
+
+def test_one_seed_correlations_are_tested_against_zero_and_a_value_outside_minus_one_to_one_is_not():
+    from harness.report.board import _chance
+
+    trivial = {"metrics": {"test/mcc": 0.0256}, "test_sizes": {"test/mcc": 100}}
+    assert _chance([0.3], trivial, "test/mcc", True) == {"p": pytest.approx(stats.norm.sf(3.0), rel=1e-12), "test": "correlation", "at_chance": False}
+    assert _chance([1.5], trivial, "test/mcc", True) is None
+    assert _chance([0.3], None, "test/mcc", True) is None
+
+
+def test_a_comparison_with_the_baseline_holds_exactly_its_documented_fields(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"])
+    board = build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE, "gmm": shifted([0.01, 0.03, 0.02, 0.0, 0.01])}))
+    compared = row(table(board), "gmm")["metrics"]["test/acc"]["vs_baseline"]
+    assert set(compared) == {"diff", "spread", "n_pairs", "p", "p_holm", "mark"} and compared["p_holm"] == pytest.approx(compared["p"])
