@@ -246,10 +246,13 @@ def test_cuda_devices_are_counted_when_cuda_visible_devices_is_unset_and_gpu_wor
     assert worker_pool.default_workers(3) == 6 and worker_pool.default_workers(0) == 2
 
 
-def test_progress_lines_reach_a_piped_log_while_the_bench_still_runs():
+def test_progress_lines_reach_a_piped_log_while_the_bench_still_runs(capsys):
     """bench's output is usually a file or a pipe (nohup, SLURM), where print buffers: each line is flushed."""
     import subprocess
     import sys
+
+    worker_pool.log("[0/9] starting")
+    assert capsys.readouterr().out == "[0/9] starting\n"
 
     code = "from harness.run.worker_pool import log; log('[1/9] ok'); import time; time.sleep(60)"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a batch job's Python would run
@@ -261,3 +264,38 @@ def test_progress_lines_reach_a_piped_log_while_the_bench_still_runs():
     finally:
         process.kill()
         process.wait()
+
+
+class SlowStandIn:
+    """Seed 3 takes 2.5 s; the others finish at once, so the other worker answers while seed 3 still runs."""
+
+    def __init__(self, settings):
+        self.store = RecordStore(settings.runs_dir)
+
+    def run(self, spec_dict):
+        import time
+
+        spec = next(s for s in SPECS if s.seed == spec_dict["seed"])
+        if spec.seed == 3:
+            time.sleep(2.5)  # longer than the 1 s a dead worker is given to finish writing
+        record = Record.ok(spec, {"test/acc": {"value": 0.5, "higher_is_better": True}})
+        self.store.write(record)
+        return record
+
+
+def test_a_busy_worker_is_not_taken_for_dead_while_another_answers(tmp_path, monkeypatch):
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("needs the fork start method")
+    monkeypatch.setattr(worker_pool, "RunWorker", SlowStandIn)
+    executor = LocalExecutor(WorkerOptions(runs_dir=str(tmp_path), data_root=None, cache_dir=None, commit="c", workers=2), gpus=[])
+    executor.ctx = mp.get_context("fork")
+    results = {}
+    executor.run([SPECS[3], SPECS[1], SPECS[2]], lambda spec, summary: results.__setitem__(spec.seed, summary["status"]))
+    assert results == {3: "ok", 1: "ok", 2: "ok"}
+
+
+def test_workers_are_spawned_and_the_gpus_default_to_the_visible_ones(tmp_path, monkeypatch):
+    """spawn, not fork: a forked child of a process that has touched CUDA cannot use it."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    executor = LocalExecutor(WorkerOptions(runs_dir=str(tmp_path), data_root=None, cache_dir=None, workers=2))
+    assert executor.ctx.get_start_method() == "spawn" and executor.slots == [None, None]
