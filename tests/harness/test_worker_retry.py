@@ -202,10 +202,11 @@ class GpuStandIn:
         return record
 
 
-def gpu_executor(tmp_path, monkeypatch, gpus, workers):
+def forked_executor(tmp_path, monkeypatch, gpus, workers, stand_in=GpuStandIn):
+    """A pool whose forked workers run `stand_in` (patched here, inherited by fork), and the GPUs it started workers on."""
     if "fork" not in mp.get_all_start_methods():
         pytest.skip("needs the fork start method")
-    monkeypatch.setattr(worker_pool, "RunWorker", GpuStandIn)
+    monkeypatch.setattr(worker_pool, "RunWorker", stand_in)
     executor = LocalExecutor(WorkerOptions(runs_dir=str(tmp_path), data_root=None, cache_dir=None, commit="c", workers=workers), gpus=gpus)
     executor.ctx = mp.get_context("fork")
     started = []
@@ -215,7 +216,7 @@ def gpu_executor(tmp_path, monkeypatch, gpus, workers):
 
 
 def test_workers_keep_their_gpus_when_replaced_and_a_clean_exit_mid_run_is_a_death(tmp_path, monkeypatch):
-    executor, started = gpu_executor(tmp_path, monkeypatch, ["5", "6"], workers=2)
+    executor, started = forked_executor(tmp_path, monkeypatch, ["5", "6"], workers=2)
     results = {}
     executor.run(SPECS[:4], lambda spec, summary: results.__setitem__(spec.seed, summary))
     # two workers on the two GPUs; seed 0's retires after its device failure and seed 1's exits: each is
@@ -230,7 +231,7 @@ def test_workers_keep_their_gpus_when_replaced_and_a_clean_exit_mid_run_is_a_dea
 
 
 def test_no_more_workers_start_than_there_are_runs(tmp_path, monkeypatch):
-    executor, started = gpu_executor(tmp_path, monkeypatch, [], workers=2)
+    executor, started = forked_executor(tmp_path, monkeypatch, [], workers=2)
     executor.run(SPECS[3:4], lambda spec, summary: None)
     assert started == [None]
 
@@ -284,11 +285,7 @@ class SlowStandIn:
 
 
 def test_a_busy_worker_is_not_taken_for_dead_while_another_answers(tmp_path, monkeypatch):
-    if "fork" not in mp.get_all_start_methods():
-        pytest.skip("needs the fork start method")
-    monkeypatch.setattr(worker_pool, "RunWorker", SlowStandIn)
-    executor = LocalExecutor(WorkerOptions(runs_dir=str(tmp_path), data_root=None, cache_dir=None, commit="c", workers=2), gpus=[])
-    executor.ctx = mp.get_context("fork")
+    executor, _ = forked_executor(tmp_path, monkeypatch, [], workers=2, stand_in=SlowStandIn)
     results = {}
     executor.run([SPECS[3], SPECS[1], SPECS[2]], lambda spec, summary: results.__setitem__(spec.seed, summary["status"]))
     assert results == {3: "ok", 1: "ok", 2: "ok"}

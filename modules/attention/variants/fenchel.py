@@ -400,6 +400,10 @@ class FenchelExactAttention(FenchelAttention):
             outer = (templates_.unsqueeze(-1) * templates_.unsqueeze(-2)).flatten(-2)
             negated_hessian = _negated_hessian_of(work, outer, diagonal)
             cheap_reads = host_reads_are_cheap(exponent_)
+
+            def read_due(round_: int) -> bool:
+                return cheap_reads or round_ % CONVERGENCE_CHECK_EVERY == CONVERGENCE_CHECK_EVERY - 1
+
             for iteration in range(self.config.steps + 1):
                 active = needs_factor.any(-1)
                 if cheap_reads and iteration > 0 and groups.can_restrict_queries and 2 * int(active.sum()) < active.numel():
@@ -429,7 +433,7 @@ class FenchelExactAttention(FenchelAttention):
                 needs_factor = ~converged
                 if iteration == self.config.steps:
                     break
-                if (cheap_reads or iteration % CONVERGENCE_CHECK_EVERY == CONVERGENCE_CHECK_EVERY - 1) and not bool(needs_factor.any()):
+                if read_due(iteration) and not bool(needs_factor.any()):
                     break
                 if cheap_reads:
                     stepping = needs_factor.flatten().nonzero().squeeze(1)
@@ -447,7 +451,7 @@ class FenchelExactAttention(FenchelAttention):
                 for halving in range(MAX_HALVINGS):
                     increase = eta * slope - 0.5 * eta.square() * curvature - _log_mean_exp_centred(work, weights, log_weights, work.per_query(eta) * centred)
                     accepted = converged | (increase >= ARMIJO * eta * slope)
-                    if (cheap_reads or halving % CONVERGENCE_CHECK_EVERY == CONVERGENCE_CHECK_EVERY - 1) and bool(accepted.all()):
+                    if read_due(halving) and bool(accepted.all()):
                         break
                     eta = torch.where(accepted, eta, 0.5 * eta)
                 else:
