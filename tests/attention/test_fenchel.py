@@ -474,3 +474,32 @@ def test_off_the_cpu_the_solver_reads_the_host_every_few_rounds_and_finds_the_sa
     every = fenchel.CONVERGENCE_CHECK_EVERY
     assert on_cpu.iterations <= off_cpu.iterations < on_cpu.iterations + every
     assert reads <= cpu_reads // 2, (reads, cpu_reads)
+
+
+@pytest.mark.parametrize("cheap_reads", [True, False])
+def test_the_unconverged_fraction_reads_the_host_only_when_the_solve_stopped_at_its_cap(cheap_reads, monkeypatch):
+    """A solve that stopped on convergence has read that every pair converged, so the per-forward fraction
+    costs no second read (on a GPU, a second sync per attention call); one stopped at its cap is read."""
+    import inspect
+
+    from modules.attention import groups as groups_module
+    from modules.attention.variants import fenchel
+
+    from ..modules.host_syncs import HostSyncs
+
+    if not cheap_reads:
+        monkeypatch.setattr(fenchel, "host_reads_are_cheap", lambda t: False)
+        monkeypatch.setattr(groups_module, "host_reads_are_cheap", lambda t: False)
+    source, first = inspect.getsourcelines(fenchel.FenchelExactAttention._unconverged_fraction)
+    inside = {f"modules/attention/variants/fenchel.py:{line}" for line in range(first, first + len(source))}
+    p, q, k = hard_problem(2.0)
+
+    def fraction_reads(**config):
+        attn = exact_kernel(1.0, "position", **config).train()
+        with HostSyncs() as syncs:
+            result = attn.normalize(attn.score(q, k, p.dense, scale=SCALE), p.dense, q=q, k=k)
+        return float(result.diagnostics["unconverged"]), sum(n for (_, where), n in syncs.where.items() if where in inside)
+
+    assert fraction_reads() == (0.0, 0)
+    capped, reads = fraction_reads(steps=1, max_unconverged=1.0)
+    assert capped > 0 and reads > 0

@@ -247,6 +247,9 @@ class DualSolution(NamedTuple):
     """Per query and head (bool): the gradient of (13) met the tolerance before the last Newton step."""
     iterations: int
     """Damped Newton steps taken (the most any query needed, up to the cap `steps`)."""
+    seen_all_converged: bool = False
+    """True when the solver's own host read saw every pair converged, so the unconverged fraction is 0
+    without reading `converged` again; False means not seen (a cap reached), not that some pair missed."""
 
 
 # Sufficient-increase constant of the Armijo test: 0.25, within Boyd & Vandenberghe's 0.01-0.3 for Newton's
@@ -368,7 +371,7 @@ class FenchelExactAttention(FenchelAttention):
         prior = groups.softmax(exponent.new_zeros(()).expand_as(exponent) if bias is None else bias.expand_as(exponent))
         mu = groups.aggregate(prior, templates)
         if self.config.steps == 0:
-            return DualSolution(torch.zeros_like(mu), torch.ones(mu.shape[:-1], dtype=torch.bool, device=mu.device), 0)
+            return DualSolution(torch.zeros_like(mu), torch.ones(mu.shape[:-1], dtype=torch.bool, device=mu.device), 0, True)
         d = templates.shape[-1]
         with torch.no_grad():
             exponent_, alpha_ = exponent.detach(), alpha.detach()
@@ -404,6 +407,7 @@ class FenchelExactAttention(FenchelAttention):
             def read_due(round_: int) -> bool:
                 return cheap_reads or round_ % CONVERGENCE_CHECK_EVERY == CONVERGENCE_CHECK_EVERY - 1
 
+            seen_all_converged = False
             for iteration in range(self.config.steps + 1):
                 active = needs_factor.any(-1)
                 if cheap_reads and iteration > 0 and groups.can_restrict_queries and 2 * int(active.sum()) < active.numel():
@@ -434,6 +438,7 @@ class FenchelExactAttention(FenchelAttention):
                 if iteration == self.config.steps:
                     break
                 if read_due(iteration) and not bool(needs_factor.any()):
+                    seen_all_converged = True
                     break
                 if cheap_reads:
                     stepping = needs_factor.flatten().nonzero().squeeze(1)
@@ -462,7 +467,7 @@ class FenchelExactAttention(FenchelAttention):
         weights = groups.softmax(exponent + groups.scores(delta, templates, 1.0))
         gradient = mu - groups.aggregate(weights, templates) - delta / alpha
         delta = delta + torch.cholesky_solve(gradient.unsqueeze(-1), chol).squeeze(-1)
-        return DualSolution(delta, converged, iteration)
+        return DualSolution(delta, converged, iteration, seen_all_converged)
 
     def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
         exponent, bias = self.first_order_logits(logits, groups)
@@ -487,7 +492,10 @@ class FenchelExactAttention(FenchelAttention):
 
     def _unconverged_fraction(self, solution: DualSolution, groups: Groups, exponent: Tensor) -> Tensor:
         """Fraction of (query, head) pairs with keys that missed the tolerance; raises FenchelNotConverged
-        above `max_unconverged`. One host sync per forward, after the solve."""
+        above `max_unconverged`. A host read only when the solve stopped at its cap: a solve that stopped on
+        convergence already read that every pair converged (what a GPU step would otherwise sync for)."""
+        if solution.seen_all_converged:
+            return exponent.new_zeros(())
         with torch.no_grad():
             has_keys = groups.reduce(torch.ones_like(exponent), "sum") > 0
             missed = (~solution.converged & has_keys).sum()
