@@ -5,6 +5,7 @@ as a row of the CSV export, as on the Markdown board."""
 import csv
 import io
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -66,15 +67,16 @@ def test_one_seed_correlations_are_tested_against_zero_and_f1_is_not_tested():
     assert _chance([0.70], TRIVIAL_TEXT, "test/acc", True)["test"] == "binomial"  # accuracies as before
 
 
-def test_committed_glue_quick_marks_correlations_and_explains_f1():
+def test_committed_glue_quick_tests_every_row_against_its_trivial_baseline():
+    """Three seeds per row: correlations, accuracies and F1 alike get the one-sided t-test over seeds."""
     md = (BOARDS / "glue-quick.md").read_text()
-    cola = md[md.index("### glue-cola"):md.index("### glue-mrpc")]
-    mrpc = md[md.index("### glue-mrpc"):md.index("### glue-stsb")]
-    stsb = md[md.index("### glue-stsb"):md.index("### glue-rte")]
-    assert "| — | `softmax` |" in cola and all(("above (" in line or "at chance (" in line)
-                                                  for line in cola.splitlines() if line.startswith("| — | `"))
-    assert all(("above (" in line or "at chance (" in line) for line in stsb.splitlines() if line.startswith("| — | `"))
-    assert "test/f1 of a single seed is not tested against the trivial baseline" in mrpc
+    sections = [s for s in md.split("\n### ") if s.startswith("glue-")]
+    assert sorted(s.split("\n", 1)[0] for s in sections) == ["glue-cola", "glue-mrpc", "glue-rte", "glue-sst2", "glue-stsb"]
+    for section in sections:
+        rows = [line for line in section.splitlines() if re.match(r"\| (\d+|—) \| `", line)]
+        assert len(rows) == 11, section.split("\n", 1)[0]
+        assert all(("above (" in line or "at chance (" in line) and "| 3/3 |" in line for line in rows)
+    assert "is not tested against the trivial baseline" not in md
 
 
 def test_csv_export_has_the_trivial_row_of_each_task_as_the_markdown_board():
@@ -84,4 +86,4 @@ def test_csv_export_has_the_trivial_row_of_each_task_as_the_markdown_board():
     assert float(trivial["glue-mrpc"]["test/f1"]) == pytest.approx(0.812, abs=5e-4)  # the .md shows 81.2
     assert trivial["glue-stsb"]["test/pearson"] == ""  # undefined, as the .md says
     assert trivial["glue-cola"]["attention"].startswith("predictor=the train labels' class prior")
-    assert all(r["key"] == "" for r in trivial.values()) and sum(r["status"] == "ok" for r in rows) == 55
+    assert all(r["key"] == "" for r in trivial.values()) and sum(r["status"] == "ok" for r in rows) == 165
