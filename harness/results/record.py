@@ -73,6 +73,10 @@ class Record(Mapping):
     versions: Mapping[str, str] | None = None
     hardware: Mapping[str, Any] | None = None
     distributed: Mapping[str, Any] | None = None
+    execution: Mapping[str, Any] | None = None
+    """How the run was executed, never what it was, so never part of its key (README, DESIGN notes: identity
+    vs execution): e.g. {"seed_batch": 20} when 20 seeds of one configuration trained as one batched model,
+    the worker count, the world size. Records without it ran alone, one seed per process."""
     unknown: Mapping[str, Any] = field(default_factory=dict)
     """Fields written by other versions of the harness, kept as they are."""
 
