@@ -33,7 +33,7 @@ $(VENV)/.installed: pyproject.toml
 bench: install ## run SUITE (default: quick) and write leaderboards/SUITE.{md,csv}
 	$(BIN)/attnbench bench --suite $(SUITE) $(if $(WORKERS),--workers $(WORKERS))
 
-paper-gat: install ## the GAT paper's setup, 10 seeds (slow: hours on a 2-core CPU)
+paper-gat: install ## the GAT paper's setup and training, 20 seeds (slow: hours on a 2-core CPU)
 	$(BIN)/attnbench bench --suite paper-gat $(if $(WORKERS),--workers $(WORKERS))
 
 perf: install ## forward+backward time of every variant relative to softmax, dense and on Cora

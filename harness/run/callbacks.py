@@ -7,46 +7,48 @@ import sys
 import time
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback, EarlyStopping
+from lightning.pytorch.callbacks import Callback
 
 from modules.tasks import Metric
+from modules.tasks.stopping import StoppingRule
 
 
-def early_stopping(monitor: Metric, patience: int) -> EarlyStopping:
-    return EarlyStopping(monitor.name, patience=patience, mode="max" if monitor.higher_is_better else "min", check_finite=True)
+class KeepBestAndStop(Callback):
+    """A task's stopping rule (modules/tasks/stopping.py) in a lone run: after each validation it feeds the
+    epoch's metrics to the rule, keeps the weights of the epochs the rule saves, asks the Trainer to stop when
+    the rule says, and loads the kept weights when fitting ends. With a MonitorRule it decides as Lightning's
+    EarlyStopping (min_delta 0, check_finite) did together with the in-memory best-weights keeper it replaces.
 
-
-class RestoreBestWeights(Callback):
-    """Keep the best validation epoch's weights in memory and load them when fitting ends.
-
-    Written instead of using ModelCheckpoint because ModelCheckpoint serialises to disk on every
-    improvement, which costs more than a whole epoch of these small full-batch models (measured on
+    The weights are kept in memory rather than with ModelCheckpoint because ModelCheckpoint serialises to disk
+    on every improvement, which costs more than a whole epoch of these small full-batch models (measured on
     Cora: ~9 ms of a ~50 ms epoch); the state here is a few hundred kB copied in memory."""
 
-    def __init__(self, monitor: str, higher_is_better: bool):
-        self.monitor = monitor
-        self.higher_is_better = higher_is_better
+    def __init__(self, rule: StoppingRule, monitor: Metric):
+        self.rule, self.monitor = rule, monitor.name
         self.best_value: float | None = None
+        """The monitor's value at the kept epoch."""
         self.best_epoch: int | None = None
         self.best_metrics: dict[str, float] = {}
-        """Every validation metric logged at the best epoch (e.g. val/acc when the monitor is val/loss)."""
+        """Every validation metric logged at the kept epoch (e.g. val/acc when the monitor is val/loss)."""
         self._state = None
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        if self.monitor not in trainer.callback_metrics:
-            raise KeyError(
-                f"the monitored metric {self.monitor!r} was not logged; logged metrics: {sorted(trainer.callback_metrics)}"
-            )
-        value = float(trainer.callback_metrics[self.monitor])
-        if value != value:  # NaN never counts as an improvement
-            return
-        improved = self.best_value is None or (value > self.best_value if self.higher_is_better else value < self.best_value)
-        if improved:
-            self.best_value, self.best_epoch = value, trainer.current_epoch
-            self.best_metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/") and v.numel() == 1}
+        logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/") and v.numel() == 1}
+        if self.monitor not in logged:
+            raise KeyError(f"the monitored metric {self.monitor!r} was not logged; logged metrics: {sorted(trainer.callback_metrics)}")
+        try:
+            decision = self.rule.update(logged)
+        except KeyError as missing:
+            raise KeyError(f"the stopping rule ({self.rule.description}) needs {missing} but it was not logged; "
+                           f"logged metrics: {sorted(trainer.callback_metrics)}") from None
+        if decision.save:
+            self.best_value, self.best_epoch, self.best_metrics = logged[self.monitor], trainer.current_epoch, logged
             self._state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        # As EarlyStopping: data-parallel ranks see the same synced metrics, and any rank's stop stops all.
+        if trainer.strategy.reduce_boolean_decision(decision.stop, all=False):
+            trainer.should_stop = True
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._state is not None:

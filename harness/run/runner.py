@@ -24,7 +24,7 @@ from harness.plan.spec import RunSpec
 from harness.provenance import git_commit
 from harness.results.record import Record, utc_now
 from harness.run import distributed
-from harness.run.callbacks import EpochTimer, FollowRankZeroPruning, History, RestoreBestWeights, early_stopping, live_progress
+from harness.run.callbacks import EpochTimer, FollowRankZeroPruning, History, KeepBestAndStop, live_progress
 from harness.run.distributed import SINGLE, Distribution
 
 
@@ -236,7 +236,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
             metrics=metrics,
             diagnostics={k: float(v) for k, v in tested.items() if k.startswith("test/attn/")},
             best_epoch=best.best_epoch,
-            best_monitor={"name": task.monitor.name, "value": best.best_value},
+            best_monitor={"name": task.monitor.name, "value": best.best_value, "rule": best.rule.description},
             parameters=sum(p.numel() for p in module.parameters()),
         )
     except Exception as exc:  # noqa: BLE001 - any failure of one run is recorded, the suite goes on
@@ -268,7 +268,7 @@ def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callba
     L.seed_everything(spec.seed, workers=True, verbose=False)
     datamodule, module = task.build(params, spec.attention, data_root=data_root, cache_dir=cache_dir)
     logger = experiment_logger(spec)
-    best = RestoreBestWeights(task.monitor.name, task.monitor.higher_is_better)
+    best = KeepBestAndStop(task.stopping_rule(params), task.monitor)
     trainer = L.Trainer(
         max_epochs=params.max_epochs,
         accelerator="auto",
@@ -281,9 +281,9 @@ def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callba
         enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),  # `run` on a terminal: live_progress
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        # RestoreBestWeights first: it raises when the monitored metric was never logged, before any
+        # KeepBestAndStop first: it raises when the monitored metric was never logged, before any
         # other callback (a pruner) reads it.
-        callbacks=[best, early_stopping(task.monitor, params.patience), *callbacks],
+        callbacks=[best, *callbacks],
     )
     return trainer, datamodule, module, best
 

@@ -12,6 +12,7 @@ from annotated_types import Ge
 from ..validation import validate_fields
 
 from ..registry import Registry
+from .stopping import MonitorRule, StoppingRule
 
 ENTRY_POINT_GROUP = "attnbench.tasks"
 
@@ -45,7 +46,8 @@ class TrainParams:
 
     max_epochs: Annotated[int, Ge(1)] = 1000
     patience: Annotated[int, Ge(0)] = 100
-    """Early stopping on the monitored validation metric; the best epoch's weights are restored."""
+    """Epochs without improvement before training stops, by the task's `stopping_rule` (the monitored
+    validation metric unless the task says otherwise); the kept epoch's weights are restored."""
 
 
 def resolve_kernel_lr_scale(params: TrainParams) -> None:
@@ -71,6 +73,12 @@ class Task:
     def __init__(self, name: str, preset: Mapping[str, Any]):
         self.name = name
         self.preset = dict(preset)
+
+    def stopping_rule(self, params: TrainParams) -> StoppingRule:
+        """A fresh rule per trained model that decides, epoch by epoch, which weights to keep and when to stop.
+        Default: Lightning's EarlyStopping semantics on `monitor`. Every trainer (the lone runner's callback,
+        a seed-batched loop) asks the task for it, so that they all stop by the same decisions."""
+        return MonitorRule(self.monitor.name, self.monitor.higher_is_better, params.patience)
 
     @property
     def primary(self) -> Metric:

@@ -11,6 +11,7 @@ from datamodules.planetoid import PlanetoidDataModule, data_available, load_grap
 
 from ..hosts.gat import GAT
 from ..lit.node_classification import NodeClassificationModule
+from .stopping import GATRule
 from .base import Metric, Task, TrainParams, TrivialBaseline, register_task, resolve_kernel_lr_scale
 
 
@@ -26,6 +27,8 @@ class GATParams(TrainParams):
     weight_decay: Annotated[float, Ge(0)] = 5e-4
     max_epochs: Annotated[int, Ge(1)] = 1000
     patience: Annotated[int, Ge(0)] = 100
+    """GAT's own stopping rule (modules/tasks/stopping.py GATRule): epochs in which neither validation loss
+    nor accuracy reached its best; the kept weights are those of the last epoch at which both did."""
     kernel_lr_scale: Annotated[float | None, Gt(0)] = None
     """Learning-rate multiplier of the attention kernels' own parameter group; None = KERNEL_LR / lr, i.e.
     the kernels train at 1e-2 whatever the host's rate (modules/lit/optimization.py says why)."""
@@ -39,9 +42,15 @@ class GATParams(TrainParams):
 @register_task("pubmed", dataset="pubmed", out_heads=8, lr=0.01, weight_decay=0.001)
 class PlanetoidTask(Task):
     Params = GATParams
-    version = "1"
+    version = "2"
+    """2: early stopping and the kept epoch follow GAT's two-metric rule (GATRule), not val/loss alone."""
     metrics = (Metric("test/acc"), Metric("test/macro_f1"))
     monitor = Metric("val/loss", higher_is_better=False)
+
+    def stopping_rule(self, params: GATParams) -> GATRule:
+        """GAT's execute_cora.py rule, as the paper's training has it; `monitor` (val/loss) stays what tuning
+        optimises and what the record's best_monitor reports at the kept epoch."""
+        return GATRule(params.patience, loss=self.monitor.name, accuracy="val/acc")
 
     def data_problem(self, data_root):
         return data_available(self.preset["dataset"], data_root)

@@ -24,6 +24,8 @@ class Decision:
 
 class StoppingRule(Protocol):
     patience: int
+    description: str
+    """In words, for records and boards: which metrics decide and with what patience."""
 
     def update(self, metrics: Mapping[str, float]) -> Decision:
         """Feed one epoch's validation metrics; returns what to do with this epoch."""
@@ -39,6 +41,10 @@ class MonitorRule:
         self.metric, self.higher_is_better, self.patience = metric, higher_is_better, patience
         self.best: float | None = None
         self.wait = 0
+
+    @property
+    def description(self) -> str:
+        return f"best {self.metric} ({'highest' if self.higher_is_better else 'lowest'}), patience {self.patience}"
 
     def update(self, metrics: Mapping[str, float]) -> Decision:
         value = float(metrics[self.metric])
@@ -62,6 +68,11 @@ class GATRule:
         self.best_accuracy = 0.0
         self.best_loss = math.inf
         self.wait = 0
+
+    @property
+    def description(self) -> str:
+        return (f"GAT's rule: patience {self.patience} on {self.loss_name} and {self.accuracy_name} together; "
+                f"keeps the last epoch at which both were at their best")
 
     def update(self, metrics: Mapping[str, float]) -> Decision:
         loss, accuracy = float(metrics[self.loss_name]), float(metrics[self.accuracy_name])

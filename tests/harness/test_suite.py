@@ -24,7 +24,18 @@ def test_optional_task_without_data_is_skipped_with_reason(shared_data):
     paper = plan(load_suite("paper-gat"), str(shared_data))
     assert "pubmed" in paper.skipped_tasks and "ind.pubmed" in paper.skipped_tasks["pubmed"]
     assert {s.task for s in paper.specs} == {"cora", "citeseer"}
-    assert len({s.seed for s in paper.specs}) == 10
+    assert len({s.seed for s in paper.specs}) == 20
+
+
+def test_paper_gat_trains_as_the_gat_paper_with_pubmeds_own_hyper_parameters():
+    from modules.tasks import get_task
+
+    suite = load_suite("paper-gat")
+    assert suite.params == {"max_epochs": 100000, "patience": 100}
+    pubmed = get_task("pubmed").params(suite.params)
+    assert (pubmed.out_heads, pubmed.lr, pubmed.weight_decay, pubmed.max_epochs) == (8, 0.01, 0.001, 100000)
+    cora = get_task("cora").params(suite.params)
+    assert (cora.out_heads, cora.lr, cora.weight_decay, cora.heads, cora.hidden) == (1, 0.005, 5e-4, 8, 8)
 
 
 def test_keys_depend_on_content_not_on_order(tmp_path):
