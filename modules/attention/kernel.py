@@ -134,6 +134,18 @@ class AttentionKernel(nn.Module):
     needs_values: ClassVar[bool] = False
     """True if the weights depend on the values (gmm's EM value iterations): `forward` then hands
     `normalize` the values as `v=` too."""
+    scalar_knobs: ClassVar[tuple[str, ...]] = ()
+    """Names of the kernel's own nn.Parameter attributes that are scalar knobs: a temperature, an α, a
+    precision, a prior coupling per head, each an O(1) quantity of its own parameterisation. They train in
+    their own group at `kernel_lr_scale` x the host's rate without weight decay (modules/lit/optimization.py
+    says why). Every other kernel parameter (a sub-network: a discriminator, a prior MLP, a bias table)
+    trains with the host's parameters, as the authors' codes train them; so the safe default is none. An
+    attribute that is None or a buffer (a knob the config fixed) is skipped."""
+
+    def scalar_knob_parameters(self) -> list[nn.Parameter]:
+        """The trainable parameters `scalar_knobs` names."""
+        knobs = (getattr(self, name, None) for name in self.scalar_knobs)
+        return [p for p in knobs if isinstance(p, nn.Parameter) and p.requires_grad]
 
     def __init__(self, config: AttentionConfig, shape: HeadShape):
         super().__init__()

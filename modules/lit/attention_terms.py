@@ -1,6 +1,9 @@
 """Turning the AttentionResults of every layer into one weighted aux loss and loggable diagnostics.
 
-Shared by every LightningModule so that each task adds sum_k w_k(step) * aux_k the same way. Every host
+Shared by every LightningModule so that each task adds sum_k mean_l w_k(step) * aux_k,l the same way: each aux
+term averaged over the attention calls that produce it, as both papers' codes do (BAM's GAT code averages its
+KL over layers; alignment attention's trainer averages its adversarial loss over the encoder's layers), so a
+term's strength does not grow with the host's depth. Every host
 hands back a trace: the (kernel, AttentionResult) of each attention call in the order they ran
 (modules/hosts/attention_layers.Trace)."""
 
@@ -23,17 +26,23 @@ class DivergedError(FloatingPointError):
 def weighted_aux_loss(
     results: Sequence[AttentionResult], kernels: Sequence[AttentionKernel], step: int, epoch: int = 0
 ) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """sum over layers and aux terms of weight(step or epoch) * term; also each term's mean over layers (for
-    logging). Each kernel's schedule counts optimiser steps or completed epochs, as its config says."""
-    total: Tensor | None = None
+    """Sum over aux terms of the mean, over the attention calls that return the term, of weight(step or epoch)
+    * term; also each term's unweighted mean over those calls (for logging). Each kernel's schedule counts
+    optimiser steps or completed epochs, as its config says. A call without the term (alignment at a
+    cross-attention site) does not count towards its mean. None when every weight is 0."""
+    weighted: dict[str, list[tuple[float, Tensor]]] = defaultdict(list)
     per_term: dict[str, list[Tensor]] = defaultdict(list)
     for result, kernel in zip(results, kernels, strict=True):
         weights = kernel.loss_weights(step, epoch)
         for name, value in result.aux_losses.items():
             per_term[name].append(value.detach())
-            w = weights.get(name, 0.0)
-            if w:
-                total = w * value if total is None else total + w * value
+            weighted[name].append((weights.get(name, 0.0), value))
+    total: Tensor | None = None
+    for name, terms in weighted.items():
+        if not any(w for w, _ in terms):
+            continue  # no call weighs it: the loss stays the task's alone
+        mean = torch.stack([w * value for w, value in terms]).mean()
+        total = mean if total is None else total + mean
     return total, {f"aux/{k}": torch.stack(v).mean() for k, v in per_term.items()}
 
 

@@ -62,8 +62,9 @@ class CaptionParams(TrainParams):
     max_epochs: Annotated[int, Ge(1)] = 15
     patience: Annotated[int, Ge(0)] = 5
     kernel_lr_scale: Annotated[float | None, Gt(0)] = None
-    """Learning-rate multiplier of the attention kernels' own parameter group; None = KERNEL_LR / lr, i.e.
-    the kernels train at 1e-2 whatever the host's rate (modules/lit/optimization.py says why)."""
+    """Learning-rate multiplier of the attention kernels' scalar knobs (their own parameter group; kernel
+    sub-networks train with the host); None = KERNEL_LR / lr, i.e. the knobs train at 1e-2 whatever the
+    host's rate (modules/lit/optimization.py says why)."""
 
     def __post_init__(self):
         resolve_kernel_lr_scale(self)

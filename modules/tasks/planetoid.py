@@ -30,8 +30,9 @@ class GATParams(TrainParams):
     """GAT's own stopping rule (modules/tasks/stopping.py GATRule): epochs in which neither validation loss
     nor accuracy reached its best; the kept weights are those of the last epoch at which both did."""
     kernel_lr_scale: Annotated[float | None, Gt(0)] = None
-    """Learning-rate multiplier of the attention kernels' own parameter group; None = KERNEL_LR / lr, i.e.
-    the kernels train at 1e-2 whatever the host's rate (modules/lit/optimization.py says why)."""
+    """Learning-rate multiplier of the attention kernels' scalar knobs (their own parameter group; kernel
+    sub-networks train with the host); None = KERNEL_LR / lr, i.e. the knobs train at 1e-2 whatever the
+    host's rate (modules/lit/optimization.py says why)."""
 
     def __post_init__(self):
         resolve_kernel_lr_scale(self)

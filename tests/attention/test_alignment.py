@@ -55,11 +55,13 @@ def test_gradient_reversal_is_identity_forward_and_negates_gradients_exactly():
     assert torch.equal(x.grad, -w)
 
 
-def test_gan_discriminator_descends_while_queries_and_keys_ascend():
+def test_gan_discriminator_descends_while_keys_ascend_and_queries_get_no_adversarial_gradient():
+    """The authors' code detaches the queries: D learns from both clouds, only the keys are pushed to fool it."""
     kern = kernel("align-gan").train()
     q, k = (t.clone().requires_grad_(True) for t in shifted_pair(1.0))
     kern.alignment_loss(clouds(q, k)).backward()
-    reversed_grads = q.grad.clone(), k.grad.clone(), [p.grad.clone() for p in kern.discriminator.parameters()]
+    assert q.grad is None or not q.grad.any()
+    reversed_grads = k.grad.clone(), [p.grad.clone() for p in kern.discriminator.parameters()]
     # The plain discriminator loss, written out without reversal.
     q.grad = k.grad = None
     kern.zero_grad()
@@ -70,10 +72,35 @@ def test_gan_discriminator_descends_while_queries_and_keys_ascend():
         + F.binary_cross_entropy_with_logits(logit_q, torch.zeros_like(logit_q))
     )
     plain.backward()
-    torch.testing.assert_close(reversed_grads[0], -q.grad)
-    torch.testing.assert_close(reversed_grads[1], -k.grad)
-    for reversed_p, p in zip(reversed_grads[2], kern.discriminator.parameters()):
+    assert q.grad.abs().sum() > 0  # without the detach the queries would have had a gradient
+    assert k.grad.abs().sum() > 0
+    torch.testing.assert_close(reversed_grads[0], -k.grad)
+    for reversed_p, p in zip(reversed_grads[1], kern.discriminator.parameters()):
+        assert p.grad.abs().sum() > 0
         torch.testing.assert_close(reversed_p, p.grad)
+
+
+def test_gan_papers_form_moves_the_queries_too_when_asked():
+    """detach_queries=False: eq. 2 as written, the reversed gradient reaches both clouds."""
+    kern = kernel("align-gan", detach_queries=False).train()
+    q, k = (t.clone().requires_grad_(True) for t in shifted_pair(1.0))
+    kern.alignment_loss(clouds(q, k)).backward()
+    reversed_q = q.grad.clone()
+    q.grad = None
+    logit_q = kern.discriminator(q).squeeze(-1)
+    (0.5 * F.binary_cross_entropy_with_logits(logit_q, torch.zeros_like(logit_q))).backward()
+    torch.testing.assert_close(reversed_q, -q.grad)
+
+
+def test_gan_query_projection_gets_no_adversarial_gradient_through_a_host_layer():
+    """End to end through the kernel's forward: the aux loss moves the keys' inputs, never the queries'."""
+    p = make_problem()
+    kern = kernel("align-gan", heads=p.q.shape[1], dim=p.q.shape[-1]).train()
+    q, k, v = (t.clone().requires_grad_(True) for t in (p.q, p.k, p.v))
+    _, result = kern(q, k, v, p.dense)
+    result.aux_losses["align"].backward()
+    assert q.grad is None or not q.grad.any()
+    assert k.grad is not None and k.grad.abs().sum() > 0
 
 
 def test_ct_critic_ascends_while_navigator_and_points_descend():

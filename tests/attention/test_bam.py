@@ -326,3 +326,52 @@ def test_describe_defaults_shows_the_gat_and_glue_values_per_host():
     assert kern.config.to_dict() == graph
     for name in list_attentions():
         assert set(describe_defaults(name)) == set(REPRESENTATIVE_SITES), name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_graph_prior_is_one_softmax_over_all_nodes_shared_by_every_query(name):
+    """The authors' GAT prior (GAT/utils/layers.py): pi = softmax over all N nodes of F(k_j), one weight per
+    node, the same for every query that has j as a key and not renormalised per neighbourhood; the KL is the
+    mean over the edges of the per-pair closed form with that prior."""
+    p = make_problem()
+    torch.manual_seed(0)
+    ker = build_attention({"name": name}, num_heads=HEADS, head_dim=DIM, site=GAT_HOST).double().eval()
+    assert (ker.config.prior, ker.config.prior_scope) == ("contextual", "nodes")
+    q, k, groups = p.nodes(p.q), p.nodes(p.k), p.segment
+    pi, log_pi = ker.prior_over_keys(k, groups)  # per edge [E, H]
+    torch.testing.assert_close(log_pi.exp(), pi)
+    nodes = k.shape[0]
+    per_node = torch.zeros(nodes, HEADS, dtype=pi.dtype).index_reduce_(0, groups.src, pi, "amax", include_self=False)
+    # shared by queries: every edge out of key j carries the same value
+    torch.testing.assert_close(pi, per_node.index_select(0, groups.src))
+    keys = torch.zeros(nodes, dtype=torch.bool).index_fill_(0, groups.src, True)
+    torch.testing.assert_close(per_node[keys].sum(0), torch.ones(HEADS, dtype=pi.dtype))  # sums to 1 over the nodes
+    per_query = torch.zeros(nodes, HEADS, dtype=pi.dtype).index_add_(0, groups.dst, pi)
+    assert (per_query[groups.dst.unique()] < 0.99).all()  # not renormalised per neighbourhood
+    with torch.no_grad():
+        reference = torch.softmax(ker.key_prior(k)[keys], dim=0)  # independent: one softmax over the key nodes
+    torch.testing.assert_close(per_node[keys], reference)
+
+    result = ker.normalize(ker.score(q, k, groups, scale=SCALE), groups, q=q, k=k)
+    w = result.weights
+    c = ker.config
+    if name == "bam-weibull":
+        per_pair = weibull_gamma_kl(c.k, w / math.gamma(1 + 1 / c.k), c.beta * pi, c.beta)
+    else:
+        posterior = torch.distributions.LogNormal(w.log() - c.sigma**2 / 2, c.sigma)
+        per_pair = torch.distributions.kl_divergence(posterior, torch.distributions.LogNormal(log_pi, c.prior_sigma))
+    torch.testing.assert_close(result.aux_losses["kl"], per_pair.mean(), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_neighbourhood_prior_stays_an_option_and_nodes_is_refused_off_graphs(name):
+    p = make_problem()
+    torch.manual_seed(0)
+    ker = build_attention({"name": name, "prior_scope": "neighbourhood"}, num_heads=HEADS, head_dim=DIM, site=GAT_HOST).double()
+    pi, _ = ker.prior_over_keys(p.nodes(p.k), p.segment)
+    per_query = torch.zeros(p.nodes(p.k).shape[0], HEADS, dtype=pi.dtype).index_add_(0, p.segment.dst, pi)
+    torch.testing.assert_close(per_query[p.segment.dst.unique()], torch.ones_like(per_query[p.segment.dst.unique()]))
+    with pytest.raises(ValueError, match="prior_scope='neighbourhood'"):
+        build_attention({"name": name, "prior": "contextual", "prior_scope": "nodes"}, num_heads=HEADS, head_dim=DIM, site=GLUE_HOST)
+    with pytest.raises(ValueError, match="prior_scope must be one of"):
+        build_attention({"name": name, "prior_scope": "graph"}, num_heads=HEADS, head_dim=DIM, site=GAT_HOST)

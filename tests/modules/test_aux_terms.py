@@ -1,5 +1,5 @@
-"""The aux-loss bookkeeping every LightningModule shares (modules/lit/attention_terms.py), unit by unit: the
-weighted sum over layers with each kernel's step or epoch schedule, the logged means, diagnostics, the
+"""The aux-loss bookkeeping every LightningModule shares (modules/lit/attention_terms.py), unit by unit: each
+weighted term averaged over the layers that produce it, with each kernel's step or epoch schedule, the logged means, diagnostics, the
 divergence check and Monte-Carlo sampling mode. test_training_loss.py checks the same sum end to end through
 every host's training_step; this file is the fast one that mutation testing runs."""
 
@@ -14,16 +14,30 @@ from modules.lit.attention_terms import trace_aux_loss, weighted_aux_loss
 from .test_training_loss import KnownAuxAttention, KnownAuxByEpochAttention, KnownAuxByEpochConfig, KnownAuxConfig, _shape
 
 
-def test_weighted_aux_loss_sums_weight_times_term_over_layers_and_logs_unweighted_means():
+def test_weighted_aux_loss_averages_weight_times_term_over_layers_and_logs_unweighted_means():
     first, second = (KnownAuxAttention(KnownAuxConfig(weight=w), _shape()) for w in (0.5, 2.0))
     results = [AttentionResult(None, {"known": torch.tensor(1.5), "unweighted": torch.tensor(4.0)}),
                AttentionResult(None, {"known": torch.tensor(-0.25), "unweighted": torch.tensor(8.0)})]
     total, logs = weighted_aux_loss(results, [first, second], step=1)
-    assert total.item() == pytest.approx(0.5 * 2 * 1.5 + 2.0 * 2 * -0.25)
+    assert total.item() == pytest.approx((0.5 * 2 * 1.5 + 2.0 * 2 * -0.25) / 2)
     assert {k: v.item() for k, v in logs.items()} == {"aux/known": pytest.approx(0.625), "aux/unweighted": 6.0}
     assert trace_aux_loss([], step=0) == (None, {})
     none, logs = weighted_aux_loss(results[:1], [KnownAuxAttention(KnownAuxConfig(weight=0.0), _shape())], step=0)
     assert none is None and logs["aux/known"].item() == 1.5
+
+
+def test_a_term_is_averaged_only_over_the_layers_that_produce_it_and_terms_add_up():
+    """Alignment's term exists at self-attention sites only: a cross-attention call without it must not dilute
+    its mean; two different terms (a KL and an alignment term) are added, each at its own mean."""
+    kernels = [KnownAuxAttention(KnownAuxConfig(weight=1.0), _shape()) for _ in range(3)]
+    results = [AttentionResult(None, {"known": torch.tensor(2.0), "other": torch.tensor(10.0)}),
+               AttentionResult(None, {}),
+               AttentionResult(None, {"known": torch.tensor(4.0)})]
+    total, logs = weighted_aux_loss(results, kernels, step=0)
+    assert total.item() == pytest.approx((2.0 + 4.0) / 2 + 0.0)  # "other" has no weight in KnownAuxConfig
+    assert logs["aux/known"].item() == 3.0 and logs["aux/other"].item() == 10.0
+    deeper, _ = weighted_aux_loss(results * 4, kernels * 4, step=0)
+    assert deeper.item() == pytest.approx(total.item())  # a deeper host with the same per-layer terms: same loss
 
 
 def test_an_epoch_schedule_reads_the_epoch_and_refuses_to_guess_it():
@@ -102,12 +116,12 @@ def test_trace_aux_loss_weights_each_call_by_its_kernels_step_or_epoch_schedule(
     trace = [(by_step, AttentionResult(None, {"known": torch.tensor(2.0)})),
              (by_epoch, AttentionResult(None, {"known": torch.tensor(3.0)}))]
     total, logs = trace_aux_loss(trace, step=3, epoch=5)
-    assert total.item() == (1 + 3) * 2.0 + (1 + 5) * 3.0
+    assert total.item() == ((1 + 3) * 2.0 + (1 + 5) * 3.0) / 2
     assert {k: v.item() for k, v in logs.items()} == {"aux/known": 2.5}
     total, _ = trace_aux_loss(trace, step=3)
-    assert total.item() == (1 + 3) * 2.0 + (1 + 0) * 3.0
+    assert total.item() == ((1 + 3) * 2.0 + (1 + 0) * 3.0) / 2
     total, _ = weighted_aux_loss([result for _, result in trace], [by_step, by_epoch], step=3)
-    assert total.item() == (1 + 3) * 2.0 + (1 + 0) * 3.0
+    assert total.item() == ((1 + 3) * 2.0 + (1 + 0) * 3.0) / 2
 
 
 def test_results_and_kernels_of_unequal_length_are_refused():

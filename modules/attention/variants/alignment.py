@@ -6,7 +6,9 @@ keys within each head and each sample (p_Q = 1/w Σ δ_{q_i}, p_K = 1/w Σ δ_{k
 
 - `align-gan` (sec. 2.3.1, eq. 2): a discriminator D (highway network, then a two-layer MLP with leaky ReLU and
   a sigmoid) tells keys (label 1) from queries (label 0). The aux loss is D's binary cross-entropy on inputs
-  that went through a gradient reversal layer, so one minimisation trains D and pushes Q/K to fool it.
+  that went through a gradient reversal layer, so one minimisation trains D and pushes the keys to fool it.
+  The paper's eq. 2 moves both clouds; the authors' code detaches the queries, so only the keys receive the
+  adversarial gradient: attnbench follows the code (version 3).
 - `align-ot` (sec. 2.3.2, eq. 3): entropic optimal transport between p_Q and p_K solved by batched Sinkhorn
   iterations with ε = 0.01 and cost 1 − cos(q, k) (bounded, so ε means the same at any q/k scale); loss
   <π_ε, C>, differentiated with the plan held fixed.
@@ -25,12 +27,14 @@ Point clouds: on DenseGroups one cloud per sample and head (the valid query toke
 SegmentGroups (graphs) one cloud per head over the batch graph's nodes. Clouds larger than `max_points` are
 subsampled (random in training, evenly spaced in eval) so the regulariser's cost is capped. The per-cloud losses
 are averaged over samples and heads (the authors' code averages; the paper writes a sum over heads, which only
-rescales λ). The networks (discriminator, critic, navigator) act on head_dim-sized points and are shared by all
+rescales λ), and over the layers that compute them (modules/lit/attention_terms.py; the authors' trainer
+averages over the encoder's layers). The networks (discriminator, critic, navigator) act on head_dim-sized points and are shared by all
 heads of a layer, as the paper does for the discriminator.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
@@ -228,7 +232,8 @@ class AlignmentConfig(AttentionConfig):
         return {"weight": trial.suggest_float("weight", 1e-3, 1.0, log=True)}
 
 
-# Unweighted ‖∇ L_Align‖ / ‖∇ task loss‖ over the host's own parameters, summed over layers as the hosts do,
+# Unweighted ‖∇ L_Align‖ / ‖∇ task loss‖ over the host's own parameters, summed over layers as the hosts did up to
+# version 2 (they now average: divide by the layer count),
 # steps 0-20 of real training (glue-rte 640 examples, 128 tokens; Cora full graph), measured for λ below:
 #                 scratch text (2 layers)   MiniLM (6 layers)   Cora GAT (2 layers)
 #   align-gan     0.07-0.10                  0.38-0.40           0.24-0.28
@@ -242,9 +247,14 @@ class GANAlignmentConfig(AlignmentConfig):
     """λ: the authors' published value, converted. run_glue_albert_mnil.sh (szhang42/alignment_attention) runs
     --adver_type gan --att_kl 0.01, and their trainer adds att_kl * L to the loss with L = BCE(real) + BCE(fake)
     (modeling_albert.py: d_loss = d_loss_real + d_loss_fake), twice our mean of the two: 0.02 here. Their L is
-    averaged over layers while the hosts here sum the aux losses over layers, so on an L-layer host this is L
-    times their per-layer strength. At 0.02 the alignment gradient is 0.1-0.2% of the task's on scratch text,
-    0.8% on MiniLM and 0.5% on Cora (table above): the published regulariser is a light one."""
+    averaged over layers, as the hosts here average the aux losses (version 3; version 2 summed them, L times
+    their strength on an L-layer host). At 0.02, summed over layers as measured, the alignment gradient was
+    0.1-0.2% of the task's on scratch text, 0.8% on MiniLM and 0.5% on Cora (table above); averaged, it is that
+    divided by the number of layers: the published regulariser is a light one."""
+    detach_queries: bool = True
+    """Only the keys receive the adversarial gradient: the authors' code (szhang42/alignment_attention) detaches
+    the queries before the discriminator, which still learns from both clouds. False: eq. 2 of the paper as
+    written, where the reversed gradient moves queries and keys alike."""
 
 
 @dataclass(frozen=True)
@@ -307,8 +317,11 @@ class AlignmentAttention(AttentionKernel):
     """Softmax attention plus a query/key distribution-matching regulariser (base of the align-* variants)."""
 
     Config: ClassVar[type[AttentionConfig]] = AlignmentConfig
-    version: ClassVar[str] = "2"
-    """2: regulariser at self-attention sites only; align-ct's navigator on the unit sphere; λ per variant;
+    version: ClassVar[str] = "3"
+    """3: the aux loss is averaged over the layers (was summed); the discriminator, critic and navigator train
+    at the host's learning rate with its weight decay (were at the kernels' 1e-2, undecayed); align-gan's queries
+    get no adversarial gradient (the authors' code).
+    2: regulariser at self-attention sites only; align-ct's navigator on the unit sphere; λ per variant;
     padded query rows are read from the groups (cross-attention from padded caption tokens no longer counts
     them) and Sinkhorn starts on the keys' support (1 let zero-mass padded keys into its first step)."""
     softmax_limit: ClassVar[dict[str, Any]] = {"weight": 0.0}
@@ -362,6 +375,8 @@ class GANAlignmentAttention(AlignmentAttention):
         self.discriminator = highway_mlp(shape.head_dim, config.hidden, 1)
 
     def alignment_loss(self, clouds: PointClouds) -> Tensor:
+        if self.config.detach_queries:
+            clouds = dataclasses.replace(clouds, q=clouds.q.detach())
         logits = self.discriminator(reverse_gradient(_joined(clouds))).squeeze(-1)
         query_logits, key_logits = logits.split([clouds.q.shape[-2], clouds.k.shape[-2]], dim=-1)
         key_bce = F.binary_cross_entropy_with_logits(key_logits, torch.ones_like(key_logits), reduction="none")

@@ -15,13 +15,21 @@ Aux loss "kl": KL(q(S) || p(S)) per (query, key) pair in closed form, averaged o
 Weibull || Gamma(shape alpha, rate beta) (Property 3.2), Lognormal || Lognormal(mu0, sigma0^2) (Property 3.1).
 Priors (`prior`): "fixed" = constant alpha, beta (resp. mu0 = prior_mu, sigma0 = prior_sigma; the authors'
 att_prior_type 'constant'); "contextual" (the paper's BAM-WC / BAM-LC) = a per-head MLP F of each key gives a
-prior distribution over the keys pi = softmax_group(F(k_j)); Weibull prior Gamma(beta * pi_j, beta) (prior
-mean pi_j, as in the authors' code), Lognormal prior mu0 = log pi_j.
+prior distribution over the keys pi = softmax(F(k_j)); Weibull prior Gamma(beta * pi_j, beta) (prior mean pi_j,
+as in the authors' code), Lognormal prior mu0 = log pi_j. Where the softmax runs (`prior_scope`): over all N
+nodes on graphs, one weight per node shared by every query and not renormalised per neighbourhood, with only
+the KL restricted to the edges (the authors' GAT/utils/layers.py: softmax(dot_gamma, axis=-1) over the N
+nodes, KL masked by bias_mat); over each query's keys elsewhere (on a key-padded sequence every query's keys
+are all the sequence's keys, so the two agree there).
 
 Per-host defaults (`BAMConfig.site_defaults`; each field's docstring names its script and flag): the authors
 ran two recipes, and they differ enough that one set of defaults cannot serve both hosts.
-- 'graph' (GAT/execute_cora.py): k = 1000, alpha = beta = 1, sigma = sigma0 = 1, contextual prior, KL weight
-  kl_weight * sigmoid(epoch * kl_anneal_rate) counted in epochs from 0 (so half weight in the first epoch).
+- 'graph' (GAT/execute_cora.py): k = 1000, alpha = beta = 1, sigma = sigma0 = 1, KL weight
+  kl_weight * sigmoid(epoch * kl_anneal_rate) counted in epochs from 0 (so half weight in the first epoch);
+  two choices where the script's defaults and the paper differ: the contextual prior over all nodes (the
+  paper's BAM-WC; the script defaults to a constant Gamma(1, 1) prior) and kl_weight 1 (the script's default
+  0 switches the KL, and with it any prior, off). The script trains 400 epochs with GAT's patience 100; here
+  every variant gets the task's budget (paper-gat: GAT's rule), so that the comparison with softmax is paired.
 - every other host (transformers-master/examples/run_glue_albert_mrpc.sh): k = 10, alpha = beta = 1e-4,
   sigma = 1e-4, sigma0 = 100, fixed prior, KL weight att_kl = 1 from the first step (their trainer.py has the
   sigmoid commented out; kl_anneal_rate is unused there). The tiny Gamma(1e-4, 1e-4) prior makes the KL's pull
@@ -56,6 +64,7 @@ from ..registry import register_attention
 
 EULER_GAMMA = 0.5772156649015329
 PRIORS = ("fixed", "contextual")
+PRIOR_SCOPES = ("nodes", "neighbourhood")
 
 
 # ---- closed forms and samplers (public: the tests check them against scipy) -------------------------
@@ -126,6 +135,7 @@ KL_SCHEDULES = ("sigmoid", "constant")
 
 GAT_SCRIPT = {
     "prior": "contextual",
+    "prior_scope": "nodes",
     "kl_schedule": "sigmoid",
     "k": 1000.0,
     "alpha": 1.0,
@@ -135,6 +145,7 @@ GAT_SCRIPT = {
 }
 GLUE_SCRIPT = {
     "prior": "fixed",
+    "prior_scope": "neighbourhood",
     "kl_schedule": "constant",
     "k": 10.0,
     "alpha": 1e-4,
@@ -160,13 +171,25 @@ class BAMConfig(AttentionConfig):
     prior: str | None = None
     """"fixed" (constant prior parameters) or "contextual" (prior over keys from an MLP of the keys).
     Graph: "contextual", the paper's BAM-WC / BAM-LC as implemented in GAT/utils/layers.py
-    (att_prior_type == 'contextual'); note that execute_cora.py's argparse default is 'constant'.
+    (att_prior_type == 'contextual'): a choice, since execute_cora.py's argparse default is 'constant'
+    (a fixed Gamma(1, 1)); the paper's graph results are for the contextual prior.
     Other hosts: "fixed" (run_glue_albert_mrpc.sh: --att_prior_type constant)."""
+    prior_scope: str | None = None
+    """Where the contextual prior's softmax runs. "nodes": over every key node of the graph, one weight per
+    node shared by every query and not renormalised per neighbourhood; only the KL is restricted to the edges
+    (the authors' GAT/utils/layers.py: softmax(dot_gamma, axis=-1) over all N nodes). Graph sites only: a
+    batch of several graphs would share one softmax (GAT's transductive tasks have one graph). Default on
+    'graph'. "neighbourhood": over each query's keys (attnbench's version-2 graph form, kept as an option);
+    default elsewhere, where on a key-padded sequence it is the same thing as the authors' softmax over the
+    sequence's keys (modeling_albert.py)."""
     prior_hidden: Annotated[int, Ge(1)] = 10
     """Hidden width of the contextual prior's per-head MLP (both scripts: att_se_hid_size = 10)."""
     kl_weight: Annotated[float, Ge(0)] = 1.0
-    """Weight of the KL term once annealed (run_glue_albert_mrpc.sh: --att_kl 1). execute_cora.py's argparse
-    default att_kl = 0 switches the KL off, so the repository publishes no graph value; 1 is used on every host."""
+    """Weight of the KL term once annealed (run_glue_albert_mrpc.sh: --att_kl 1). A choice on graphs:
+    execute_cora.py's argparse default att_kl = 0 switches the KL off (and with it the prior: BAM is then
+    softmax with Weibull noise of 0.1% at k = 1000), so the repository publishes no graph value; 1 is used on
+    every host. The KL is averaged over the attention layers and heads (execute_cora.py: add_n(kl_list) /
+    len(kl_list)); the paper's objective (eq. 3.5) sums it over layers."""
     kl_schedule: str | None = None
     """How the KL weight moves. "sigmoid": kl_weight * sigmoid(anneal_rate * (epoch - anneal_midpoint))
     (execute_cora.py: exp(epoch_num * kl_anneal_rate) / (1 + exp(...)) * KL with epoch_num from 0; the
@@ -183,6 +206,8 @@ class BAMConfig(AttentionConfig):
     def __post_init__(self):
         if self.prior is not None and self.prior not in PRIORS:
             raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
+        if self.prior_scope is not None and self.prior_scope not in PRIOR_SCOPES:
+            raise ValueError(f"prior_scope must be one of {PRIOR_SCOPES}, got {self.prior_scope!r}")
         if self.kl_schedule is not None and self.kl_schedule not in KL_SCHEDULES:
             raise ValueError(f"kl_schedule must be one of {KL_SCHEDULES}, got {self.kl_schedule!r}")
         if self.mc_samples < 1:
@@ -299,8 +324,11 @@ class BayesianAttention(AttentionKernel):
     """Shared machinery of the BAM kernels; subclasses give the distribution (sampler and KL)."""
 
     Config: ClassVar[type[AttentionConfig]] = BAMConfig
-    version: ClassVar[str] = "2"
-    """2: per-host paper defaults (GAT vs GLUE script), KL schedule per epoch from the authors' code; the KL
+    version: ClassVar[str] = "3"
+    """3: on graphs the contextual prior is a softmax over all nodes (the authors' GAT code; was per
+    neighbourhood, now `prior_scope='neighbourhood'`); the prior MLP trains at the host's learning rate with
+    its weight decay (was the kernels' 1e-2, undecayed); the KL is averaged over layers (was summed).
+    2: per-host paper defaults (GAT vs GLUE script), KL schedule per epoch from the authors' code; the KL
     and the sampling diagnostic average over the pairs of valid queries only (1 counted padded query rows, so a
     batch's padding moved the KL)."""
     stochastic: ClassVar[bool] = True
@@ -311,6 +339,10 @@ class BayesianAttention(AttentionKernel):
         self.key_prior = (
             KeyPrior(shape.num_heads, shape.head_dim, self.config.prior_hidden) if self.config.prior == "contextual" else None
         )
+        if self.key_prior is not None and self.config.prior_scope == "nodes" and shape.site.host != "graph":
+            raise ValueError(f"{self.name}: prior_scope='nodes' is the authors' graph form (one softmax over a graph's "
+                             f"nodes); at a {shape.site.host!r} site use prior_scope='neighbourhood' (on a key-padded "
+                             f"sequence it is the softmax over the sequence's keys)")
 
     # distribution-specific
     def rsample(self, mean: Tensor) -> Tensor:
@@ -322,8 +354,23 @@ class BayesianAttention(AttentionKernel):
         raise NotImplementedError
 
     def prior_over_keys(self, k: Tensor, groups: Groups) -> tuple[Tensor, Tensor]:
-        """pi_j = softmax over the group of F(k_j), and log pi_j, in (broadcastable) logits layout."""
-        return groups.softmax_and_log(groups.per_key(groups.map_keys(self.key_prior, k)))
+        """pi_j and log pi_j in (broadcastable) logits layout: softmax of F(k_j) over each query's keys
+        ("neighbourhood"), or over every key node ("nodes"), then read per edge."""
+        key_logits = groups.map_keys(self.key_prior, k)
+        if self.config.prior_scope == "neighbourhood":
+            return groups.softmax_and_log(groups.per_key(key_logits))
+        log_pi = self.node_log_prior(key_logits, groups, k)
+        return groups.per_key(log_pi.exp()), groups.per_key(log_pi)
+
+    def node_log_prior(self, key_logits: Tensor, groups: Groups, k: Tensor) -> Tensor:
+        """log pi over the graph's key nodes [Nk, H] (node layout, graph sites only): one log-softmax over the
+        nodes per head. Nodes that are no edge's key (isolated or padding nodes) are left out of it, so that
+        padding a graph leaves its prior unchanged; on Cora every node has a self-loop, so this is the
+        authors' softmax over all N nodes."""
+        _, _, _, key_seen = groups.query_and_key_sets(k, k)  # [H, Nk] or None (every node is a key)
+        if key_seen is not None:
+            key_logits = key_logits.masked_fill(~key_seen.transpose(0, 1), float("-inf"))
+        return key_logits.log_softmax(0).nan_to_num(neginf=0.0)
 
     def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
         # Sampler and KL in float32 at least: bf16 noise has 8 bits (86% of Weibull samples at k = 1000

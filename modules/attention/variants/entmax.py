@@ -195,6 +195,8 @@ class EntmaxAttention(AttentionKernel):
     """α-entmax: Tsallis-regularised sparse attention with exact zeros (learned α per head for `entmax`)."""
 
     Config = EntmaxConfig
+    scalar_knobs = ("alpha_logit",)
+    """The learned α per head."""
     softmax_limit = {"alpha": 1.0001}
     """α → 1: p_i ∝ [1 + (α-1)(z_i - τ')]_+^{1/(α-1)} → exp(z_i - τ'), a relative error of about
     (α-1) z²/2, i.e. ~1e-4 for the contract test's logits."""

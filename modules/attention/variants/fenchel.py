@@ -145,9 +145,13 @@ class FenchelAttention(AttentionKernel):
     """Fenchel-dual attention, eq. 22: softmax of α·logits + log u with a learned preference prior u."""
 
     Config = FenchelConfig
-    version: ClassVar[str] = "2"
-    """2: the position prior only at sequence self-attention sites (1 put it on every dense layout:
+    version: ClassVar[str] = "3"
+    """3: the position-bias table trains with the host (its learning rate and weight decay), as a sub-network;
+    log α and the degree coupling stay scalar knobs at the kernels' rate (were all at 1e-2, undecayed).
+    2: the position prior only at sequence self-attention sites (1 put it on every dense layout:
     image grids, cross-attention, pooling)."""
+    scalar_knobs = ("log_alpha", "degree_weight")
+    """The reliability α and the degree prior's coupling; the position-bias table is a sub-network (host rate)."""
     softmax_limit: ClassVar[dict[str, Any]] = {"prior": "uniform", "alpha": 1.0, "learn_alpha": False}
 
     def __init__(self, config: FenchelConfig, shape: HeadShape):
@@ -341,7 +345,8 @@ class FenchelExactAttention(FenchelAttention):
     # to a third of the queries unconverged at α = 1 on logits of std 4).
     # Version 4: Armijo constant 0.25 instead of 1e-4 (see ARMIJO): same solution, reached without the 2-cycles
     # that left an easy-vqa run unconverged.
-    version: ClassVar[str] = "4"
+    # Version 5: the position-bias table trains with the host (FenchelAttention version 3).
+    version: ClassVar[str] = "5"
     softmax_limit: ClassVar[dict[str, Any]] = {"prior": "uniform", "alpha": 1.0, "learn_alpha": False, "steps": 0}
 
     def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:

@@ -130,6 +130,8 @@ class GaussianMixtureAttention(AttentionKernel):
     Config = GMMConfig
     version = "2"
     """2: adaptation (γ, η) and the diagnostics sum over valid queries only (1 counted padded query rows)."""
+    scalar_knobs = ("log_alpha", "log_beta", "coupling", "offset")
+    """Precisions α and β, the prior coupling and the key offset."""
     needs_values = True
     softmax_limit = {
         "alpha_init": None,
