@@ -23,6 +23,7 @@ def test_builtin_suites_load_and_plan(shared_data):
 def test_optional_task_without_data_is_skipped_with_reason(shared_data):
     paper = plan(load_suite("paper-gat"), str(shared_data))
     assert "pubmed" in paper.skipped_tasks and "ind.pubmed" in paper.skipped_tasks["pubmed"]
+    assert "Boards list pubmed as skipped until its files are there" in paper.skipped_tasks["pubmed"]
     assert {s.task for s in paper.specs} == {"cora", "citeseer"}
     assert len({s.seed for s in paper.specs}) == 20
 
