@@ -42,8 +42,12 @@ def dropout(x: Tensor, p: float, training: bool, generator: torch.Generator | No
     its own seed alone, the same whether it trains alone or in a seed batch (harness/run/seed_batch.py)."""
     if not training or p == 0.0:
         return x
-    keep = torch.empty_like(x).bernoulli_(1 - p, generator=generator)
-    return x * keep.div_(1 - p)
+    return x * dropout_mask(x, p, generator)
+
+
+def dropout_mask(like: Tensor, p: float, generator: torch.Generator | None) -> Tensor:
+    """Kept entries 1/(1-p), dropped 0, drawn from `generator`."""
+    return torch.empty_like(like).bernoulli_(1 - p, generator=generator).div_(1 - p)
 
 
 def sparse_dropout(x: Tensor, p: float, training: bool, generator: torch.Generator | None = None) -> Tensor:

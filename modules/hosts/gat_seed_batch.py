@@ -28,10 +28,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import SegmentGroups
-from .gat import GAT, dropout
+from .gat import GAT, dropout_mask
 
 HOST_PARAMETERS = ("weight", "att_src", "att_dst", "bias")
 """A GATLayer's own parameters; its kernel's stay in the kernel module."""
+
+
+def seed_dropout(x: Tensor, p: float, training: bool, generators: Sequence[torch.Generator | None]) -> Tensor:
+    """Dropout of [S, ...] with seed s's mask drawn from generators[s], the mask `gat.dropout` draws for x[s]
+    alone; the masks are stacked and applied in one product."""
+    if not training or p == 0.0:
+        return x
+    keep = torch.stack([dropout_mask(x[s], p, g) for s, g in enumerate(generators)])
+    return x * keep
 
 
 class SeedBatchedGAT(nn.Module):
@@ -63,22 +72,24 @@ class SeedBatchedGAT(nn.Module):
             if i == 0:
                 h = self._first_product(x, p["weight"], gens)
             else:
-                x = torch.stack([dropout(x[s], self.dropout, self.training, gens[s]) for s in range(self.seeds)])
-                h = torch.bmm(x, p["weight"])
+                h = torch.bmm(seed_dropout(x, self.dropout, self.training, gens), p["weight"])
             h = h.view(self.seeds, -1, heads, out_dim)  # [S, N, H, D]
             queries, keys = h * p["att_dst"], h * p["att_src"]
             num_nodes = h.shape[1]
             fold = lambda t: t.permute(1, 0, 2).reshape(num_nodes, self.seeds * heads)  # noqa: E731 - [S,N,H] -> [N,S·H]
             logits = F.leaky_relu(groups.per_key(fold(keys.sum(-1))) + groups.per_query(fold(queries.sum(-1))), slope)
             weights = []
-            for s, kernel in enumerate(self.kernels[i]):
+            # split/unbind, not indexing per seed: an indexed slice's backward writes a zero tensor of the
+            # whole batch per seed (S^2 work), split's concatenates once.
+            for s, (kernel, seed_logits, q, k) in enumerate(zip(self.kernels[i], logits.split(heads, dim=1), queries.unbind(0), keys.unbind(0))):
                 kernel.noise_generator = gens[s]
-                result = kernel.normalize(logits[:, s * heads:(s + 1) * heads], groups, q=queries[s], k=keys[s])
+                result = kernel.normalize(seed_logits, groups, q=q, k=k)
                 if traces is not None:
                     traces[s].append((kernel, result))
-                weights.append(dropout(result.weights, attn_dropout, self.training, gens[s]))
+                weights.append(result.weights)
+            weights = seed_dropout(torch.stack(weights), attn_dropout, self.training, gens)  # [S, E, H]
             folded_h = h.permute(1, 0, 2, 3).reshape(num_nodes, self.seeds * heads, out_dim)
-            out = groups.aggregate(torch.cat(weights, dim=1), folded_h).view(num_nodes, self.seeds, heads, out_dim).transpose(0, 1)
+            out = groups.aggregate(weights.permute(1, 0, 2).reshape(-1, self.seeds * heads), folded_h).view(num_nodes, self.seeds, heads, out_dim).transpose(0, 1)
             out = out.reshape(self.seeds, num_nodes, heads * out_dim) if concat else out.mean(dim=2)
             x = out + p["bias"].unsqueeze(1)
             if i < len(self.shapes) - 1:
@@ -91,15 +102,14 @@ class SeedBatchedGAT(nn.Module):
         keeps the per-step overhead of a lone run's one product (the reason a Cora epoch is cheap)."""
         seeds, num_features = self.seeds, weight.shape[1]
         if not x.is_sparse:
-            xs = torch.stack([dropout(x, self.dropout, self.training, g) for g in gens])
-            return torch.bmm(xs, weight)
+            return torch.bmm(seed_dropout(x.expand(seeds, *x.shape), self.dropout, self.training, gens), weight)
         x = x.coalesce()
         index, values = x.indices(), x.values()
         num_nodes = x.shape[0]
         offsets = torch.arange(seeds, device=x.device)
         rows = (index[0].unsqueeze(0) + offsets.unsqueeze(1) * num_nodes).reshape(-1)
         cols = (index[1].unsqueeze(0) + offsets.unsqueeze(1) * num_features).reshape(-1)
-        vals = torch.cat([dropout(values, self.dropout, self.training, g) for g in gens])
+        vals = seed_dropout(values.expand(seeds, -1), self.dropout, self.training, gens).reshape(-1)
         block = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (seeds * num_nodes, seeds * num_features), is_coalesced=True)
         return torch.sparse.mm(block, weight.reshape(seeds * num_features, -1))
 
