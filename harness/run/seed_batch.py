@@ -19,6 +19,7 @@ import torch
 from modules.tasks import get_task
 from modules.tasks.stopping import MonitorRule
 
+from harness.plan.planner import configuration, seed_batch_problem as planned_problem
 from harness.plan.spec import RunSpec
 from harness.results.record import Record, utc_now
 from harness.run.runner import LOGGER_ENV, PeakMemory, is_device_failure, quiet_lightning, release_device_memory, run_context, test_outcome
@@ -31,24 +32,11 @@ def stopping_rule_for(task, params):
     return MonitorRule(task.monitor.name, task.monitor.higher_is_better, params.patience)
 
 
-def configuration(spec: RunSpec) -> tuple:
-    """What seeds of one batch share: everything in the key but the seed."""
-    import json
-
-    return (spec.task, spec.task_version, spec.variant, spec.variant_version, spec.precision,
-            json.dumps(dict(spec.attention), sort_keys=True, default=str), json.dumps(dict(spec.params), sort_keys=True, default=str))
-
-
 def seed_batch_problem(spec: RunSpec) -> str | None:
-    """None when this spec's seeds can train as one batch; otherwise why each runs alone, in one line."""
-    task = get_task(spec.task)
-    if task.seed_batching is not None:
-        return task.seed_batching
-    if spec.precision != "32":
-        return f"precision {spec.precision}: the seed-batched loop runs fp32 only"
+    """None when this spec's seeds can train as one batch in this process; otherwise why each runs alone."""
     if os.environ.get(LOGGER_ENV):
         return "--logger: per-epoch curves are written by Lightning's loggers, which only lone runs have"
-    return None
+    return planned_problem(spec)
 
 
 def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cache_dir: str | None = None,
@@ -79,9 +67,9 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
             peak_memory_mb=memory.peak_mb(),
             history=history,
             finished=utc_now(),
-            execution={**execution, "batch_epoch_s": sum(batch_epoch_s) / len(batch_epoch_s) if batch_epoch_s else None,
-                       "cost_share": "time_per_epoch_s and fit_time_s are this seed's share of the batch's epochs; "
-                                     "peak_memory_mb is the whole batch's"},
+            # time_per_epoch_s and fit_time_s are this seed's share of the batch's epochs (README, "Seed batching");
+            # peak_memory_mb is the whole batch's.
+            execution={**execution, "batch_epoch_s": sum(batch_epoch_s) / len(batch_epoch_s) if batch_epoch_s else None},
             **context,
         )
 
