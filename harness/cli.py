@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to time the kernels (default: cpu)")
+    p.add_argument("--seed-batch", type=int, default=None, metavar="S",
+                   help="instead: seeds/s of S seeds trained as one seed batch vs one lone run, per variant on Cora, and the peak-memory ratio")
+    p.add_argument("--epochs", type=int, default=20, help="with --seed-batch: epochs per seed (default: 20)")
     _common(p)
 
     p = sub.add_parser("scaling", help="run a suite with 1, 2, ... workers in one command and print the speed-up")
@@ -529,6 +532,13 @@ def cmd_perf(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.seed_batch is not None:
+        from harness.studies.seed_batch_perf import measure_seed_batch
+
+        if args.seed_batch < 1 or args.epochs < 1:
+            raise ValueError("--seed-batch and --epochs take positive integers, e.g. --seed-batch 20 --epochs 20")
+        rows = measure_seed_batch(args.variants, args.seed_batch, args.epochs, args.data_root, args.cache_dir)
+        return 1 if any(row["failed"] for row in rows) else 0
     measure(args.variants, args.repeats, data_root=args.data_root, cache_dir=args.cache_dir, device=args.device)
     return 0
 
