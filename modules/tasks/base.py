@@ -67,7 +67,7 @@ class Task:
     metrics: ClassVar[tuple[Metric, ...]] = ()
     """Reported test metrics, the primary (leaderboard-ranking) metric first."""
     monitor: ClassVar[Metric] = Metric("val/loss", higher_is_better=False)
-    seed_batching: ClassVar[str | None] = "its host has no seed axis: one process per seed"
+    seed_batching: ClassVar[str | None] = "its host has no seed axis"
     """None when S seeds of one configuration can train as one seed-batched model (`train_seed_batch`);
     otherwise, in one line, why each seed runs alone (shown by `describe`)."""
 
