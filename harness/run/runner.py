@@ -104,15 +104,23 @@ class PeakMemory:
     def peak_mb(self) -> float:
         if self.cuda:
             return torch.cuda.max_memory_allocated() / 2**20
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            pass
+        peak = process_memory_mb("VmHWM")
+        if peak is not None:
+            return peak
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def process_memory_mb(field: str = "VmRSS") -> float | None:
+    """A memory line of /proc/self/status in MB (VmRSS now, VmHWM the peak); None where Linux's /proc is absent."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 DEVICE_FAILURE_MARKERS = (

@@ -12,25 +12,13 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from pathlib import Path
-
 import torch
 
 from modules.attention import list_attentions
 
 from harness.plan.spec import make_spec
-from harness.run.runner import PeakMemory, execute, quiet_lightning
+from harness.run.runner import PeakMemory, execute, process_memory_mb, quiet_lightning
 from harness.run.seed_batch import execute_batch
-
-
-def _rss_mb() -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def _measured(work) -> tuple[float, float, float, list]:
@@ -38,7 +26,7 @@ def _measured(work) -> tuple[float, float, float, list]:
     `work` returned."""
     memory = PeakMemory()
     memory.reset()
-    before = torch.cuda.memory_allocated() / 2**20 if memory.cuda else _rss_mb()
+    before = torch.cuda.memory_allocated() / 2**20 if memory.cuda else (process_memory_mb() or 0.0)
     start = time.perf_counter()
     out = work()
     if memory.cuda:
