@@ -204,3 +204,15 @@ def test_seed_batches_group_seeds_of_one_configuration_and_split_them_over_worke
     assert [len(item) for item in seed_batches(specs, workers=4, enabled=False)] == [1] * 12
     text = [make_spec("glue-sst2", "softmax", seed) for seed in (0, 1)]  # its host has no seed axis: one run per seed
     assert seed_batches(text, workers=1) == [[text[0]], [text[1]]]
+
+
+def test_the_boards_provenance_line_says_which_records_trained_in_seed_batches():
+    from harness.report.board import seed_batched
+    from harness.results.record import Record
+
+    specs = [make_spec("cora", "softmax", seed, {"max_epochs": 1}) for seed in range(4)]
+    metrics = {"test/acc": {"value": 0.5, "higher_is_better": True}}
+    lone = [Record.ok(s, metrics) for s in specs[:2]]
+    batched = [Record.ok(s, metrics, execution={"seed_batch": 2, "seeds": [2, 3]}) for s in specs[2:]]
+    assert seed_batched(lone) == ""  # boards of lone runs read as before
+    assert seed_batched(lone + batched) == "2 trained in seed batches of 2 seeds"
