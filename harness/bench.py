@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.plan.planner import plan
+from harness.plan.planner import plan, seed_batches
 from harness.plan.spec import RunSpec
 from harness.plan.suite import load_suite
 from harness.provenance import git_commit
@@ -66,6 +66,7 @@ def run_suite(
     precision: str = "32",
     force_board: bool = False,
     workers_per_gpu: int = 1,
+    seed_batch: bool = True,
 ) -> dict[str, int]:
     """launcher "workers": processes on this machine; "slurm"/"local": a submitit job array (needs
     `submitit_options`, see harness/run/job_array.py). Planning and the data check are the same for all."""
@@ -112,7 +113,14 @@ def run_suite(
             workers=workers,
             workers_per_gpu=workers_per_gpu,
         )
-        LocalExecutor(options).run(todo, progress)
+        # Seeds of one configuration train as one seed-batched model where the task allows (harness/run/seed_batch.py);
+        # progress still counts seeds, each reported as it ends.
+        items = seed_batches(todo, workers, enabled=seed_batch)
+        batches = [item for item in items if len(item) > 1]
+        if batches:
+            log(f"attnbench: {sum(len(b) for b in batches)} runs as {len(batches)} seed batch(es) of "
+                f"{'-'.join(sorted({str(len(b)) for b in batches}, key=int))} seeds (--no-seed-batch runs each seed alone)")
+        LocalExecutor(options).run(items, progress)
         log(f"attnbench: suite {suite.name}: ran {progress.done} runs in {format_duration(time.perf_counter() - progress.start)}, {progress.failed} failed")
     # Counted from the store, not from this call's runs: a failure recorded by an earlier bench is still a
     # failure of the selection, and a script checking the exit status must see it.

@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("task")
     p.add_argument("variant")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", dest="seed_list", default=None, metavar="A-B|A,B,...",
+                   help="several seeds of this configuration, e.g. 0-19: one seed-batched model where the task allows "
+                        "(see `describe TASK`), else one after another; finished seeds are skipped")
+    p.add_argument("--no-seed-batch", dest="seed_batch", action="store_false", help="with --seeds: run each seed alone")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter, or attention.KEY=VALUE for the variant")
     p.add_argument("--force", action="store_true", help="run again even if a record for this exact run exists")
     _precision(p)
@@ -135,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params-dir", default="leaderboards/params")
     p.add_argument("--dry-run", action="store_true", help="print the plan (every run, finished/failed/pending, estimated time) and exit; writes nothing")
     p.add_argument("--force", action="store_true", help="write the leaderboard even if it has fewer finished records than the board on disk")
+    p.add_argument("--no-seed-batch", dest="seed_batch", action="store_false",
+                   help="run every seed in its own run (default: the seeds of one configuration train as one seed-batched "
+                        "model where the task allows, split over the workers)")
     _precision(p)
     _logger(p)
     add_launcher_arguments(p)
@@ -162,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to time the kernels (default: cpu)")
+    p.add_argument("--seed-batch", type=int, default=None, metavar="S",
+                   help="instead: seeds/s of S seeds trained as one seed batch vs one lone run, per variant on Cora, and the peak-memory ratio")
+    p.add_argument("--epochs", type=int, default=20, help="with --seed-batch: epochs per seed (default: 20)")
     _common(p)
 
     p = sub.add_parser("scaling", help="run a suite with 1, 2, ... workers in one command and print the speed-up")
@@ -267,6 +277,8 @@ def cmd_run(args) -> int:
     from harness.run.runner import execute
 
     params, attention = parse_sets(args.set)
+    if args.seed_list is not None:
+        return _run_seeds(args, params, attention)
     spec = _plan_command_line_runs(args, [(args.task, {"name": args.variant, **attention}, args.seed, params)], {"command": "run"}).specs[0]
     store = RecordStore(args.runs_dir)
     existing = store.read(spec.key)
@@ -284,6 +296,50 @@ def cmd_run(args) -> int:
         store.write(record)
     print(json.dumps(record.summary(), indent=1, default=str))
     return 0 if record.status is Status.OK else 1
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-19' or '0,3,5' or '0-4,9' -> the seeds, in order, each once."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            seeds.extend(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise ValueError(f"--seeds {text!r}: expected a range or list of seeds such as 0-19 or 0,3,5") from None
+    if not seeds or min(seeds) < 0:
+        raise ValueError(f"--seeds {text!r}: expected non-negative seeds such as 0-19")
+    return list(dict.fromkeys(seeds))
+
+
+def _run_seeds(args, params, attention) -> int:
+    """`run TASK VARIANT --seeds 0-19`: one configuration, many seeds, in this process (a seed batch where the
+    task allows), skipping finished seeds; each record is written as its seed ends."""
+    from harness.plan.planner import seed_batches
+    from harness.results.record import Status
+    from harness.results.store import RecordStore
+    from harness.run.seed_batch import seed_batch_problem
+    from harness.run.worker import RunWorker, WorkerSettings, run_item
+    import torch
+
+    if args.strategy != "auto" or args.devices not in (None, 1) or args.num_nodes != 1:
+        raise ValueError("--seeds runs in one process; run data-parallel runs one --seed at a time")
+    seeds = parse_seeds(args.seed_list)
+    jobs = [(args.task, {"name": args.variant, **attention}, seed, params) for seed in seeds]
+    specs = _plan_command_line_runs(args, jobs, {"command": "run"}).specs
+    store = RecordStore(args.runs_dir)
+    todo = [s for s in specs if args.force or not store.finished(s.key)]
+    why = seed_batch_problem(specs[0])
+    how = "each alone" if not args.seed_batch or why or len(todo) < 2 else "as one seed batch"
+    print(f"attnbench: {args.task} x {specs[0].variant} seeds {args.seed_list}: {len(specs) - len(todo)} finished, {len(todo)} to run {how}"
+          + (f" ({why})" if why and args.seed_batch else ""), flush=True)
+    # Plugins are loaded already (by this command's own parsing); threads stay as this process has them.
+    worker = RunWorker(WorkerSettings(str(store.root.parent), args.data_root, args.cache_dir, (), threads=torch.get_num_threads()))
+    failed = 0
+    for item in seed_batches(todo, 1, enabled=args.seed_batch):
+        for record in run_item(worker, [s.to_dict() for s in item], lambda r: print(json.dumps(r.summary(), default=str), flush=True)):
+            failed += record.status is not Status.OK
+    return 1 if failed else 0
 
 
 def cmd_bench(args) -> int:
@@ -313,6 +369,7 @@ def cmd_bench(args) -> int:
         precision=args.precision,
         force_board=args.force,
         workers_per_gpu=args.workers_per_gpu,
+        seed_batch=args.seed_batch,
     )
     if outcome.get("failed_in_selection"):
         print(f"attnbench: {outcome['failed_in_selection']} run(s) of the selection failed (see the leaderboard's errors); exit status 1",
@@ -475,6 +532,13 @@ def cmd_perf(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.seed_batch is not None:
+        from harness.studies.seed_batch_perf import measure_seed_batch
+
+        if args.seed_batch < 1 or args.epochs < 1:
+            raise ValueError("--seed-batch and --epochs take positive integers, e.g. --seed-batch 20 --epochs 20")
+        rows = measure_seed_batch(args.variants, args.seed_batch, args.epochs, args.data_root, args.cache_dir)
+        return 1 if any(row["failed"] for row in rows) else 0
     measure(args.variants, args.repeats, data_root=args.data_root, cache_dir=args.cache_dir, device=args.device)
     return 0
 

@@ -76,7 +76,9 @@ def describe_task(name: str) -> tuple[str, list[ParameterInfo]]:
             doc = f"fixed by the task name ({name}). " + doc
         rows.append(ParameterInfo(f.name, type_text, range_text, {"": default}, doc))
     metrics = ", ".join(m.name for m in task.metrics)
-    return f"task {name} ({type(task).__name__}, version {task.version}); metrics: {metrics}", rows
+    batching = ("seeds: several seeds of one configuration train as one seed-batched model (bench, run --seeds; "
+                "--no-seed-batch runs each alone)" if task.seed_batching is None else f"seeds: one process per seed ({task.seed_batching})")
+    return f"task {name} ({type(task).__name__}, version {task.version}); metrics: {metrics}\n{batching}", rows
 
 
 def describe_variant(name: str) -> tuple[str, list[ParameterInfo]]:

@@ -124,3 +124,48 @@ def plan_runs(jobs: list[tuple[str, str | Mapping[str, Any], int, Mapping[str, A
     _, missing = _check_tasks(first_params, data_root)
     return Plan(None, specs, {}, missing_data=missing, metrics={task: tuple(get_task(task).metrics) for task in first_params},
                 task_params={task: params for task, (params, _) in first_params.items()}, data_root=data_root)
+
+
+def configuration(spec: RunSpec) -> str:
+    """What the seeds of one seed batch share: everything in the key but the seed."""
+    import json
+
+    return json.dumps([spec.task, spec.task_version, spec.variant, spec.variant_version, spec.precision,
+                       dict(spec.attention), dict(spec.params)], sort_keys=True, default=str)
+
+
+def seed_batch_problem(spec: RunSpec) -> str | None:
+    """None when this spec's seeds can train as one seed-batched model; otherwise why each runs alone."""
+    task = get_task(spec.task)
+    if task.seed_batching is not None:
+        return task.seed_batching
+    if spec.precision != "32":
+        return f"precision {spec.precision}: the seed-batched loop runs fp32 only"
+    return None
+
+
+def seed_batches(specs: list[RunSpec], workers: int = 1, enabled: bool = True) -> list[list[RunSpec]]:
+    """The work items of a command: the seeds of each configuration whose task batches seeds, as one item, or
+    split into as many near-equal items as it takes to give every worker one when there are fewer
+    configurations than workers; every other spec alone. Order: first appearance in `specs`."""
+    groups: dict[str, list[RunSpec]] = {}
+    items: list[list[RunSpec]] = []
+    for spec in specs:
+        if not enabled or seed_batch_problem(spec) is not None:
+            items.append([spec])
+            continue
+        key = configuration(spec)
+        if key not in groups:
+            groups[key] = []
+            items.append(groups[key])
+        groups[key].append(spec)
+    batched = [item for item in items if any(item is g for g in groups.values())]
+    parts = max(1, -(-workers // len(batched))) if batched else 1
+    out: list[list[RunSpec]] = []
+    for item in items:
+        if parts > 1 and any(item is g for g in groups.values()):
+            size = -(-len(item) // min(parts, len(item)))
+            out.extend(item[i:i + size] for i in range(0, len(item), size))
+        else:
+            out.append(item)
+    return out

@@ -95,6 +95,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
             "versions": {name: _versions(group_records, name) for name in ("python", "torch", "lightning")},
             "records": len(group_records),
             "commits": _commits(group_records),
+            "seed_batched": seed_batched(group_records),
             "finished_range": _finished_range(group_records),
             "tasks": tables,
             "overall": _overall(tables),
@@ -168,6 +169,15 @@ def _group_hardware(group_records: list[Record]) -> dict[str, Any]:
 
 def _versions(group_records: list[Record], name: str) -> list[str]:
     return sorted({(r.versions or {}).get(name) for r in group_records} - {None})
+
+
+def seed_batched(found: Iterable[Record]) -> str:
+    """How many records trained in seed batches and of what sizes (Record.execution), for the provenance line;
+    "" when none did, so that boards of lone runs read as before."""
+    sizes = [int(r.execution["seed_batch"]) for r in found if r.execution and r.execution.get("seed_batch")]
+    if not sizes:
+        return ""
+    return f"{len(sizes)} trained in seed batches of {', '.join(str(n) for n in sorted(set(sizes)))} seeds"
 
 
 def _commits(found: Iterable[Record]) -> list[str]:

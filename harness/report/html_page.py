@@ -145,7 +145,8 @@ def _group(board: dict[str, Any], group: dict[str, Any], group_index: int, plot_
              f"<h2>{_e(group['hardware'])} <small>(torch {_e(torch)})</small></h2>\n"]
     devices = f"{group['device_count']} × " if group.get("device_count") else ""
     parts.append(f"<p>Accelerator: {_e(group.get('accelerator') or 'unknown')}, device: {_e(devices)}{_e(group.get('device') or 'unknown')}; "
-                 f"commit(s) {_codes(group['commits'])}; runs finished {_range(group['finished_range'])}.</p>\n")
+                 f"commit(s) {_codes(group['commits'])}; runs finished {_range(group['finished_range'])}"
+                 + (f"; {_e(group['seed_batched'])}" if group.get("seed_batched") else "") + ".</p>\n")
     parts.append("<h3>Overall</h3>\n<p>Mean rank over the tasks a variant has results for; "
                  f"{MARKS['better']}/{MARKS['worse']}: tasks where its primary metric is significantly better/worse than the baseline.</p>\n")
     parts.append(_overall_table(group))

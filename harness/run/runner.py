@@ -104,15 +104,23 @@ class PeakMemory:
     def peak_mb(self) -> float:
         if self.cuda:
             return torch.cuda.max_memory_allocated() / 2**20
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            pass
+        peak = process_memory_mb("VmHWM")
+        if peak is not None:
+            return peak
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def process_memory_mb(field: str = "VmRSS") -> float | None:
+    """A memory line of /proc/self/status in MB (VmRSS now, VmHWM the peak); None where Linux's /proc is absent."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 DEVICE_FAILURE_MARKERS = (
@@ -201,13 +209,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
     t0 = time.perf_counter()
     memory = PeakMemory()
     memory.reset()
-    context = {
-        "started": utc_now(),
-        "commit": commit or git_commit(),
-        "versions": versions(),
-        "hardware": hardware(distribution, spec.precision),
-        "distributed": distribution.describe() if distribution.is_distributed else None,
-    }
+    context = run_context(spec, commit, distribution)
     timer = EpochTimer()
     history = History()
     outcome: dict[str, Any]
@@ -223,22 +225,8 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
                 return None
             trainer = L.Trainer(accelerator="auto", devices=1, precision=spec.precision, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                                 enable_model_summary=False)
-        tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
-        metrics = {}
-        for metric in task.metrics:
-            if metric.name not in tested:
-                raise KeyError(f"task {spec.task} declares metric {metric.name!r} but the module logged {sorted(tested)}")
-            metrics[metric.name] = {"value": float(tested[metric.name]), "higher_is_better": metric.higher_is_better}
-        bad = [name for name, m in metrics.items() if not math.isfinite(m["value"])]
-        if bad:
-            raise FloatingPointError(f"test metrics {bad} are not finite")
-        outcome = dict(
-            metrics=metrics,
-            diagnostics={k: float(v) for k, v in tested.items() if k.startswith("test/attn/")},
-            best_epoch=best.best_epoch,
-            best_monitor={"name": task.monitor.name, "value": best.best_value, "rule": best.rule.description},
-            parameters=sum(p.numel() for p in module.parameters()),
-        )
+        outcome = test_outcome(task, spec, trainer, module, datamodule, best.best_epoch, best.best_value,
+                               rule=best.rule.description)
     except Exception as exc:  # noqa: BLE001 - any failure of one run is recorded, the suite goes on
         if distributed.global_rank() != 0:
             return None
@@ -259,6 +247,39 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
     if "error" in outcome:
         return Record.failed(spec, **outcome, **measured)
     return Record.ok(spec, **outcome, **measured)
+
+
+def test_outcome(task, spec: RunSpec, trainer: L.Trainer, module, datamodule, best_epoch: int | None,
+                 best_value: float | None, rule: str | None = None) -> dict[str, Any]:
+    """Test a trained module and return the record's result fields (lone runs and seed batches alike); `rule`
+    describes the early-stopping rule that chose the best epoch."""
+    tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
+    metrics = {}
+    for metric in task.metrics:
+        if metric.name not in tested:
+            raise KeyError(f"task {spec.task} declares metric {metric.name!r} but the module logged {sorted(tested)}")
+        metrics[metric.name] = {"value": float(tested[metric.name]), "higher_is_better": metric.higher_is_better}
+    bad = [name for name, m in metrics.items() if not math.isfinite(m["value"])]
+    if bad:
+        raise FloatingPointError(f"test metrics {bad} are not finite")
+    return dict(
+        metrics=metrics,
+        diagnostics={k: float(v) for k, v in tested.items() if k.startswith("test/attn/")},
+        best_epoch=best_epoch,
+        best_monitor={"name": task.monitor.name, "value": best_value, **({"rule": rule} if rule else {})},
+        parameters=sum(p.numel() for p in module.parameters()),
+    )
+
+
+def run_context(spec: RunSpec, commit: str | None, distribution: Distribution = SINGLE) -> dict[str, Any]:
+    """The record's fields that say where and with what a run ran."""
+    return {
+        "started": utc_now(),
+        "commit": commit or git_commit(),
+        "versions": versions(),
+        "hardware": hardware(distribution, spec.precision),
+        "distributed": distribution.describe() if distribution.is_distributed else None,
+    }
 
 
 def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callbacks: list, distribution: Distribution = SINGLE):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from harness.plan.spec import RunSpec
 from harness.results.record import Record
@@ -56,3 +56,27 @@ class RunWorker:
                                      cache_dir=self.settings.cache_dir, commit=self.settings.commit)
         self.store.write(record)
         return record
+
+
+def run_item(worker: RunWorker, spec_dicts: Sequence[Mapping[str, Any]],
+             on_record: Callable[[Record], None] = lambda r: None) -> list[Record]:
+    """A work item for `worker`: one spec run alone, or the seeds of one configuration as one seed batch
+    (falling back to one run per seed where this process cannot batch them). Each record is written, then passed to
+    `on_record`, as soon as its seed ends."""
+    from harness.run.seed_batch import execute_batch, seed_batch_problem
+
+    specs = [RunSpec.from_dict(d) for d in spec_dicts]
+    if len(specs) > 1 and seed_batch_problem(specs[0]) is None:
+        def written(record: Record) -> None:
+            worker.store.write(record)
+            on_record(record)
+
+        return execute_batch(specs, data_root=worker.settings.data_root, cache_dir=worker.settings.cache_dir,
+                             commit=worker.settings.commit, on_record=written)
+    records = []
+    for spec_dict in spec_dicts:
+        records.append(worker.run(spec_dict))
+        on_record(records[-1])
+        if records[-1].retryable:  # a device failure: this process stops here (worker_pool.serve)
+            break
+    return records

@@ -21,7 +21,7 @@ from harness.results.record import Record
 from harness.results.store import RecordStore
 from harness.run.devices import require_usable_gpus
 from harness.run.threads import available_cpus, threads_per_worker
-from harness.run.worker import RunWorker, WorkerSettings
+from harness.run.worker import RunWorker, WorkerSettings, run_item
 
 
 @dataclass
@@ -43,7 +43,8 @@ class WorkerOptions:
 
 
 def serve(conn: Connection, settings: WorkerSettings) -> None:
-    """A worker process: run each spec the coordinator sends, answer with (the run's summary, whether this
+    """A worker process: run each work item the coordinator sends (a list of specs: one run, or the seeds of
+    one seed batch), answering ("record", summary) as each of its runs ends and then ("done", whether this
     worker retires). It retires after a device failure (OOM, CUDA error): a corrupted CUDA context would fail
     every later run on its GPU, so the coordinator starts a fresh process in its place."""
     worker = RunWorker(settings)
@@ -54,9 +55,9 @@ def serve(conn: Connection, settings: WorkerSettings) -> None:
             return
         if message is None:
             return
-        record = worker.run(message)
-        retire = bool(record.retryable)
-        conn.send((record.summary(), retire))
+        records = run_item(worker, message, lambda record: conn.send(("record", record.summary())))
+        retire = any(record.retryable for record in records)
+        conn.send(("done", retire))
         if retire:
             return
 
@@ -66,7 +67,8 @@ class _Worker:
     process: mp.Process
     conn: Connection
     gpu: str | None
-    spec: RunSpec | None = None
+    item: list[RunSpec] | None = None
+    """The work item it runs; its runs not yet answered for."""
     started: float = 0.0
 
 
@@ -113,38 +115,47 @@ class LocalExecutor:
         child.close()
         return _Worker(process, parent, gpu)
 
-    def run(self, specs: Sequence[RunSpec], on_result: Callable[[RunSpec, dict[str, Any]], None]) -> None:
-        pending = deque(specs)
+    def run(self, items: Sequence[RunSpec | Sequence[RunSpec]], on_result: Callable[[RunSpec, dict[str, Any]], None]) -> None:
+        """Run work items (a spec, or the seeds of one seed batch: harness/plan/planner.py seed_batches);
+        `on_result` is called once per spec, as its run ends."""
+        pending = deque([item] if isinstance(item, RunSpec) else list(item) for item in items)
         workers = [self._start(gpu) for gpu in self.slots[: max(1, min(len(self.slots), len(pending)))]]
         try:
-            while pending or any(w.spec is not None for w in workers):
+            while pending or any(w.item is not None for w in workers):
                 for worker in workers:
-                    if worker.spec is None and pending:
-                        worker.spec = pending.popleft()
+                    if worker.item is None and pending:
+                        worker.item = pending.popleft()
                         worker.started = time.perf_counter()
-                        worker.conn.send(worker.spec.to_dict())
-                busy = [w for w in workers if w.spec is not None]
+                        worker.conn.send([spec.to_dict() for spec in worker.item])
+                busy = [w for w in workers if w.item is not None]
                 ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy])
                 for worker in busy:
                     if worker.conn in ready:
                         try:
-                            summary, retire = worker.conn.recv()
+                            kind, payload = worker.conn.recv()
                         except EOFError:  # it died before answering: a death, handled below
-                            summary = None
-                        if summary is not None:
-                            spec, worker.spec = worker.spec, None
-                            on_result(spec, summary)
-                            if retire:  # a device failure: the process ends itself; a fresh one takes its GPU
+                            kind = None
+                        if kind == "record":
+                            spec = next(s for s in worker.item if s.key == payload.get("key"))
+                            worker.item.remove(spec)
+                            on_result(spec, payload)
+                            continue
+                        if kind == "done":
+                            unanswered, worker.item = worker.item, None
+                            if payload:  # a device failure: the process ends itself; a fresh one takes its GPU
                                 worker.process.join(timeout=30)
                                 if worker.process.is_alive():
                                     worker.process.kill()
                                     worker.process.join(timeout=5)
                                 workers[workers.index(worker)] = self._start(worker.gpu)
+                                if unanswered:  # runs after the failure never started: the next worker takes them
+                                    pending.appendleft(unanswered)
                             continue
                     if worker.process.sentinel in ready or not worker.process.is_alive():
                         worker.process.join(timeout=1)
-                        spec, worker.spec = worker.spec, None
-                        on_result(spec, self._worker_died(spec, worker).summary())
+                        unanswered, worker.item = worker.item, None
+                        for spec in unanswered:
+                            on_result(spec, self._worker_died(spec, worker).summary())
                         workers[workers.index(worker)] = self._start(worker.gpu)
         finally:
             for worker in workers:

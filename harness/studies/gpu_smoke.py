@@ -2,7 +2,7 @@
 
 Prints the driver and CUDA versions, then, each with status, time and peak memory: a dense forward+backward
 of every variant at B=32, H=12, L=512, d=64 in fp32 and under bf16 autocast; every variant on Cora for a few
-epochs; every variant swapped into pretrained MiniLM for one short bf16 epoch (GLUE RTE); one captioning
+epochs; 20 seeds of Cora as one seed batch (softmax, bam-weibull) against one lone seed; every variant swapped into pretrained MiniLM for one short bf16 epoch (GLUE RTE); one captioning
 epoch. Writes the report to leaderboards/gpu-smoke/<hardware>.md. Sections stop starting new items once the
 time budget is spent, so the whole stays under ten minutes. Without a GPU it says so and exits 0.
 
@@ -105,6 +105,30 @@ def training_run(task: str, variant: str, params: dict, data_root: str | None, p
     return work
 
 
+def seed_batch_run(variant: str, seeds: int, epochs: int, data_root: str | None) -> Callable[[], str]:
+    """`seeds` seeds of Cora as one seed batch, against one lone run of the same epochs measured just before:
+    the throughput ratio on this GPU (issue 27)."""
+    def work() -> str:
+        from harness.plan.spec import make_spec
+        from harness.run import runner
+        from harness.run.seed_batch import execute_batch
+
+        params = {"max_epochs": epochs, "patience": epochs + 1}
+        started = time.perf_counter()
+        lone = runner.execute(make_spec("cora", variant, 0, params), data_root=data_root)
+        lone_s = time.perf_counter() - started
+        started = time.perf_counter()
+        records = execute_batch([make_spec("cora", variant, s, params) for s in range(seeds)], data_root=data_root, on_record=lambda r: None)
+        batch_s = time.perf_counter() - started
+        failed = [r.error for r in [lone, *records] if r.error]
+        if failed:
+            raise RuntimeError(failed[0])
+        accuracy = sum(r.metrics["test/acc"]["value"] for r in records) / seeds
+        return (f"{seeds} seeds x {epochs} epochs in {batch_s:.1f} s vs one lone seed {lone_s:.1f} s: "
+                f"{seeds * lone_s / batch_s:.1f}x throughput, mean test/acc {accuracy:.3f}")
+    return work
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-root", default=os.environ.get("ATTNBENCH_DATA"))
@@ -144,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             report.item(f"dense B,H,L,d={','.join(map(str, DENSE_SHAPE))} {'bf16' if bf16 else 'fp32'} {name}", dense_forward_backward(name, bf16))
     for name in variants:
         report.item(f"cora 3 epochs {name}", training_run("cora", name, {"max_epochs": 3, "patience": 3}, args.data_root))
+    for name in ("softmax", "bam-weibull"):
+        report.item(f"cora seed batch of 20, 50 epochs {name}", seed_batch_run(name, 20, 50, args.data_root))
     minilm = {"backbone": "minilm", "max_epochs": 1, "max_train_examples": 512, "max_val_examples": 128}
     for name in variants:
         report.item(f"minilm glue-rte 1 short bf16 epoch {name}", training_run("glue-rte", name, minilm, args.data_root, "bf16-mixed"))

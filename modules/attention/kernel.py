@@ -131,6 +131,9 @@ class AttentionKernel(nn.Module):
     stochastic: ClassVar[bool] = False
     """True if the weights are sampled in training mode: hosts may then average `mc_samples` predictions,
     each drawn with the kernels (only) in training mode, at evaluation."""
+    noise_generator: torch.Generator | None = None
+    """Where `draw_noise` draws from; None: torch's global generator. A host sets it to its run's own stream
+    (modules/hosts/gat.py), so that a seed's draws do not depend on which other seeds share its process."""
     needs_values: ClassVar[bool] = False
     """True if the weights depend on the values (gmm's EM value iterations): `forward` then hands
     `normalize` the values as `v=` too."""
@@ -170,10 +173,11 @@ class AttentionKernel(nn.Module):
         """Noise for stochastic kernels, one draw per entry of `like`: 'uniform' on [0, 1) or standard
         'normal'. Drawn here, not inline, so that tests can hold it fixed across layouts (the padding
         contract compares a batch with and without padding under the same noise)."""
+        generator = self.noise_generator
         if distribution == "uniform":
-            return torch.rand_like(like)
+            return torch.rand(like.shape, generator=generator, dtype=like.dtype, device=like.device)
         if distribution == "normal":
-            return torch.randn_like(like)
+            return torch.randn(like.shape, generator=generator, dtype=like.dtype, device=like.device)
         raise ValueError(f"unknown noise distribution {distribution!r}; use 'uniform' or 'normal'")
 
     def forward(

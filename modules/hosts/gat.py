@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -29,12 +30,48 @@ def graph_groups(edge_index: Tensor, num_nodes: int) -> SegmentGroups:
     return SegmentGroups(dst=edge_index[1], src=edge_index[0], num_nodes=num_nodes)
 
 
-def sparse_dropout(x: Tensor, p: float, training: bool) -> Tensor:
+def noise_seed(seed: int) -> int:
+    """The seed of a run's own noise stream (dropout masks, kernels' draws), derived from the run's seed but
+    not equal to it: the global generator seeded with the run's seed initialises the parameters, and the
+    same Mersenne-Twister seed would make the first masks reuse the initialisation's random numbers."""
+    return int(np.random.SeedSequence([seed, 0x6A7]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def dropout(x: Tensor, p: float, training: bool, generator: torch.Generator | None) -> Tensor:
+    """Dropout whose mask comes from `generator` (F.dropout takes none): a run's masks are then a function of
+    its own seed alone, the same whether it trains alone or in a seed batch (harness/run/seed_batch.py)."""
+    if not training or p == 0.0:
+        return x
+    return x * dropout_mask(x, p, generator)
+
+
+def dropout_mask(like: Tensor, p: float, generator: torch.Generator | None) -> Tensor:
+    """Kept entries 1/(1-p), dropped 0, drawn from `generator`."""
+    return torch.empty_like(like).bernoulli_(1 - p, generator=generator).div_(1 - p)
+
+
+def sparse_dropout(x: Tensor, p: float, training: bool, generator: torch.Generator | None = None) -> Tensor:
     """Dropout on a sparse COO tensor's stored values: the same law as dense dropout, since dropping a
     zero leaves it zero, without drawing a mask for every zero entry."""
     if not training or p == 0.0:
         return x
-    return torch.sparse_coo_tensor(x.indices(), F.dropout(x.values(), p, True), x.shape, is_coalesced=True)
+    return torch.sparse_coo_tensor(x.indices(), dropout(x.values(), p, True, generator), x.shape, is_coalesced=True)
+
+
+class NoiseStream:
+    """One run's generator on the device its tensors live on, made at first use (a Lightning run moves the
+    model after building it) from the seed fixed when the model was built."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._generator: torch.Generator | None = None
+
+    def on(self, device: torch.device) -> torch.Generator:
+        if self._generator is None or self._generator.device != device:
+            if self._generator is not None:
+                raise RuntimeError("a run's noise stream cannot move between devices mid-run")
+            self._generator = torch.Generator(device=device).manual_seed(self.seed)
+        return self._generator
 
 
 class GATLayer(nn.Module):
@@ -60,7 +97,8 @@ class GATLayer(nn.Module):
         for p in (self.weight, self.att_src, self.att_dst):
             nn.init.xavier_uniform_(p)
 
-    def forward(self, x: Tensor, groups: SegmentGroups, trace: Trace | None = None) -> Tensor:
+    def forward(self, x: Tensor, groups: SegmentGroups, trace: Trace | None = None,
+                generator: torch.Generator | None = None) -> Tensor:
         if x.is_sparse and torch.is_autocast_enabled(x.device.type):
             # Under mixed precision (--precision bf16-mixed/16-mixed) the sparse product's backward mixes the
             # fp32 sparse features with a half-precision gradient, which torch's sparse kernels refuse (CPU:
@@ -73,10 +111,11 @@ class GATLayer(nn.Module):
         # queries with keys two distinct point clouds.
         queries, keys = h * self.att_dst, h * self.att_src
         logits = F.leaky_relu(groups.per_key(keys.sum(-1)) + groups.per_query(queries.sum(-1)), self.negative_slope)
+        self.kernel.noise_generator = generator
         result = self.kernel.normalize(logits, groups, q=queries, k=keys)
         if trace is not None:
             trace.append((self.kernel, result))
-        weights = F.dropout(result.weights, self.attn_dropout, self.training)
+        weights = dropout(result.weights, self.attn_dropout, self.training, generator)
         out = groups.aggregate(weights, h)
         out = out.reshape(-1, self.heads * self.out_dim) if self.concat else out.mean(dim=1)
         return out + self.bias
@@ -99,6 +138,9 @@ class GAT(nn.Module):
     ):
         super().__init__()
         self.dropout = dropout
+        # After the caller seeded the global generator with the run's seed (runner._prepare), which the
+        # parameter initialisation below draws from.
+        self.noise = NoiseStream(noise_seed(torch.initial_seed()))
         self.layers = nn.ModuleList(
             [
                 GATLayer(in_dim, hidden, heads, attention, concat=True, attn_dropout=attn_dropout),
@@ -108,12 +150,13 @@ class GAT(nn.Module):
 
     def forward(self, x: Tensor, groups: SegmentGroups, trace: Trace | None = None) -> Tensor:
         """Class logits [N, C]; each layer's (kernel, result) is appended to `trace`."""
+        generator = self.noise.on(x.device) if self.training else None
         for i, layer in enumerate(self.layers):
             if x.is_sparse:
-                x = sparse_dropout(x, self.dropout, self.training)
+                x = sparse_dropout(x, self.dropout, self.training, generator)
             else:
-                x = F.dropout(x, self.dropout, self.training)
-            x = layer(x, groups, trace)
+                x = dropout(x, self.dropout, self.training, generator)
+            x = layer(x, groups, trace, generator)
             if i < len(self.layers) - 1:
                 x = F.elu(x)
         return x

@@ -69,6 +69,9 @@ class Task:
     metrics: ClassVar[tuple[Metric, ...]] = ()
     """Reported test metrics, the primary (leaderboard-ranking) metric first."""
     monitor: ClassVar[Metric] = Metric("val/loss", higher_is_better=False)
+    seed_batching: ClassVar[str | None] = "its host has no seed axis"
+    """None when S seeds of one configuration can train as one seed-batched model (`train_seed_batch`);
+    otherwise, in one line, why each seed runs alone (shown by `describe`)."""
 
     def __init__(self, name: str, preset: Mapping[str, Any]):
         self.name = name
@@ -106,6 +109,13 @@ class Task:
 
     def build(self, params: TrainParams, attention: Mapping[str, Any], *, data_root: str | None, cache_dir: str | None) -> tuple[L.LightningDataModule, L.LightningModule]:
         raise NotImplementedError
+
+    def train_seed_batch(self, params: TrainParams, datamodule: L.LightningDataModule, modules: list[L.LightningModule],
+                         rules: list, on_finished) -> None:
+        """Train `modules` (each built by `build` after seeding with its own seed) as one seed-batched model,
+        stopping each by its rule; call `on_finished(outcome)` for each seed as it ends, its best weights loaded
+        into its module (harness/run/seed_batch.py tests it). Only for tasks whose `seed_batching` is None."""
+        raise NotImplementedError(f"task {self.name}: {self.seed_batching}")
 
     def trivial_baseline(self, params: TrainParams, data_root: str | None) -> TrivialBaseline | None:
         """The input-blind predictor's test scores, from the task's own data (train labels choose the prediction,

@@ -53,6 +53,16 @@ class PlanetoidTask(Task):
     """2: early stopping and the kept epoch follow GAT's two-metric rule (GATRule), not val/loss alone."""
     metrics = (Metric("test/acc"), Metric("test/macro_f1"))
     monitor = Metric("val/loss", higher_is_better=False)
+    seed_batching = None  # modules/hosts/gat_seed_batch.py
+
+    def train_seed_batch(self, params: GATParams, datamodule, modules, rules, on_finished) -> None:
+        from ..lit.node_classification_seed_batch import fit_seed_batch
+
+        datamodule.setup("fit")
+        device = next(modules[0].parameters()).device
+        graph = datamodule.graph.to(device)
+        generators = [module.model.noise.on(device) for module in modules]
+        fit_seed_batch(modules, graph, rules, max_epochs=params.max_epochs, generators=generators, on_finished=on_finished)
 
     def stopping_rule(self, params: GATParams) -> GATRule:
         """GAT's execute_cora.py rule, as the paper's training has it; `monitor` (val/loss) stays what tuning

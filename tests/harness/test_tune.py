@@ -167,3 +167,11 @@ def test_processes_opening_a_fresh_storage_at_once_all_get_it(tmp_path):
         t.join()
     assert errors == []
     assert optuna.get_all_study_names(url) == []
+
+
+def test_tuning_a_suite_leaves_out_its_variants_without_options(capsys, tmp_path, shared_data):
+    assert main(["tune", "--suite", "quick", "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--data-root", str(shared_data)]) == 0
+    out = capsys.readouterr().out
+    assert "not tuning softmax: no options of their own to search" in out
+    studies = [line for line in out.splitlines() if "trials)" in line]
+    assert studies and not any(" softmax (" in line for line in studies) and any(" fenchel (" in line for line in studies)

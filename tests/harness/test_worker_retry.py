@@ -161,22 +161,22 @@ def test_a_worker_serves_runs_until_told_to_stop_and_retires_after_a_retryable_f
     settings = WorkerOptions(runs_dir=str(tmp_path), data_root=None, cache_dir=None).settings(None)
 
     coordinator, worker = mp.Pipe()
-    for message in (SPECS[3].to_dict(), SPECS[2].to_dict(), None, SPECS[0].to_dict()):
+    for message in ([SPECS[3].to_dict()], [SPECS[2].to_dict()], None, [SPECS[0].to_dict()]):
         coordinator.send(message)
     ScriptedWorker.made = []
-    worker_pool.serve(worker, settings)  # two runs, then the shutdown message
+    worker_pool.serve(worker, settings)  # two work items, then the shutdown message
     assert ScriptedWorker.made == [settings]  # one RunWorker per process, with the process's settings
-    answers = [coordinator.recv(), coordinator.recv()]
-    assert [(summary["key"], summary["status"], retire) for summary, retire in answers] == [
-        (SPECS[3].key, "ok", False), (SPECS[2].key, "ok", False)]
+    answers = [coordinator.recv() for _ in range(4)]  # per item: each run's record, then "done"
+    assert [(kind, payload["key"], payload["status"]) if kind == "record" else (kind, payload) for kind, payload in answers] == [
+        ("record", SPECS[3].key, "ok"), ("done", False), ("record", SPECS[2].key, "ok"), ("done", False)]
     assert not coordinator.poll() and worker.poll()  # nothing more answered; the spec after the shutdown is left unread
 
     coordinator, worker = mp.Pipe()
-    for message in (SPECS[1].to_dict(), SPECS[3].to_dict()):
+    for message in ([SPECS[1].to_dict()], [SPECS[3].to_dict()]):
         coordinator.send(message)
     worker_pool.serve(worker, settings)  # retires after the device failure, before the next run
-    summary, retire = coordinator.recv()
-    assert (summary["key"], summary["status"], retire) == (SPECS[1].key, "failed", True)
+    (kind, summary), done = coordinator.recv(), coordinator.recv()
+    assert (kind, summary["key"], summary["status"], done) == ("record", SPECS[1].key, "failed", ("done", True))
     assert not coordinator.poll() and worker.poll()
 
     coordinator, worker = mp.Pipe()

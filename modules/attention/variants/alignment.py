@@ -126,11 +126,12 @@ def _masked_mean(values: Tensor, valid: Tensor | None) -> Tensor:
     return torch.where(valid, values, torch.zeros_like(values)).sum() / valid.sum().clamp_min(1)
 
 
-def _subsample_index(n: int, max_points: int, training: bool, device: torch.device) -> Tensor | None:
+def _subsample_index(n: int, max_points: int, training: bool, device: torch.device,
+                     generator: torch.Generator | None = None) -> Tensor | None:
     if n <= max_points:
         return None
     if training:
-        return torch.randperm(n, device=device)[:max_points]
+        return torch.randperm(n, device=device, generator=generator)[:max_points]
     # Deterministic in eval so the logged alignment does not jitter between evaluations.
     return torch.linspace(0, n - 1, max_points, device=device).round().long()
 
@@ -349,9 +350,9 @@ class AlignmentAttention(AttentionKernel):
         """Queries and keys as per-(sample, head) point clouds, padding excluded, capped at max_points."""
         q, k, q_valid, k_valid = groups.query_and_key_sets(q, k)
         lq, lk = q.shape[-2], k.shape[-2]
-        q_index = _subsample_index(lq, self.config.max_points, self.training, q.device)
+        q_index = _subsample_index(lq, self.config.max_points, self.training, q.device, self.noise_generator)
         # Self-attention: token i is query i and key i, so both clouds keep the same tokens.
-        k_index = q_index if lk == lq else _subsample_index(lk, self.config.max_points, self.training, k.device)
+        k_index = q_index if lk == lq else _subsample_index(lk, self.config.max_points, self.training, k.device, self.noise_generator)
         if q_index is not None:
             q = q.index_select(-2, q_index)
             q_valid = None if q_valid is None else q_valid.index_select(-1, q_index)

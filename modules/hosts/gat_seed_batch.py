@@ -1,0 +1,140 @@
+"""S seeds of one GAT configuration as one model with a leading seed axis on every host parameter.
+
+The mechanism (README, DESIGN notes "Seed batching"), chosen by measuring on Cora at one thread:
+- host parameters are stacked from S GATs, each built exactly as its lone run builds it (so each seed's
+  initial parameters are its lone run's, bit for bit);
+- the host maths runs once for all seeds: the first layer's sparse product as ONE block-diagonal sparse
+  product ([S·N, S·F] x [S·F, H·D]), the second layer's as a batched matmul, and the edge logits, the
+  aggregation and the ELU with the seeds folded into the head axis ([E, S·H]), which SegmentGroups'
+  per-edge maths treats like any other heads;
+- each seed's own kernel module normalises its own slice of the logits: always correct whatever the variant
+  (learned parameters, networks, solvers, noise), at the cost of S kernel calls. A variant's file never sees
+  the seed axis.
+Folding seeds into the heads of ONE kernel call would save those calls only for parameter-free, noise-free
+kernels; the per-step time of the batch is dominated by the host's work (measured: harness/studies/perf.py
+--seed-batch), so the one path serves every variant.
+
+Each seed draws its dropout masks and its kernel's noise from its own generator, in the lone run's order
+(input dropout, kernel noise, attention dropout, per layer), so seed s's masks are those of its lone run
+whatever other seeds share the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention import SegmentGroups
+from .gat import GAT, dropout_mask
+
+HOST_PARAMETERS = ("weight", "att_src", "att_dst", "bias")
+"""A GATLayer's own parameters; its kernel's stay in the kernel module."""
+
+
+def seed_dropout(x: Tensor, p: float, training: bool, generators: Sequence[torch.Generator | None]) -> Tensor:
+    """Dropout of [S, ...] with seed s's mask drawn from generators[s], the mask `gat.dropout` draws for x[s]
+    alone; the masks are stacked and applied in one product."""
+    if not training or p == 0.0:
+        return x
+    keep = torch.stack([dropout_mask(x[s], p, g) for s, g in enumerate(generators)])
+    return x * keep
+
+
+class SeedBatchedGAT(nn.Module):
+    """The host parameters of `models` stacked along a new first axis; the kernels are the models' own modules."""
+
+    def __init__(self, models: Sequence[GAT]):
+        super().__init__()
+        first = models[0]
+        self.seeds = len(models)
+        self.dropout = first.dropout
+        self.shapes = [(layer.heads, layer.out_dim, layer.concat, layer.attn_dropout, layer.negative_slope) for layer in first.layers]
+        self.host = nn.ParameterList()
+        for i in range(len(first.layers)):
+            for name in HOST_PARAMETERS:
+                self.host.append(nn.Parameter(torch.stack([getattr(m.layers[i], name).detach() for m in models]).clone()))
+        self.kernels = nn.ModuleList(nn.ModuleList(m.layers[i].kernel for m in models) for i in range(len(first.layers)))
+
+    def layer_parameters(self, i: int) -> dict[str, Tensor]:
+        return dict(zip(HOST_PARAMETERS, list(self.host)[i * len(HOST_PARAMETERS):(i + 1) * len(HOST_PARAMETERS)]))
+
+    def forward(self, x: Tensor, groups: SegmentGroups, traces: list[list] | None = None,
+                generators: Sequence[torch.Generator | None] | None = None) -> Tensor:
+        """Class logits [S, N, C]; seed s's (kernel, result) pairs go to traces[s]. In training `generators`
+        holds one generator per seed."""
+        gens = list(generators) if generators is not None and self.training else [None] * self.seeds
+        h = None
+        for i, (heads, out_dim, concat, attn_dropout, slope) in enumerate(self.shapes):
+            p = self.layer_parameters(i)
+            if i == 0:
+                h = self._first_product(x, p["weight"], gens)
+            else:
+                h = torch.bmm(seed_dropout(x, self.dropout, self.training, gens), p["weight"])
+            h = h.view(self.seeds, -1, heads, out_dim)  # [S, N, H, D]
+            queries, keys = h * p["att_dst"], h * p["att_src"]
+            num_nodes = h.shape[1]
+            fold = lambda t: t.permute(1, 0, 2).reshape(num_nodes, self.seeds * heads)  # noqa: E731 - [S,N,H] -> [N,S·H]
+            logits = F.leaky_relu(groups.per_key(fold(keys.sum(-1))) + groups.per_query(fold(queries.sum(-1))), slope)
+            weights = []
+            # split/unbind, not indexing per seed: an indexed slice's backward writes a zero tensor of the
+            # whole batch per seed (S^2 work), split's concatenates once.
+            for s, (kernel, seed_logits, q, k) in enumerate(zip(self.kernels[i], logits.split(heads, dim=1), queries.unbind(0), keys.unbind(0))):
+                kernel.noise_generator = gens[s]
+                result = kernel.normalize(seed_logits, groups, q=q, k=k)
+                if traces is not None:
+                    traces[s].append((kernel, result))
+                weights.append(result.weights)
+            weights = seed_dropout(torch.stack(weights), attn_dropout, self.training, gens)  # [S, E, H]
+            folded_h = h.permute(1, 0, 2, 3).reshape(num_nodes, self.seeds * heads, out_dim)
+            out = groups.aggregate(weights.permute(1, 0, 2).reshape(-1, self.seeds * heads), folded_h).view(num_nodes, self.seeds, heads, out_dim).transpose(0, 1)
+            out = out.reshape(self.seeds, num_nodes, heads * out_dim) if concat else out.mean(dim=2)
+            x = out + p["bias"].unsqueeze(1)
+            if i < len(self.shapes) - 1:
+                x = F.elu(x)
+        return x
+
+    def _first_product(self, x: Tensor, weight: Tensor, gens: Sequence[torch.Generator | None]) -> Tensor:
+        """Every seed's (dropped-out) sparse features times its own weight, as one block-diagonal sparse
+        product: [S·N, S·F] x [S·F, H·D]; rows of block s are seed s's nodes. One product instead of S
+        keeps the per-step overhead of a lone run's one product (the reason a Cora epoch is cheap)."""
+        seeds, num_features = self.seeds, weight.shape[1]
+        if not x.is_sparse:
+            return torch.bmm(seed_dropout(x.expand(seeds, *x.shape), self.dropout, self.training, gens), weight)
+        x = x.coalesce()
+        index, values = x.indices(), x.values()
+        num_nodes = x.shape[0]
+        offsets = torch.arange(seeds, device=x.device)
+        rows = (index[0].unsqueeze(0) + offsets.unsqueeze(1) * num_nodes).reshape(-1)
+        cols = (index[1].unsqueeze(0) + offsets.unsqueeze(1) * num_features).reshape(-1)
+        vals = seed_dropout(values.expand(seeds, -1), self.dropout, self.training, gens).reshape(-1)
+        block = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (seeds * num_nodes, seeds * num_features), is_coalesced=True)
+        return torch.sparse.mm(block, weight.reshape(seeds * num_features, -1))
+
+    def write_into(self, s: int, model: GAT, host: Sequence[Tensor] | None = None) -> None:
+        """Copy seed s's host parameters (or a saved `host` snapshot of them) into its lone model."""
+        source = list(host) if host is not None else [p[s] for p in self.host]
+        with torch.no_grad():
+            for i, layer in enumerate(model.layers):
+                for j, name in enumerate(HOST_PARAMETERS):
+                    getattr(layer, name).copy_(source[i * len(HOST_PARAMETERS) + j])
+
+    def host_snapshot(self, s: int) -> list[Tensor]:
+        return [p[s].detach().clone() for p in self.host]
+
+    def keep(self, seeds: Sequence[int]) -> dict[int, nn.Parameter]:
+        """Drop every seed not in `seeds` (stopped or failed: compute is not spent on them, and nothing can
+        change their parameters). Returns {id(old parameter): new parameter} for the optimiser's state."""
+        index = torch.as_tensor(list(seeds), device=self.host[0].device)
+        moved = {}
+        new = nn.ParameterList()
+        for p in self.host:
+            q = nn.Parameter(p.detach().index_select(0, index).clone())
+            moved[id(p)] = q
+            new.append(q)
+        self.host = new
+        self.kernels = nn.ModuleList(nn.ModuleList(layer[s] for s in seeds) for layer in self.kernels)
+        self.seeds = len(seeds)
+        return moved

@@ -1,0 +1,161 @@
+"""The training loop of S seeds of one node-classification configuration, trained as one seed-batched GAT.
+
+A plain loop, not a Lightning Trainer: each seed stops on its own rule and leaves the batch when it stops
+(its record is written then), which changes the set of parameters being optimised mid-fit; Lightning's
+fit loop has one stop flag and one fixed optimiser. Each seed's lone LightningModule is kept and its best
+weights are loaded into it, so its test runs through the lone run's own `test_step` (harness/run/seed_batch.py).
+
+Equal to the lone loop step for step: one full-graph step per epoch, then validation, then the seed's
+stopping rule (modules/tasks/stopping.py) decides whether this epoch's weights are its best and whether
+it stops. The loss is the sum of the seeds' own losses, so each seed's gradient is its lone gradient, and
+Adam (elementwise, L2 included) over the stacked parameters is S Adams.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..hosts.gat import graph_groups
+from ..hosts.gat_seed_batch import SeedBatchedGAT
+from .attention_terms import trace_aux_loss
+from .node_classification import NodeClassificationModule
+from .optimization import parameter_groups
+
+
+@dataclass
+class SeedOutcome:
+    """How one seed's training ended; `module` holds its best weights when `error` is None."""
+
+    index: int
+    module: NodeClassificationModule
+    epochs: int
+    best_epoch: int | None
+    best_metrics: dict[str, float]
+    history: list[dict[str, float]]
+    error: str | None = None
+    fit_time_s: float = 0.0
+    """The seed's share of the batch's fitting time: each epoch's time divided by the seeds it trained."""
+    batch_epoch_s: list[float] = field(default_factory=list)
+
+
+class _Batch(nn.Module):
+    """The optimised module: the stacked host and the kernels, so that `parameter_groups` finds the kernels'
+    parameters by their class exactly as it does in a lone module."""
+
+    def __init__(self, model: SeedBatchedGAT):
+        super().__init__()
+        self.model = model
+
+
+def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Sequence, *, max_epochs: int,
+                   generators: Sequence[torch.Generator], on_finished: Callable[[SeedOutcome], None]) -> None:
+    """Train `modules` (seed s: modules[s], its stopping rule rules[s], its noise generators[s]) together;
+    `on_finished` gets each seed's outcome as soon as it stops, fails or reaches max_epochs."""
+    first = modules[0]
+    batch = _Batch(SeedBatchedGAT([m.model for m in modules]))
+    device = graph.x.device
+    batch.to(device)
+    groups = graph_groups(graph.edge_index, graph.num_nodes)
+    train_nodes = graph.train_mask.nonzero().squeeze(1)
+    val_nodes = graph.val_mask.nonzero().squeeze(1)
+    y_train, y_val = graph.y[train_nodes], graph.y[val_nodes]
+
+    def optimizer_for(module: nn.Module, state: dict | None = None) -> torch.optim.Optimizer:
+        groups_ = parameter_groups(module, lr=first.lr, weight_decay=first.weight_decay,
+                                   kernel_lr_scale=first.kernel_lr_scale, decay_vectors=True)
+        optimizer = torch.optim.Adam(groups_, lr=first.lr)
+        if state:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if id(p) in state:
+                        optimizer.state[p] = state[id(p)]
+        return optimizer
+
+    optimizer = optimizer_for(batch)
+    active = list(range(len(modules)))  # original index of each batch position
+    best: dict[int, tuple[list[Tensor], list[dict]]] = {}
+    outcomes = {s: SeedOutcome(s, modules[s], 0, None, {}, []) for s in active}
+
+    def finish(s: int, position: int, error: str | None = None) -> None:
+        outcome = outcomes[s]
+        outcome.error = error
+        if error is None:
+            if s not in best:
+                outcome.error = "FloatingPointError: the monitored validation metric was never finite, so no epoch's weights were kept"
+            else:
+                host, kernels = best.pop(s)
+                batch.model.write_into(position, modules[s].model, host)
+                for kernel, state in zip((layer.kernel for layer in modules[s].model.layers), kernels):
+                    kernel.load_state_dict(state)
+        on_finished(outcome)
+
+    for epoch in range(max_epochs):
+        start = time.perf_counter()
+        batch.train()
+        traces: list[list] = [[] for _ in active]
+        logits = batch.model(graph.x, groups, traces, [generators[s] for s in active])
+        losses, rows = [], []
+        for position, s in enumerate(active):
+            loss = F.cross_entropy(logits[position][train_nodes], y_train)
+            aux, aux_logs = trace_aux_loss(traces[position], epoch, epoch)
+            if aux is not None:
+                loss = loss + aux
+            losses.append(loss)
+            rows.append({name: value.detach() for name, value in aux_logs.items()})
+        stacked = torch.stack(losses)
+        finite = torch.isfinite(stacked.detach()).tolist()  # one host read per epoch for every seed
+        optimizer.zero_grad(set_to_none=True)
+        kept = [loss for loss, ok in zip(losses, finite) if ok]
+        if kept:
+            torch.stack(kept).sum().backward()
+            optimizer.step()
+
+        batch.eval()
+        with torch.no_grad():
+            logits = batch.model(graph.x, groups)
+            val_logits = logits[:, val_nodes]
+            val_loss = F.cross_entropy(val_logits.transpose(1, 2), y_val.expand(len(active), -1), reduction="none").mean(1)
+            val_acc = (val_logits.argmax(-1) == y_val).float().mean(1)
+            values = torch.stack([stacked.detach(), val_loss, val_acc]).tolist()
+        epoch_s = time.perf_counter() - start
+
+        survivors = []
+        for position, s in enumerate(active):
+            outcome = outcomes[s]
+            outcome.epochs = epoch + 1
+            outcome.fit_time_s += epoch_s / len(active)
+            outcome.batch_epoch_s.append(epoch_s)
+            if not finite[position]:
+                finish(s, position, f"DivergedError: training loss became non-finite ({values[0][position]}) at epoch {epoch}; the run diverged")
+                continue
+            metrics = {"val/loss": values[1][position], "val/acc": values[2][position]}
+            outcome.history.append({"train/loss": values[0][position], **{k: float(v) for k, v in rows[position].items()},
+                                    **metrics, "epoch_s": epoch_s})
+            decision = rules[s].update(metrics)
+            if decision.save:
+                kernels = [{k: v.detach().clone() for k, v in kernel_layer[position].state_dict().items()}
+                           for kernel_layer in batch.model.kernels]
+                best[s] = (batch.model.host_snapshot(position), kernels)
+                outcome.best_epoch, outcome.best_metrics = epoch, metrics
+            if decision.stop or epoch == max_epochs - 1:
+                finish(s, position)
+            else:
+                survivors.append(position)
+        if not survivors:
+            return
+        if len(survivors) < len(active):
+            state = {id(p): optimizer.state[p] for group in optimizer.param_groups for p in group["params"] if p in optimizer.state}
+            moved = batch.model.keep(survivors)
+            for old_id, new in moved.items():
+                if old_id in state:
+                    index = torch.as_tensor(survivors, device=new.device)
+                    state[id(new)] = {k: (v.index_select(0, index).clone() if v.dim() > 0 else v) for k, v in state.pop(old_id).items()}
+            optimizer = optimizer_for(batch, state)
+            active = [active[p] for p in survivors]

@@ -1,0 +1,218 @@
+"""Seed batching (issue 27): S seeds of one configuration trained as one model, each seed still its own experiment.
+
+On Cora with a few epochs: initial parameters are the lone runs', masks depend on the seed alone, a stopped
+seed is frozen, a diverged seed fails alone, first-epoch losses match lone runs, records and keys are a lone
+run's with `execution.seed_batch` set."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from harness.plan.planner import seed_batches
+from harness.plan.spec import make_spec
+from harness.results.record import Status
+from harness.run.runner import _prepare, execute
+from harness.run.seed_batch import execute_batch, stopping_rule_for
+from modules.attention import list_attentions
+from modules.hosts import gat_seed_batch
+from modules.hosts.gat_seed_batch import SeedBatchedGAT
+from modules.lit.node_classification_seed_batch import fit_seed_batch
+from modules.tasks import get_task
+from modules.tasks.stopping import Decision
+
+pytestmark = pytest.mark.usefixtures("data_root")
+
+
+@pytest.fixture
+def data_root():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    if not (root / "planetoid").exists():
+        pytest.skip("needs the Planetoid data under ../shared/data")
+    return str(root)
+
+
+def lone_built(seeds, data_root, variant="softmax", **params):
+    """Each seed's (datamodule, module) exactly as its lone run builds them."""
+    task = get_task("cora")
+    p = task.params(params)
+    built = []
+    for seed in seeds:
+        L.seed_everything(seed, verbose=False)
+        built.append(task.build(p, variant, data_root=data_root, cache_dir=None))
+    return task, p, built
+
+
+def test_initial_parameters_are_the_lone_runs_bit_for_bit(data_root):
+    _, _, built = lone_built([0, 1, 2], data_root)
+    batched = SeedBatchedGAT([m.model for _, m in built])
+    _, _, again = lone_built([1], data_root)
+    lone = again[0][1].model
+    for i, layer in enumerate(lone.layers):
+        for name, stacked in batched.layer_parameters(i).items():
+            assert torch.equal(stacked[1], getattr(layer, name))
+    assert not torch.equal(batched.host[0][0], batched.host[0][1])
+
+
+def drawn_masks(seeds, data_root, monkeypatch, variant="softmax"):
+    """Every mask and kernel draw of one training forward, per seed (by its generator)."""
+    _, _, built = lone_built(seeds, data_root, variant)
+    dm = built[0][0]
+    dm.setup()
+    generators = [m.model.noise.on(torch.device("cpu")) for _, m in built]
+    drawn = {id(g): [] for g in generators}
+    from modules.hosts.gat import dropout_mask as real_mask
+
+    def recording(like, p, generator):
+        mask = real_mask(like, p, generator)
+        drawn[id(generator)].append(mask.clone())
+        return mask
+
+    monkeypatch.setattr(gat_seed_batch, "dropout_mask", recording)
+    batched = SeedBatchedGAT([m.model for _, m in built]).train()
+    from modules.hosts.gat import graph_groups
+
+    traces = [[] for _ in seeds]
+    batched(dm.graph.x, graph_groups(dm.graph.edge_index, dm.graph.num_nodes), traces, generators)
+    weights = [[result.weights for _, result in trace] for trace in traces]
+    return {seed: (drawn[id(g)], w) for seed, g, w in zip(seeds, generators, weights)}
+
+
+def test_a_seeds_masks_and_noise_do_not_depend_on_the_other_seeds_of_its_batch(data_root, monkeypatch):
+    alone = drawn_masks([3], data_root, monkeypatch, "bam-weibull")[3]
+    among = drawn_masks(list(range(8)), data_root, monkeypatch, "bam-weibull")
+    masks, weights = among[3]
+    assert len(masks) == len(alone[0]) == 4  # input, attention (layer 1), hidden, attention (layer 2)
+    for a, b in zip(alone[0], masks):
+        assert torch.equal(a, b)
+    for a, b in zip(alone[1], weights):  # BAM's sampled weights: the kernel's draws come from the seed's generator too
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert not torch.equal(among[2][0][0], masks[0])
+
+
+class StopAt:
+    """A rule that keeps every epoch's weights and stops after `epochs` epochs."""
+
+    patience = 0
+
+    def __init__(self, epochs):
+        self.epochs, self.seen = epochs, 0
+
+    def update(self, metrics):
+        self.seen += 1
+        return Decision(save=True, stop=self.seen >= self.epochs)
+
+
+def fit(seeds, data_root, stops, max_epochs=4, poison=()):
+    task, params, built = lone_built(seeds, data_root)
+    for i in poison:
+        with torch.no_grad():
+            built[i][1].model.layers[0].bias.fill_(float("nan"))
+    dm = built[0][0]
+    dm.setup()
+    modules = [m for _, m in built]
+    finished, frozen_at_finish = {}, {}
+
+    def on_finished(outcome):
+        seed = seeds[outcome.index]
+        finished[seed] = outcome
+        frozen_at_finish[seed] = {k: v.clone() for k, v in outcome.module.state_dict().items()}
+
+    fit_seed_batch(modules, dm.graph, [StopAt(s) for s in stops], max_epochs=max_epochs,
+                   generators=[m.model.noise.on(torch.device("cpu")) for m in modules], on_finished=on_finished)
+    return finished, frozen_at_finish
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_stopped_seed_is_frozen_and_the_others_train_on_as_without_it(data_root):
+    finished, at_finish = fit([0, 1], data_root, stops=[2, 4])
+    assert finished[0].epochs == 2 and finished[1].epochs == 4
+    # nothing changed seed 0's weights after it stopped, while seed 1 trained two more epochs
+    assert_same_weights(at_finish[0], finished[0].module.state_dict())
+    alone0, _ = fit([0], data_root, stops=[2])
+    alone1, _ = fit([1], data_root, stops=[4])
+    assert_same_weights(finished[0].module.state_dict(), alone0[0].module.state_dict())
+    # seed 1's Adam moments after seed 0 left the batch are its own: same weights as training alone
+    assert_same_weights(finished[1].module.state_dict(), alone1[1].module.state_dict())
+
+
+def test_a_seed_whose_loss_turns_nan_fails_alone(data_root):
+    finished, _ = fit([0, 1, 2], data_root, stops=[3, 3, 3], poison=[1])
+    assert finished[1].error.startswith("DivergedError") and finished[1].epochs == 1
+    assert finished[0].error is None and finished[2].error is None and finished[0].epochs == 3
+    alone, _ = fit([0, 2], data_root, stops=[3, 3])
+    for seed in (0, 2):
+        assert_same_weights(finished[seed].module.state_dict(), alone[seed].module.state_dict())
+
+
+@pytest.mark.parametrize("variant", ["softmax", "bam-weibull"])
+def test_first_epoch_losses_equal_the_lone_runs(data_root, variant):
+    seeds = [0, 1, 2]
+    task, params, built = lone_built(seeds, data_root, variant, max_epochs=1)
+    dm = built[0][0]
+    dm.setup()
+    modules = [m for _, m in built]
+    losses = {}
+    fit_seed_batch(modules, dm.graph, [stopping_rule_for(task, params) for _ in seeds], max_epochs=1,
+                   generators=[m.model.noise.on(torch.device("cpu")) for m in modules],
+                   on_finished=lambda o: losses.__setitem__(seeds[o.index], o.history[0]["train/loss"]))
+    for seed in seeds:
+        spec = make_spec("cora", variant, seed, {"max_epochs": 1})
+        trainer, datamodule, module, _ = _prepare(spec, data_root, None, [])
+        trainer.fit(module, datamodule=datamodule)
+        lone = float(trainer.callback_metrics["train/loss"])
+        assert losses[seed] == pytest.approx(lone, rel=1e-5)
+
+
+def test_records_and_keys_are_the_lone_runs_with_the_batch_in_execution(data_root):
+    specs = [make_spec("cora", "softmax", seed, {"max_epochs": 3}) for seed in (0, 1)]
+    written = []
+    records = execute_batch(specs, data_root=data_root, on_record=written.append)
+    assert [r.key for r in records] == [s.key for s in specs] and sorted(r.key for r in written) == sorted(s.key for s in specs)
+    for spec, record in zip(specs, records):
+        lone = execute(spec, data_root=data_root)
+        assert record.status is Status.OK and record.spec == spec.to_dict() == lone.spec
+        assert record.execution["seed_batch"] == 2 and lone.execution is None
+        assert record.metrics.keys() == lone.metrics.keys() and record.epochs == lone.epochs == 3
+        assert record.best_epoch == lone.best_epoch
+        # equal up to floating-point reassociation: at most one test node of 1000 may flip
+        assert abs(record.metrics["test/acc"]["value"] - lone.metrics["test/acc"]["value"]) <= 1e-3
+
+
+@pytest.mark.parametrize("variant", list_attentions())
+def test_every_variant_trains_seed_batched(data_root, variant):
+    specs = [make_spec("cora", variant, seed, {"max_epochs": 1}) for seed in (0, 1)]
+    records = execute_batch(specs, data_root=data_root, on_record=lambda r: None)
+    assert [r.status for r in records] == [Status.OK, Status.OK], [r.error for r in records]
+
+
+def test_seed_batches_group_seeds_of_one_configuration_and_split_them_over_workers():
+    specs = [make_spec("cora", v, seed, {"max_epochs": 1}) for v in ("softmax", "sparsemax") for seed in range(6)]
+    items = seed_batches(specs, workers=1)
+    assert [[s.seed for s in item] for item in items] == [list(range(6))] * 2
+    assert {s.variant for s in items[0]} == {"softmax"}
+    items = seed_batches(specs, workers=4)
+    assert sorted(len(item) for item in items) == [3, 3, 3, 3] and sum(len(i) for i in items) == 12
+    assert [len(item) for item in seed_batches(specs, workers=4, enabled=False)] == [1] * 12
+    text = [make_spec("glue-sst2", "softmax", seed) for seed in (0, 1)]  # its host has no seed axis: one run per seed
+    assert seed_batches(text, workers=1) == [[text[0]], [text[1]]]
+
+
+def test_the_boards_provenance_line_says_which_records_trained_in_seed_batches():
+    from harness.report.board import seed_batched
+    from harness.results.record import Record
+
+    specs = [make_spec("cora", "softmax", seed, {"max_epochs": 1}) for seed in range(4)]
+    metrics = {"test/acc": {"value": 0.5, "higher_is_better": True}}
+    lone = [Record.ok(s, metrics) for s in specs[:2]]
+    batched = [Record.ok(s, metrics, execution={"seed_batch": 2, "seeds": [2, 3]}) for s in specs[2:]]
+    assert seed_batched(lone) == ""  # boards of lone runs read as before
+    assert seed_batched(lone + batched) == "2 trained in seed batches of 2 seeds"
