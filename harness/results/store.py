@@ -213,10 +213,19 @@ class RecordStore:
         return record is not None and record.is_final(retry_failed)
 
 
+_NOT_IDENTITY = ("label", "extra")
+"""Spec fields outside the key (RunSpec.key): how a board names a row and where the spec came from, so that a
+tuned row whose best parameters are the defaults, run on another machine, is still the same experiment."""
+
+
 def same_experiment(a: Record, b: Record) -> bool:
-    """Two records of one key that are two executions of one experiment rather than a conflict: the same spec,
-    both final (a died run is retried, so it is no outcome to compare), with the same status."""
-    return a.spec == b.spec and a.status == b.status and a.is_final() and b.is_final()
+    """Two records of one key that are two executions of one experiment rather than a conflict: the same spec
+    (the fields the key is made of, precision included), both final (a died run is retried, so it is no outcome
+    to compare), with the same status."""
+    def identity(record: Record) -> dict[str, Any]:
+        return {k: v for k, v in (record.spec or {}).items() if k not in _NOT_IDENTITY}
+
+    return identity(a) == identity(b) and a.status == b.status and a.is_final() and b.is_final()
 
 
 def chosen_execution(copies: Iterable[Record]) -> Record:
