@@ -87,9 +87,11 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
     found = [records[s.key] for s in specs if s.key in records]
     unique = _unique_records(found)
 
+    executions = {key: list(copies) for key, copies in (executions or {}).items() if key in records}
     by_label: dict[str, list[Record]] = defaultdict(list)
     for record in unique:
-        by_label[hardware_label(record)].append(record)
+        for copy in executions.get(record.key) or [record]:  # every execution tells what the run costs on its class
+            by_label[hardware_label(copy)].append(copy)
     labels = sorted(by_label)
     trivial = {name: trivial_baseline(the_plan, name) for name in tasks}
 
@@ -99,7 +101,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
     for label in [" + ".join(labels) or NO_RECORDS]:
         group_records = unique
         hw = _group_hardware(group_records) if len(labels) == 1 else {name: None for name in _HARDWARE_FIELDS}
-        tables = [_task_table(name, the_plan.metrics[name], [s for s in specs if s.task == name], records, labels, trivial[name])
+        tables = [_task_table(name, the_plan.metrics[name], [s for s in specs if s.task == name], records, labels, trivial[name], executions)
                   for name in tasks]
         groups.append({
             "hardware": label,
@@ -146,7 +148,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
                     f"rows with fewer than {MIN_SEEDS_TO_RANK} finished seeds are not ranked"),
         "groups": groups,
         "hardware_classes": [{"label": label, "records": len(by_label[label])} for label in labels],
-        **_reproducibility(specs, executions or {}, the_plan),
+        **_reproducibility(specs, executions, the_plan),
         **problems,
     }
 
@@ -161,10 +163,12 @@ def _reproducibility(specs, executions: Mapping[str, Iterable[Record]], the_plan
     from harness.results.store import chosen_execution  # the store's rule, so that board and store agree on the shown copy
 
     copies_count: Counter = Counter()
+    classes: Counter = Counter()
     metrics: dict[str, dict[str, Any]] = {}
     for key in keys:
         copies = list(executions[key])
         copies_count[len(copies)] += 1
+        classes.update(hardware_label(c) for c in copies)
         shown = chosen_execution(copies)
         for name, cell in sorted((shown.metrics or {}).items()):
             value = cell.get("value")
@@ -176,7 +180,8 @@ def _reproducibility(specs, executions: Mapping[str, Iterable[Record]], the_plan
             differences = [abs(float(v) - float(value)) for v in others]
             entry["identical"] += all(d == 0 for d in differences)
             entry["max_abs_diff"] = max([entry["max_abs_diff"], *differences])
-    return {"reproducibility": {"keys": len(keys), "executions": dict(sorted(copies_count.items())), "metrics": list(metrics.values())}}
+    return {"reproducibility": {"keys": len(keys), "executions": dict(sorted(copies_count.items())), "classes": dict(sorted(classes.items())),
+                                "metrics": list(metrics.values())}}
 
 
 def reproducibility_line(board: dict[str, Any]) -> str | None:
@@ -190,8 +195,9 @@ def reproducibility_line(board: dict[str, Any]) -> str | None:
     for m in found["metrics"]:
         scale, unit = (100.0, " points") if m["percent"] else (1.0, "")
         parts.append(f"{m['metric']} identical in {m['identical']} of {m['keys']}, max |Δ| {m['max_abs_diff'] * scale:.3g}{unit}")
+    classes = ", ".join(f"{label}: {n}" for label, n in found["classes"].items())
     return (f"Reproducibility: {found['keys']} key{'s' if found['keys'] != 1 else ''} ran on {executions} executions "
-            f"(the board shows the earliest finished): {'; '.join(parts) or 'no shared metric'}")
+            f"({classes}; the board shows the earliest finished): {'; '.join(parts) or 'no shared metric'}")
 
 
 def trivial_baseline(the_plan: Plan, task: str) -> dict[str, Any] | None:
@@ -247,14 +253,14 @@ def _direction(name: str, planned: bool, task_records: Iterable[Record]) -> bool
 
 
 def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[str, Record], classes: list[str],
-                trivial: dict[str, Any] | None = None) -> dict[str, Any]:
+                trivial: dict[str, Any] | None = None, executions: Mapping[str, list[Record]] | None = None) -> dict[str, Any]:
     task_records = [records[s.key] for s in task_specs if s.key in records]
     metrics = [{"name": m.name, "higher_is_better": _direction(m.name, m.higher_is_better, task_records), "percent": is_fraction_metric(m.name)}
                for m in planned_metrics]
     by_label: dict[str, list] = defaultdict(list)
     for spec in task_specs:
         by_label[spec.display].append(spec)
-    rows = {label: _row(label, entries, records, classes, metrics) for label, entries in sorted(by_label.items())}
+    rows = {label: _row(label, entries, records, classes, metrics, executions or {}) for label, entries in sorted(by_label.items())}
 
     baseline = _baseline_label(by_label, rows)
     for metric in metrics:
@@ -343,13 +349,15 @@ def _baseline_label(by_label: Mapping[str, list], rows: Mapping[str, dict[str, A
     return None
 
 
-def _row(label: str, entries, records: Mapping[str, Record], classes: list[str], metrics: list[dict[str, Any]]) -> dict[str, Any]:
+def _row(label: str, entries, records: Mapping[str, Record], classes: list[str], metrics: list[dict[str, Any]],
+         executions: Mapping[str, list[Record]]) -> dict[str, Any]:
     entries = sorted(entries, key=lambda s: (s.seed, s.key))
     here = [(s, records[s.key]) for s in entries if s.key in records]
     ok = [(s, r) for s, r in here if r.status is Status.OK]
     cost_by_class = {}
     for hardware in classes:
-        runs = [(s, r) for s, r in here if hardware_label(r) == hardware]
+        # each execution of a key costs what it cost on its own class; quality above counts the key once
+        runs = [(s, copy) for s, r in here for copy in executions.get(s.key) or [r] if hardware_label(copy) == hardware]
         if runs:
             cost_by_class[hardware] = {**_cost(runs, [(s, r) for s, r in runs if r.status is Status.OK]), "runs": len(runs)}
     row: dict[str, Any] = {

@@ -145,9 +145,14 @@ def test_a_key_run_on_two_machines_is_two_executions_not_a_conflict(tmp_path, ca
     md = (out / "safety.md").read_text()
     assert "conflict" not in md
     delta = abs(0.5 - originals[earlier.key].metrics["test/acc"]["value"]) * 100
-    assert (f"- Reproducibility: 3 keys ran on 2 executions (the board shows the earliest finished): "
+    assert (f"- Reproducibility: 3 keys ran on 2 executions (CPU AMD EPYC (1 thread/run): 3, CPU AMD EPYC (2 threads/run): 3; "
+            "the board shows the earliest finished): "
             f"test/acc identical in 1 of 3, max |Δ| {delta:.3g} points") in md
     assert "Reproducibility: 3 keys" in (out / "safety.html").read_text()
+    # the other executions' machine is a hardware class of its own: listed, with its cost apart from the original's
+    assert "- Hardware: CPU AMD EPYC (1 thread/run): 6 records; CPU AMD EPYC (2 threads/run): 3 records" in md
+    cost_lines = [line.split(" | ") for line in md.splitlines() if line.startswith("| `") and " | CPU AMD EPYC (2 threads/run) | " in line]
+    assert sum(int(cells[2]) for cells in cost_lines) == 3
 
     # the copies travel with an export, and a store made from it shows the same board
     exported = tmp_path / "all.jsonl"
