@@ -466,6 +466,8 @@ def cmd_results(args) -> int:
         transfer = export_records(RecordStore(args.runs_dir), args.out)
         summary = f"exported {transfer.counts['record']} record(s)" + (
             f" and {transfer.counts['conflicting copy']} conflicting cop(ies)" if transfer.counts["conflicting copy"] else "")
+        if transfer.counts["other execution"]:
+            summary += f", {transfer.counts['other execution']} other execution(s) of their keys"
         print(f"attnbench results: {summary} to {args.out}")
     else:
         store = RecordStore(args.into)

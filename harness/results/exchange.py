@@ -34,8 +34,9 @@ def _line(record: Record) -> str:
 
 
 def export_records(store: RecordStore, out: str | os.PathLike) -> Transfer:
-    """Every record of the store, then its conflicting copies, one line each, sorted by (key, copy). An
-    unreadable record is left out and named in `problems`."""
+    """Every record of the store, then its conflicting copies and other executions, one line each, sorted by
+    (key, copy): a key's own record first, so an importing store keeps the same one. An unreadable record is
+    left out and named in `problems`."""
     transfer = Transfer()
     lines: list[tuple[str, str, str]] = []
     for path in sorted(store.root.glob("*.json")):

@@ -158,10 +158,16 @@ def test_a_key_run_on_two_machines_is_two_executions_not_a_conflict(tmp_path, ca
     exported = tmp_path / "all.jsonl"
     assert main(["results", "export", str(exported), "--runs-dir", str(tmp_path / "runs")]) == 0
     assert len(exported.read_text().splitlines()) == 9
+    assert "exported 6 record(s), 3 other execution(s) of their keys" in capsys.readouterr().out
     assert main(["results", "import", str(exported), "--into", str(tmp_path / "elsewhere")]) == 0
     again = tmp_path / "again"
     assert main(["leaderboard", "--suite", suite, "--runs-dir", str(tmp_path / "elsewhere"), "--out", str(again)]) == 0
     assert board_files(again) == board_files(out)
+    # and so do they when the runs folder itself is imported
+    assert main(["results", "import", str(tmp_path / "runs"), "--into", str(tmp_path / "folder-copy")]) == 0
+    from_folder = tmp_path / "from-folder"
+    assert main(["leaderboard", "--suite", suite, "--runs-dir", str(tmp_path / "folder-copy"), "--out", str(from_folder)]) == 0
+    assert board_files(from_folder) == board_files(out)
 
 
 def test_a_finished_copy_against_a_failed_one_is_still_a_conflict(tmp_path, capsys):
