@@ -148,12 +148,12 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
                     f"rows with fewer than {MIN_SEEDS_TO_RANK} finished seeds are not ranked"),
         "groups": groups,
         "hardware_classes": [{"label": label, "records": len(by_label[label])} for label in labels],
-        **_reproducibility(specs, executions, the_plan),
+        **_reproducibility(specs, executions),
         **problems,
     }
 
 
-def _reproducibility(specs, executions: Mapping[str, Iterable[Record]], the_plan: Plan) -> dict[str, Any]:
+def _reproducibility(specs, executions: Mapping[str, Iterable[Record]]) -> dict[str, Any]:
     """For the planned keys with two or more finished executions: per metric, in how many of them every copy gives
     the identical value, and the largest |difference| from the copy the board shows (in points for percent
     metrics). Empty (no line on the board) when no key ran twice."""
