@@ -200,14 +200,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave the board as it is, with a note, when the records hold no run of the suite (`make leaderboard` on a fresh clone)")
     _common(p)
 
-    p = sub.add_parser("results", help="move run records between stores: export to a JSON-lines file, import (merge) one")
+    p = sub.add_parser("results", help="move run records between stores: export to a JSON-lines file, import (merge) them, compare two")
     verbs = p.add_subparsers(dest="results_command", required=True)
     q = verbs.add_parser("export", help="every record of --runs-dir as one JSON-lines file, sorted by key")
     q.add_argument("out", metavar="OUT.jsonl")
     q.add_argument("--runs-dir", default=None, help="the store to export (default: $ATTNBENCH_RUNS or runs)")
-    q = verbs.add_parser("import", help="merge records into a store: identical ones deduplicated, different ones under a known key kept as conflicts")
-    q.add_argument("source", metavar="FILE.jsonl|DIR", help="a file from `results export`, or a runs folder (or its records/ folder)")
+    q = verbs.add_parser("import", help="merge records into a store: identical ones deduplicated, other finished executions of a key kept "
+                                        "beside it, genuine conflicts (another spec, finished vs failed) kept as conflicts")
+    q.add_argument("sources", nargs="+", metavar="FILE.jsonl|DIR",
+                   help="files from `results export`, runs folders (or their records/ folders), or folders of runs folders (a SLURM job array's output)")
     q.add_argument("--into", default=None, help="the store to merge into (default: $ATTNBENCH_RUNS or runs; the committed records: leaderboards)")
+    q = verbs.add_parser("compare", help="per task and metric: how many keys two stores (or exports) share, how many agree exactly, the largest difference; "
+                                         "exit 0 when every shared value is identical, 3 when some differ, 4 when they share no finished key, 1 on an unreadable record")
+    q.add_argument("a", metavar="A", help="a store (runs folder) or an export file")
+    q.add_argument("b", metavar="B", help="a store (runs folder) or an export file")
     return parser
 
 
@@ -506,23 +512,51 @@ def cmd_leaderboard(args) -> int:
 
 
 def cmd_results(args) -> int:
-    """Exit 1 when a record could not be read (the rest is still exported or imported), else 0."""
+    """Exit 1 when a record could not be read (the rest is still exported or imported), else 0; `compare` has its own
+    codes (see `_compare_results`)."""
     from harness.results.exchange import export_records, import_records
     from harness.results.store import RecordStore
 
+    if args.results_command == "compare":
+        return _compare_results(args)
     if args.results_command == "export":
         transfer = export_records(RecordStore(args.runs_dir), args.out)
         summary = f"exported {transfer.counts['record']} record(s)" + (
             f" and {transfer.counts['conflicting copy']} conflicting cop(ies)" if transfer.counts["conflicting copy"] else "")
+        if transfer.counts["other execution"]:
+            summary += f", {transfer.counts['other execution']} other execution(s) of their keys"
         print(f"attnbench results: {summary} to {args.out}")
     else:
         store = RecordStore(args.into)
-        transfer = import_records(args.source, store)
+        transfer = import_records(args.sources, store)
         print(f"attnbench results: into {store.root}: {transfer.counts['added']} added, {transfer.counts['same']} already there, "
-              f"{transfer.counts['conflict']} conflict(s)" + (f" (kept in {store.conflicts_dir}; the boards show them)" if transfer.counts["conflict"] else ""))
+              f"{transfer.counts['execution']} other execution(s), {transfer.counts['conflict']} conflict(s)"
+              + (f"; other executions of a key kept in {store.executions_dir} (the boards rank one per key and report how the copies agree)"
+                 if transfer.counts["execution"] else "")
+              + (f"; conflicts kept in {store.conflicts_dir} (the boards show them)" if transfer.counts["conflict"] else ""))
     for problem in transfer.problems:
         print(f"attnbench results: error: unreadable record {problem}", file=sys.stderr)
     return 1 if transfer.problems else 0
+
+
+def _compare_results(args) -> int:
+    """0: every value the two sources share is identical; 3: some differ (the table says where and by how much);
+    4: they share no key finished on both sides, so nothing was compared; 1: a record could not be read."""
+    from harness.results.exchange import compare_sources
+
+    agreements, counts, transfer = compare_sources(args.a, args.b)
+    print(f"attnbench results compare: {counts['shared_ok']} key(s) finished in both; {counts['only_a']} only in {args.a}, {counts['only_b']} only in {args.b}")
+    if agreements:
+        print(f"{'task':<24} {'metric':<28} {'shared':>6} {'identical':>9} {'max |Δ|':>12}")
+        for a in agreements:
+            print(f"{a.task:<24} {a.metric:<28} {a.shared:>6} {a.identical:>9} {a.max_abs_diff:>12.6g}")
+    for problem in transfer.problems:
+        print(f"attnbench results: error: unreadable record {problem}", file=sys.stderr)
+    if transfer.problems:
+        return 1
+    if not counts["shared_ok"]:
+        return 4
+    return 0 if all(a.identical == a.shared for a in agreements) else 3
 
 
 def cmd_perf(args) -> int:

@@ -41,6 +41,11 @@ class RunSpec:
 
     @property
     def key(self) -> str:
+        """The experiment's identity, never how it ran (README, DESIGN notes: identity vs execution): task and
+        its version, variant, its version and full config, task parameters, seed, and precision (bf16 and fp32
+        are different experiments). Hardware, threads, workers, world size, seed batching and commit are
+        metadata (`Record.hardware`, `Record.execution`, `Record.commit`): the same key run on two machines is
+        two executions of one experiment (RecordStore keeps both; the board ranks one and reports how they agree)."""
         identity = {
             "schema": RECORD_SCHEMA,
             "task": self.task,

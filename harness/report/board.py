@@ -1,11 +1,20 @@
-"""Plan + Records -> the leaderboard "board": per hardware group, per task, per variant, statistics over seeds.
+"""Plan + Records -> the leaderboard "board": per task, per variant, statistics over seeds.
 
 The board is a plain, JSON-serialisable dict (its shape is documented in `build_board`) from which the
 Markdown, CSV and HTML leaderboards are rendered, so that every rendering shows the same numbers.
 Everything in it is in a deterministic order (no clock, no set order, ties broken by name): the same
 records always give the same board.
 
-Statistics (stats.py), per (hardware group, task, variant, metric): mean, std and confidence interval over
+One ranking across executions (README, DESIGN notes: identity vs execution). A run key is the experiment, so
+quality (metrics, Δ, tests, ranks, ▲ / ▼, resolution) uses every finished record of the suite whatever machine
+made it. Cost (time per epoch, total time, peak memory, GPU-hours) depends on the machine, so it is computed per
+*hardware class*, the record's hardware label (device, its count, and for CPUs the threads per run: threads
+change what a CPU run costs as much as a device does), and never mixed across classes: a row has one cost per
+class (`cost_by_class`), and `cost` is that cost only on a board with a single class. A key recorded by several
+executions (another machine's copy, kept by RecordStore.import_record) counts once, as the copy the store chose
+(`chosen_execution`: the earliest finished); the board's `reproducibility` says how far the copies agree.
+
+Statistics (stats.py), per (task, variant, metric): mean, std and confidence interval over
 seeds; against the `softmax` row of the same table a paired t-test, Holm-corrected across the variants of
 the table. A cell is marked "better" or "worse" only when its Holm-adjusted p is below `ALPHA`.
 Metric names and their order (the primary first) come from the plan; whether higher is better from the
@@ -62,11 +71,13 @@ def is_fraction_metric(metric: str) -> bool:
 
 
 def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[str, Any]], *,
-                unreadable: Mapping[str, str] | None = None, conflicts: Mapping[str, Iterable[Any]] | None = None) -> dict[str, Any]:
+                unreadable: Mapping[str, str] | None = None, conflicts: Mapping[str, Iterable[Any]] | None = None,
+                executions: Mapping[str, Iterable[Record]] | None = None) -> dict[str, Any]:
     """`suite` and `the_plan` from harness.plan, `records` run key -> record (missing keys = not run yet),
-    `unreadable` run key -> why its record file does not load, `conflicts` run key -> its conflicting copies.
-    The unreadable and conflict counts (and their lists) appear only when there are some, so that a board
-    without them reads exactly as before they existed."""
+    `unreadable` run key -> why its record file does not load, `conflicts` run key -> its conflicting copies,
+    `executions` run key -> every finished execution of it (RecordStore.load), for keys run more than once.
+    The unreadable and conflict counts (and their lists) and the reproducibility line appear only when there
+    are some, so that a board without them reads exactly as before they existed."""
     unreadable = {k: v for k, v in (unreadable or {}).items() if k not in records}
     conflicts = conflicts or {}
     records = {key: r if isinstance(r, Record) else Record.from_dict(r) for key, r in records.items()}
@@ -76,17 +87,21 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
     found = [records[s.key] for s in specs if s.key in records]
     unique = _unique_records(found)
 
-    by_label: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    executions = {key: list(copies) for key, copies in (executions or {}).items() if key in records}
+    by_label: dict[str, list[Record]] = defaultdict(list)
     for record in unique:
-        by_label[hardware_label(record)].append(record)
-    labels = sorted(by_label) or [NO_RECORDS]
+        for copy in executions.get(record.key) or [record]:  # every execution tells what the run costs on its class
+            by_label[hardware_label(copy)].append(copy)
+    labels = sorted(by_label)
     trivial = {name: trivial_baseline(the_plan, name) for name in tasks}
 
+    # One group: the ranking over every execution. (Boards had a group per hardware label; the list stays so
+    # that a board's shape, and every renderer walking it, did not change with the rule.)
     groups = []
-    for label in labels:
-        group_records = by_label.get(label, [])
-        hw = _group_hardware(group_records)
-        tables = [_task_table(name, the_plan.metrics[name], [s for s in specs if s.task == name], records, label, trivial[name])
+    for label in [" + ".join(labels) or NO_RECORDS]:
+        group_records = unique
+        hw = _group_hardware(group_records) if len(labels) == 1 else {name: None for name in _HARDWARE_FIELDS}
+        tables = [_task_table(name, the_plan.metrics[name], [s for s in specs if s.task == name], records, labels, trivial[name], executions)
                   for name in tasks]
         groups.append({
             "hardware": label,
@@ -121,6 +136,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         "recorded": sum(1 for s in specs if s.key in records),
         "status_counts": {status: counts.get(status, 0) for status in columns},
         "commits": _commits(unique),
+        "seed_batched": seed_batched(unique),
         "finished_range": _finished_range(unique),
         "skipped_tasks": dict(sorted(the_plan.skipped_tasks.items())),
         "alpha": ALPHA,
@@ -133,8 +149,57 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         "ranking": (f"competition ranking by the primary metric's mean: equal means share the better rank (1, 2, 2, 4); "
                     f"rows with fewer than {MIN_SEEDS_TO_RANK} finished seeds are not ranked"),
         "groups": groups,
+        "hardware_classes": [{"label": label, "records": len(by_label[label])} for label in labels],
+        **_reproducibility(specs, executions),
         **problems,
     }
+
+
+def _reproducibility(specs, executions: Mapping[str, Iterable[Record]]) -> dict[str, Any]:
+    """For the planned keys with two or more finished executions: per metric, in how many of them every copy gives
+    the identical value, and the largest |difference| from the copy the board shows (in points for percent
+    metrics). Empty (no line on the board) when no key ran twice."""
+    keys = sorted({s.key for s in specs if len(list(executions.get(s.key, ()))) >= 2})
+    if not keys:
+        return {}
+    from harness.results.store import chosen_execution  # the store's rule, so that board and store agree on the shown copy
+
+    copies_count: Counter = Counter()
+    classes: Counter = Counter()
+    metrics: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        copies = list(executions[key])
+        copies_count[len(copies)] += 1
+        classes.update(hardware_label(c) for c in copies)
+        shown = chosen_execution(copies)
+        for name, cell in sorted((shown.metrics or {}).items()):
+            value = cell.get("value")
+            others = [(c.metrics or {}).get(name, {}).get("value") for c in copies if c is not shown]
+            if value is None or any(v is None for v in others):
+                continue
+            entry = metrics.setdefault(name, {"metric": name, "percent": is_fraction_metric(name), "keys": 0, "identical": 0, "max_abs_diff": 0.0})
+            entry["keys"] += 1
+            differences = [abs(float(v) - float(value)) for v in others]
+            entry["identical"] += all(d == 0 for d in differences)
+            entry["max_abs_diff"] = max([entry["max_abs_diff"], *differences])
+    return {"reproducibility": {"keys": len(keys), "executions": dict(sorted(copies_count.items())), "classes": dict(sorted(classes.items())),
+                                "metrics": list(metrics.values())}}
+
+
+def reproducibility_line(board: dict[str, Any]) -> str | None:
+    """"37 keys ran on 2 executions: test/acc identical in 35, max |Δ| 0.2 points; ..."; None without such keys."""
+    found = board.get("reproducibility")
+    if not found:
+        return None
+    counts = sorted(found["executions"])
+    executions = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+    parts = []
+    for m in found["metrics"]:
+        scale, unit = (100.0, " points") if m["percent"] else (1.0, "")
+        parts.append(f"{m['metric']} identical in {m['identical']} of {m['keys']}, max |Δ| {m['max_abs_diff'] * scale:.3g}{unit}")
+    classes = ", ".join(f"{label}: {n}" for label, n in found["classes"].items())
+    return (f"Reproducibility: {found['keys']} key{'s' if found['keys'] != 1 else ''} ran on {executions} executions "
+            f"({classes}; the board shows the earliest finished): {'; '.join(parts) or 'no shared metric'}")
 
 
 def trivial_baseline(the_plan: Plan, task: str) -> dict[str, Any] | None:
@@ -161,10 +226,13 @@ def _unique_records(found: Iterable[Record]) -> list[Record]:
     return [by_key[k] for k in sorted(by_key)]
 
 
+_HARDWARE_FIELDS = ("accelerator", "device", "device_count", "cpu", "threads")
+
+
 def _group_hardware(group_records: list[Record]) -> dict[str, Any]:
     """The label names the device; the first record (by key) gives the details, which the label fixes."""
     hw = (group_records[0].hardware or {}) if group_records else {}
-    return {name: hw.get(name) for name in ("accelerator", "device", "device_count", "cpu", "threads")}
+    return {name: hw.get(name) for name in _HARDWARE_FIELDS}
 
 
 def _versions(group_records: list[Record], name: str) -> list[str]:
@@ -195,15 +263,15 @@ def _direction(name: str, planned: bool, task_records: Iterable[Record]) -> bool
     return next((bool(r.metrics[name]["higher_is_better"]) for r in task_records if r.metrics and name in r.metrics), planned)
 
 
-def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[str, Record], group: str,
-                trivial: dict[str, Any] | None = None) -> dict[str, Any]:
+def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[str, Record], classes: list[str],
+                trivial: dict[str, Any] | None = None, executions: Mapping[str, list[Record]] | None = None) -> dict[str, Any]:
     task_records = [records[s.key] for s in task_specs if s.key in records]
     metrics = [{"name": m.name, "higher_is_better": _direction(m.name, m.higher_is_better, task_records), "percent": is_fraction_metric(m.name)}
                for m in planned_metrics]
     by_label: dict[str, list] = defaultdict(list)
     for spec in task_specs:
         by_label[spec.display].append(spec)
-    rows = {label: _row(label, entries, records, group, metrics) for label, entries in sorted(by_label.items())}
+    rows = {label: _row(label, entries, records, classes, metrics, executions or {}) for label, entries in sorted(by_label.items())}
 
     baseline = _baseline_label(by_label, rows)
     for metric in metrics:
@@ -215,7 +283,7 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
     untested = trivial is not None and trivial["metrics"].get(primary) is not None and metric_kind(primary) != "correlation" and any(
         row["chance"] is None and len(row["metrics"][primary]["values"]) == 1 for row in rows.values())
     ordered = _rank(list(rows.values()), primary, metrics[0]["higher_is_better"])
-    table_records = _unique_records(records[s.key] for s in task_specs if s.key in records and hardware_label(records[s.key]) == group)
+    table_records = _unique_records(records[s.key] for s in task_specs if s.key in records)
     tuning = {s.display: _plain(s.extra["tuning"]) for s in task_specs if s.extra.get("tuning")}
     return {
         "task": task_name,
@@ -292,10 +360,17 @@ def _baseline_label(by_label: Mapping[str, list], rows: Mapping[str, dict[str, A
     return None
 
 
-def _row(label: str, entries, records: Mapping[str, Record], group: str, metrics: list[dict[str, Any]]) -> dict[str, Any]:
+def _row(label: str, entries, records: Mapping[str, Record], classes: list[str], metrics: list[dict[str, Any]],
+         executions: Mapping[str, list[Record]]) -> dict[str, Any]:
     entries = sorted(entries, key=lambda s: (s.seed, s.key))
-    here = [(s, records[s.key]) for s in entries if s.key in records and hardware_label(records[s.key]) == group]
+    here = [(s, records[s.key]) for s in entries if s.key in records]
     ok = [(s, r) for s, r in here if r.status is Status.OK]
+    cost_by_class = {}
+    for hardware in classes:
+        # each execution of a key costs what it cost on its own class; quality above counts the key once
+        runs = [(s, copy) for s, r in here for copy in executions.get(s.key) or [r] if hardware_label(copy) == hardware]
+        if runs:
+            cost_by_class[hardware] = {**_cost(runs, [(s, r) for s, r in runs if r.status is Status.OK]), "runs": len(runs)}
     row: dict[str, Any] = {
         "variant": label,
         "rank": None,
@@ -305,10 +380,11 @@ def _row(label: str, entries, records: Mapping[str, Record], group: str, metrics
         "pruned": sum(1 for _, r in here if r.status is Status.PRUNED),
         "missing": sum(1 for s in entries if s.key not in records),
         # (an unreadable record counts as missing in its row; the board's header counts and names it apart)
-        "other_hardware": sum(1 for s in entries if s.key in records and hardware_label(records[s.key]) != group),
         "errors": sorted({r.error.split("\n")[0][:120] for _, r in here if r.status is Status.FAILED and r.error}),
         "metrics": {},
-        "cost": _cost(here, ok),
+        # A board with one class shows its cost in the table; with several, per class below it (renderers).
+        "cost": cost_by_class[classes[0]] if len(classes) == 1 and cost_by_class else _cost([], []) if len(classes) <= 1 else None,
+        "cost_by_class": cost_by_class,
     }
     curves = _mean_curves([r.history for _, r in ok if r.history])
     if curves:

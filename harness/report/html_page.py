@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from harness.report.format import format_duration, format_p, resolution_sentence
-from harness.report.board import problem_lines
+from harness.report.board import problem_lines, reproducibility_line
 
 MARKS = {"better": "▲", "worse": "▼"}
 CHANCE_TESTS = {"binomial": "binomial test of the correct count against the trivial baseline",
@@ -121,6 +121,12 @@ def _header(board: dict[str, Any]) -> str:
     parts.append(f"<li>Records: {board['recorded']} of {board['planned']} planned runs ({status}); "
                  f"seeds {_e(', '.join(map(str, board['seeds'])))}</li>\n")
     parts.extend(f"<li class=\"problem\">{_e(line)}</li>\n" for line in problem_lines(board))
+    classes = [f"{c['label']}: {c['records']} record{'s' if c['records'] != 1 else ''}" for c in board.get("hardware_classes", [])]
+    if len(classes) > 1:  # one class is named in the group's heading already
+        parts.append(f"<li>Hardware classes (one ranking; cost per class): {_e('; '.join(classes))}</li>\n")
+    line = reproducibility_line(board)
+    if line:
+        parts.append(f"<li>{_e(line)}</li>\n")
     parts.append(f"<li>Commit(s): {_codes(board['commits'])}; runs finished {_range(board['finished_range'])}</li>\n")
     parts.append(f"<li>Significance: {_e(board['test'])}; marked when the corrected p &lt; {_e(_num(board['alpha']))}. "
                  f"{MARKS['better']} better / {MARKS['worse']} worse than the baseline; hover a cell for its p-values.</li>\n")
@@ -171,6 +177,34 @@ def _overall_table(group: dict[str, Any]) -> str:
     return _table(header, rows, "overall")
 
 
+_COST_COLUMNS = ("epochs", "time/epoch", "total time", "peak mem", "params")
+
+
+def _cost_cells(cost: dict[str, Any]) -> list[str]:
+    return [
+        _cell(_e(_fixed(cost.get("epochs"), 0)), cost.get("epochs")),
+        _cell(_e(format_duration(cost.get("time_per_epoch_s"))), cost.get("time_per_epoch_s")),
+        _cell(_e(format_duration(cost.get("total_time_s"))), cost.get("total_time_s")),
+        _cell(_e(_unit(cost.get("peak_memory_mb"), "MB")), cost.get("peak_memory_mb")),
+        _cell(_e(f"{cost['parameters']:,}" if cost.get("parameters") else "—"), cost.get("parameters")),
+    ]
+
+
+def _costs_by_class(task: dict[str, Any]) -> str:
+    """A variant's cost on each hardware class apart: times from two machines are never averaged."""
+    header = [("variant", True), ("hardware class", True), ("runs", False), *[(name, False) for name in _COST_COLUMNS], ("GPU-hours", False)]
+    body = []
+    for row in task["rows"]:
+        for label, cost in row.get("cost_by_class", {}).items():
+            gpu_hours = cost.get("gpu_hours")
+            cells = [_cell(f"<code>{_e(row['variant'])}</code>", row["variant"], text=True), _cell(_e(label), label, text=True),
+                     _cell(str(cost["runs"]), cost["runs"]), *_cost_cells(cost),
+                     _cell(_e(_fixed(gpu_hours, 3)) if gpu_hours is not None else _NONE, gpu_hours)]
+            body.append(f"<tr>{''.join(cells)}</tr>\n")
+    return ("<p>Cost per hardware class (the ranking above uses every class; costs are never mixed across classes):</p>\n"
+            + _table(header, body, "cost"))
+
+
 def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_ids) -> str:
     primary = task["primary"]
     baseline = task.get("baseline")
@@ -185,11 +219,13 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
     parts.append(f"<p class=\"resolution\">{_e(resolution_sentence(task))}</p>\n")
     header = [("#", False), ("variant", True)]
     header += [(m["name"] + (" (%)" if m.get("percent") else ""), False) for m in metrics]
-    header += [("vs trivial (p)", False), ("n", False), ("failed", False), ("pruned", False), ("missing", False), ("epochs", False),
-               ("time/epoch", False), ("total time", False), ("peak mem", False), ("params", False)]
+    # Several hardware classes: the ranking holds every class, and cost goes to a table per class below it.
+    several_classes = len(board.get("hardware_classes", ())) > 1
+    header += [("vs trivial (p)", False), ("n", False), ("failed", False), ("pruned", False), ("missing", False)]
+    header += [] if several_classes else [(name, False) for name in _COST_COLUMNS]
     body = []
     for row in task["rows"]:
-        cost = row["cost"]
+        cost = row["cost"] or {}
         cells = [_cell(str(row["rank"]) if row["rank"] is not None else _NONE, row["rank"]),
                  _cell(f"<code>{_e(row['variant'])}</code>", row["variant"], text=True)]
         cells += [_metric_cell(row["metrics"].get(m["name"]), m, baseline) for m in metrics]
@@ -197,18 +233,13 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
         cells.append(_cell(_e(f"{'at chance' if chance['at_chance'] else 'above'} ({format_p(chance['p'])})") if chance else _NONE,
                            chance["p"] if chance else None,
                            title=f"{CHANCE_TESTS[chance['test']]}, one-sided" if chance else ""))
-        extra = f" <span class=\"none\" title=\"runs recorded on other hardware\">(+{row['other_hardware']} elsewhere)</span>" if row.get("other_hardware") else ""
         cells += [
-            _cell(f"{row['n']}/{row['planned']}{extra}", row["n"]),
+            _cell(f"{row['n']}/{row['planned']}", row["n"]),
             _cell(_count(row["failed"]), row["failed"]),
             _cell(_count(row["pruned"]), row["pruned"]),
             _cell(_count(row["missing"]), row["missing"]),
-            _cell(_e(_fixed(cost.get("epochs"), 0)), cost.get("epochs")),
-            _cell(_e(format_duration(cost.get("time_per_epoch_s"))), cost.get("time_per_epoch_s")),
-            _cell(_e(format_duration(cost.get("total_time_s"))), cost.get("total_time_s")),
-            _cell(_e(_unit(cost.get("peak_memory_mb"), "MB")), cost.get("peak_memory_mb")),
-            _cell(_e(f"{cost['parameters']:,}" if cost.get("parameters") else "—"), cost.get("parameters")),
         ]
+        cells += [] if several_classes else _cost_cells(cost)
         css = " class=\"baseline\"" if baseline is not None and row["variant"] == baseline else ""
         css = css or (" class=\"chance\"" if chance and chance["at_chance"] else "")
         body.append(f"<tr{css}>{''.join(cells)}</tr>\n")
@@ -222,6 +253,8 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
         cells += [_cell(_NONE, None)] * (len(header) - len(cells))
         body.append(f"<tr class=\"trivial\">{''.join(cells)}</tr>\n")
     parts.append(_table(header, body, "task"))
+    if several_classes:
+        parts.append(_costs_by_class(task))
     if trivial:
         parts.append(f"<p><em>trivial</em>: {_e(trivial['predictor'])}." + (f" {_e(trivial['note'])}." if trivial["note"] else "")
                      + (f" {_e(task['chance_note'])}." if task.get("chance_note") else "") + "</p>\n")
@@ -301,7 +334,7 @@ def _plots(task: dict[str, Any], alpha: float, plot_ids) -> str:
     label = f"{task['primary']}{unit}"
     figures = [(_bar_plot(points, task, scale, label), f"{task['primary']} per variant, mean with 95% CI; "
                 f"{MARKS['better']}/{MARKS['worse']}: Holm p &lt; {_e(_num(alpha))} vs {_e(task.get('baseline') or 'baseline')}.")]
-    timed = [(row, metric) for row, metric in points if row["cost"].get("time_per_epoch_s")]
+    timed = [(row, metric) for row, metric in points if (row["cost"] or {}).get("time_per_epoch_s")]
     if timed:
         figures.append((_cost_plot(timed, task, scale, label), f"{task['primary']} against time per epoch (log scale)."))
     curves = [(row["variant"], row["history"]) for row in task["rows"] if row.get("history")]

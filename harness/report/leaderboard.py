@@ -74,7 +74,8 @@ def write_boards(the_plan: Plan, store: RecordStore, out_dir: str | Path = "lead
             f"--runs-dir leaderboards), merge them in with `attnbench results import`, or pass --force to overwrite")
     for why in loaded.unreadable.values():
         print(f"attnbench: warning: unreadable record in {store.root.parent}: {why}; counted as unreadable on the board", file=sys.stderr)
-    board = build_board(suite, the_plan, loaded.records, unreadable=loaded.unreadable, conflicts=loaded.conflicts)
+    board = build_board(suite, the_plan, loaded.records, unreadable=loaded.unreadable, conflicts=loaded.conflicts,
+                        executions=loaded.executions)
     out.mkdir(parents=True, exist_ok=True)
     md = out / f"{suite.name}.md"
     md.write_text(render_markdown(board))

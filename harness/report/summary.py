@@ -43,5 +43,5 @@ def results_table(the_plan: Plan, records: Mapping[str, Record]) -> str:
     lines = ["  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip() for row in [header, *rows]]
     lines.append("mean ± sd over the seeds that finished; (n/N) where fewer than the planned N did")
     if len(groups) > 1:
-        lines.append(f"records from {len(groups)} hardware groups pooled here; the leaderboard ranks each group apart")
+        lines.append(f"records from {len(groups)} hardware classes, ranked together (as on the leaderboard, which shows cost per class)")
     return "\n".join(lines)

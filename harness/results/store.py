@@ -4,12 +4,17 @@ Because the file name is the key and a record only appears through an atomic ren
 process can never leave a half-written record that a reader sees, and a re-run can never duplicate
 one: at most one file per key exists.
 
-Records from other machines arrive through `import_record` (`attnbench results import`). The same key with
-different content is a conflict: the copy already in the store stays `records/<key>.json` (so the store is
-still one file per key and the board keeps showing what it showed), and the arriving copy is kept beside it
-as `records/conflicts/<key>.<digest>.json`, named by a digest of its content so that importing it twice
-stores it once. The board counts a run with such a copy as a conflict until someone deletes the copy that
-is wrong."""
+Records from other machines arrive through `import_record` (`attnbench results import`). The copy already in
+the store always stays `records/<key>.json`, so resume and skip logic (`finished`) still read one file per key;
+an arriving copy with different content is kept beside it, named by a digest of its content so that importing
+it twice stores it once:
+- `records/executions/<key>.<digest>.json`: another execution of the same experiment (same spec, both final
+  with the same status), e.g. the same run on another machine. Not a conflict: a key is the experiment, and
+  how it ran (hardware, threads, commit, timings) is metadata (README, DESIGN notes: identity vs execution).
+  The board uses the earliest finished copy (`chosen_execution`) and reports how well the copies agree.
+- `records/conflicts/<key>.<digest>.json`: a genuine conflict (a different spec under the key, a finished copy
+  against a failed or died one). The board counts the run as a conflict until someone deletes the wrong copy.
+Each copy is written atomically like a record, so a killed import leaves either the copy or nothing."""
 
 from __future__ import annotations
 
@@ -68,6 +73,9 @@ class Loaded:
     unreadable: dict[str, str] = field(default_factory=dict)
     conflicts: dict[str, list[str]] = field(default_factory=dict)
     """Key -> its conflicting copies as `records/conflicts/<file>` (relative, for the same reason)."""
+    executions: dict[str, list[Record]] = field(default_factory=dict)
+    """Key -> every finished execution of it (the store's own record first), for keys with two or more;
+    `records[key]` is then the chosen one (`chosen_execution`)."""
 
 
 class RecordStore:
@@ -78,6 +86,10 @@ class RecordStore:
     @property
     def conflicts_dir(self) -> Path:
         return self.root / "conflicts"
+
+    @property
+    def executions_dir(self) -> Path:
+        return self.root / "executions"
 
     def path(self, key: str) -> Path:
         return self.root / f"{key}.json"
@@ -137,6 +149,10 @@ class RecordStore:
                 continue
             if record is not None:
                 loaded.records[key] = record
+                others = self.other_executions(key)
+                if others:
+                    loaded.executions[key] = [record, *others]
+                    loaded.records[key] = chosen_execution(loaded.executions[key])
             copies = self.conflicting_copies(key)
             if copies:
                 loaded.conflicts[key] = [f"records/conflicts/{copy.name}" for copy in copies]
@@ -145,10 +161,22 @@ class RecordStore:
     def conflicting_copies(self, key: str) -> list[Path]:
         return sorted(self.conflicts_dir.glob(f"{key}.*.json"))  # a folder not made yet globs to nothing
 
+    def other_executions(self, key: str) -> list[Record]:
+        """The key's other executions (not its own record), in file order; a copy that does not load is skipped
+        with a warning, as `read` does."""
+        found = []
+        for path in sorted(self.executions_dir.glob(f"{key}.*.json")):
+            try:
+                found.append(Record.from_dict(json.loads(path.read_text())))
+            except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError) as exc:
+                print(f"attnbench: warning: ignoring unreadable execution copy {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return found
+
     def import_record(self, record: Record) -> str:
-        """Merge one record from another store: "added" (a new key), "same" (an identical record is already
-        here) or "conflict" (the key holds a different record; the arriving one is kept as a conflicting copy,
-        see the module docstring). An unreadable file under the key is never overwritten either."""
+        """Merge one record from another store: "added" (a new key), "same" (an identical record, or the same
+        execution copy, is already here), "execution" (another execution of the same experiment, kept beside the
+        store's record) or "conflict" (kept as a conflicting copy); see the module docstring. An unreadable file
+        under the key is never overwritten either: what arrives for it is a conflict."""
         try:
             present = self.read_checked(record.key)
         except UnreadableRecord:
@@ -158,10 +186,13 @@ class RecordStore:
             return "added"
         if present == record:
             return "same"
-        copy = self.conflicts_dir / f"{record.key}.{record_digest(record)}.json"
-        if not copy.exists():
-            self._write_atomically(record, copy)
-        return "conflict"
+        outcome = "execution" if present is not _UNREADABLE and same_experiment(present, record) else "conflict"
+        folder = self.executions_dir if outcome == "execution" else self.conflicts_dir
+        copy = folder / f"{record.key}.{record_digest(record)}.json"
+        if copy.exists():
+            return "same"
+        self._write_atomically(record, copy)
+        return outcome
 
     def read_many(self, keys: Iterable[str]) -> dict[str, Record]:
         found = {}
@@ -180,3 +211,24 @@ class RecordStore:
     def finished(self, key: str, retry_failed: bool = False) -> bool:
         record = self.read(key)
         return record is not None and record.is_final(retry_failed)
+
+
+_NOT_IDENTITY = ("label", "extra")
+"""Spec fields outside the key (RunSpec.key): how a board names a row and where the spec came from, so that a
+tuned row whose best parameters are the defaults, run on another machine, is still the same experiment."""
+
+
+def same_experiment(a: Record, b: Record) -> bool:
+    """Two records of one key that are two executions of one experiment rather than a conflict: the same spec
+    (the fields the key is made of, precision included), both final (a died run is retried, so it is no outcome
+    to compare), with the same status."""
+    def identity(record: Record) -> dict[str, Any]:
+        return {k: v for k, v in (record.spec or {}).items() if k not in _NOT_IDENTITY}
+
+    return identity(a) == identity(b) and a.status == b.status and a.is_final() and b.is_final()
+
+
+def chosen_execution(copies: Iterable[Record]) -> Record:
+    """The execution a board shows for a key run more than once: the earliest finished (ties and copies without a
+    finish time by content digest), so that the board does not depend on which store imported which."""
+    return min(copies, key=lambda r: (r.finished is None, r.finished or "", record_digest(r)))

@@ -39,9 +39,9 @@ def cpu_model() -> str:
 
 
 def hardware(distribution: Distribution = SINGLE, precision: str = "32") -> dict[str, Any]:
-    """What a run ran on; the label groups leaderboard rows (runs on different hardware are never ranked
-    together), so a data-parallel run's label names its process count, and a run in a precision other
-    than fp32 its precision (labels of fp32 runs stay as they were before runs had a precision)."""
+    """What a run ran on; the label is the board's hardware class (quality is ranked across classes, cost is
+    shown per class and never mixed), so a data-parallel run's label names its process count, and a run in a
+    precision other than fp32 its precision (labels of fp32 runs stay as they were before runs had a precision)."""
     ddp = f", DDP {distribution.num_nodes} node(s)" if distribution.num_nodes > 1 else ", DDP" if distribution.is_distributed else ""
     ddp += f", {precision}" if precision != "32" else ""
     if torch.cuda.is_available():

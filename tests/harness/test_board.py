@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from harness.report.board import build_board
+from harness.report.markdown import render_markdown
 from harness.report.stats import holm, paired_p
 from harness.plan.planner import plan
 from harness.plan.suite import load_suite
@@ -211,23 +212,41 @@ def test_pairs_use_only_seeds_ok_in_both(tmp_path):
     assert comparison["n_pairs"] == 3 and comparison["diff"] == pytest.approx(statistics.fmean([0.012, 0.009, 0.011]))
 
 
-def test_two_hardware_labels_make_two_groups_that_are_never_ranked_together(tmp_path):
+def test_seeds_on_two_hardware_classes_rank_in_one_table_with_cost_per_class(tmp_path):
     suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"], seeds=6)
     found = {}
     for spec in the_plan.specs:
         on_gpu = spec.seed >= 3
-        # On the GPU gmm is far ahead of everything; on the CPU it trails softmax.
         value = (0.95 if spec.variant == "gmm" else 0.80) if on_gpu else (0.70 if spec.variant == "gmm" else 0.80)
-        found[spec.key] = record(spec, {"test/acc": value + 0.001 * spec.seed}, hardware=GPU if on_gpu else CPU)
+        found[spec.key] = record(spec, {"test/acc": value + 0.001 * spec.seed}, hardware=GPU if on_gpu else CPU,
+                                 time_per_epoch_s=0.01 if on_gpu else 0.5)
     board = build_board(suite, the_plan, found)
-    assert [g["hardware"] for g in board["groups"]] == [GPU["label"], CPU["label"]]
-    gpu, cpu = table(board, group=0), table(board, group=1)
-    assert [(r["variant"], r["rank"], r["n"], r["other_hardware"]) for r in cpu["rows"]] == [("softmax", 1, 3, 3), ("gmm", 2, 3, 3)]
-    assert [(r["variant"], r["rank"], r["n"], r["other_hardware"]) for r in gpu["rows"]] == [("gmm", 1, 3, 3), ("softmax", 2, 3, 3)]
-    assert row(cpu, "gmm")["metrics"]["test/acc"]["seeds"] == [0, 1, 2]
-    assert row(cpu, "gmm")["cost"]["gpu_hours"] is None
-    assert row(gpu, "gmm")["cost"]["gpu_hours"] == pytest.approx(3 * 6.0 / 3600)
-    assert board["groups"][0]["device_count"] == 1 and board["groups"][1]["threads"] == 1
+    (group,) = board["groups"]
+    assert [(c["label"], c["records"]) for c in board["hardware_classes"]] == [(GPU["label"], 6), (CPU["label"], 6)]
+    cora = table(board)
+    # every seed, whatever machine ran it, is in the one ranking: gmm's mean is (0.70*3 + 0.95*3)/6 + seeds
+    assert [(r["variant"], r["rank"], r["n"]) for r in cora["rows"]] == [("gmm", 1, 6), ("softmax", 2, 6)]
+    assert row(cora, "gmm")["metrics"]["test/acc"]["seeds"] == [0, 1, 2, 3, 4, 5]
+    assert row(cora, "gmm")["metrics"]["test/acc"]["mean"] == pytest.approx(statistics.fmean([0.825 + 0.001 * s for s in range(6)]))
+    # cost is never mixed across classes: one cost per class, none for the row as a whole
+    gmm = row(cora, "gmm")
+    assert gmm["cost"] is None
+    assert {label: (c["runs"], c["time_per_epoch_s"]) for label, c in gmm["cost_by_class"].items()} == {
+        CPU["label"]: (3, pytest.approx(0.5)), GPU["label"]: (3, pytest.approx(0.01))}
+    assert gmm["cost_by_class"][CPU["label"]]["gpu_hours"] is None
+    assert gmm["cost_by_class"][GPU["label"]]["gpu_hours"] == pytest.approx(3 * 6.0 / 3600)
+    text = render_markdown(board)
+    assert text.count("### cora") == 1 and "Cost per hardware class" in text
+    assert f"| `gmm` | {CPU['label']} | 3 |" in text and f"| `gmm` | {GPU['label']} | 3 |" in text
+    assert "time/epoch" not in text.split("### cora")[1].split("Cost per hardware class")[0]  # no mixed cost column in the ranking
+
+
+def test_one_hardware_class_keeps_cost_in_the_table(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"])
+    board = build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE, "gmm": BASE}))
+    gmm = row(table(board), "gmm")
+    assert gmm["cost"] == {k: v for k, v in gmm["cost_by_class"][CPU["label"]].items()}
+    assert "Cost per hardware class" not in render_markdown(board)
 
 
 def test_overall_mean_rank_and_coverage(tmp_path):

@@ -85,7 +85,7 @@ def test_ddp_run_on_two_cpu_processes_writes_one_record_from_rank_zero(env, tmp_
     record = records[0]
     assert record["status"] == "ok" and record["epochs"] == 3
     assert record["distributed"] == {"strategy": "ddp", "devices": 2, "num_nodes": 1, "world_size": 2}
-    # The leaderboard groups by this label: a DDP run is never ranked against single-process runs.
+    # The board's hardware class: a DDP run's cost is never mixed with single-process runs' (its quality is ranked with them).
     assert "2 processes" in record["hardware"]["label"] and "DDP" in record["hardware"]["label"]
     # Rank 1 trained too but printed nothing: each epoch line appears once.
     assert done.stdout.count("epoch 0:") == 1 and done.stdout.count("on 2 DDP processes") == 1

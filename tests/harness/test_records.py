@@ -182,8 +182,8 @@ def test_import_adds_new_keys_recognises_the_same_record_and_never_overwrites(tm
     from harness.results.store import record_digest
 
     store = RecordStore(tmp_path)
-    first = Record.from_dict({"key": "k", "status": "ok", "commit": "aaa"})
-    other = Record.from_dict({"key": "k", "status": "ok", "commit": "bbb"})
+    first = Record.from_dict({"key": "k", "status": "ok", "commit": "aaa", "spec": {"seed": 0}})
+    other = Record.from_dict({"key": "k", "status": "ok", "commit": "aaa", "spec": {"seed": 1}})  # another spec under the key
     assert store.import_record(first) == "added" and store.read("k") == first
     assert store.import_record(first) == "same"
     assert store.import_record(other) == "conflict" and store.read("k") == first
@@ -196,6 +196,27 @@ def test_import_adds_new_keys_recognises_the_same_record_and_never_overwrites(tm
     arriving = Record.from_dict({"key": "c", "status": "ok"})
     assert store.import_record(arriving) == "conflict"
     assert store.path("c").read_text() == "{" and len(store.conflicting_copies("c")) == 1
+
+
+def test_the_same_experiment_run_elsewhere_is_another_execution_and_the_earliest_finished_is_shown(tmp_path):
+    from harness.results.record import Record
+
+    store = RecordStore(tmp_path)
+    spec = {"seed": 0, "label": "softmax"}
+    mine = Record.from_dict({"key": "k", "status": "ok", "spec": spec, "commit": "aaa", "finished": "2026-02-01T00:00:00+00:00"})
+    # another machine, an earlier finish, another row label (a tuned row whose best parameters are the defaults)
+    theirs = Record.from_dict({"key": "k", "status": "ok", "spec": {**spec, "label": "softmax (tuned)"}, "commit": "bbb",
+                               "finished": "2026-01-01T00:00:00+00:00", "hardware": {"label": "1x NVIDIA H100"}})
+    store.write(mine)
+    assert store.import_record(theirs) == "execution" and store.import_record(theirs) == "same"
+    assert store.read("k") == mine and store.finished("k") and store.other_executions("k") == [theirs]
+    loaded = store.load(["k"])
+    assert loaded.records == {"k": theirs} and loaded.executions == {"k": [mine, theirs]} and not loaded.conflicts
+    # a died copy is no outcome: against a finished one it is a conflict, as is a failed one
+    died = Record.from_dict({"key": "k", "status": "failed", "spec": spec, "retryable": True})
+    failed = Record.from_dict({"key": "k", "status": "failed", "spec": spec, "error": "RuntimeError: x"})
+    assert store.import_record(died) == "conflict" and store.import_record(failed) == "conflict"
+    assert len(store.conflicting_copies("k")) == 2 and len(store.other_executions("k")) == 1
 
 
 def test_a_record_is_a_typed_value_that_reads_like_its_stored_mapping():
