@@ -173,13 +173,14 @@ def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_
     """Plan each suite a claim names once, load its records from the store `runs`, and measure every claim."""
     from harness.plan.planner import plan
     from harness.plan.suite import load_suite
-    from harness.results.store import RecordStore
+    from harness.results.store import RecordStore, runs_dir
 
-    store = RecordStore(runs)
+    # A store that does not exist holds no records; opening one would create its folder, and this only reads.
+    store = RecordStore(runs) if (runs_dir(runs) / "records").is_dir() else None
     plans, records = {}, {}
     for suite in sorted({c["measured_by"]["suite"] for c in claims["claims"] if "measured_by" in c}):
         plans[suite] = plan(load_suite(suite), data_root)
-        records[suite] = store.load(s.key for s in plans[suite].specs).records
+        records[suite] = store.load(s.key for s in plans[suite].specs).records if store else {}
     return measure_claims(claims, plans, records)
 
 
@@ -213,7 +214,7 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record]) 
     base = _specs(the_plan, task, BASELINE)
     if not own or not base:
         missing = variant if not own else BASELINE
-        return {"verdict": NOT_RUN_HERE, "reason": f"suite `{measured['suite']}` does not plan `{missing}` on `{task}`"}
+        return {"verdict": NOT_RUN_HERE, "reason": claim.get("not_here") or f"suite `{measured['suite']}` does not plan `{missing}` on `{task}`"}
     seeds = sorted({s.seed for s in own} | {s.seed for s in base})
     recorded = [seed for seed in seeds if all(s.key in records for s in own + base if s.seed == seed)]
     if not recorded and claim.get("not_here"):
