@@ -29,7 +29,7 @@ REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN_HERE, NOT_RUN_YET = ("reproduced
                                                                      "not run here", "not run yet")
 VERDICT_RULE = (
     f"Our Δ is the mean paired difference of the variant from `softmax` over the seeds both finished, with its "
-    f"{CONFIDENCE:.0%} CI (paired t). **reproduced**: the CI excludes 0, with the paper's sign. **contradicted**: the CI "
+    f"{CONFIDENCE:.0%} CI (paired t; per claim, not corrected for the number of claims). **reproduced**: the CI excludes 0, with the paper's sign. **contradicted**: the CI "
     "excludes the paper's Δ, or shows a significant effect of the opposite sign. **inconclusive**: the CI holds both 0 and "
     "the paper's Δ; the resolution says how large a difference these seeds could have seen. **not run here**: no record "
     "can be made on this machine, for the reason given. **not run yet: k of n seeds**: the suite runs here but its "

@@ -510,7 +510,7 @@ def render_claims_html(board: dict[str, Any]) -> str:
                     content = _inline(cells[name])
                     if name == "verdict":
                         content = f"<span class=\"verdict-{_e(_slug(row['verdict']))}\">{content}</span>"
-                    tds.append(_cell(content, cells[name], text=True))
+                    tds.append(_cell(content, cells[name].replace("`", ""), text=True))
                 body.append(f"<tr>{''.join(tds)}</tr>\n")
             out.write(_table([(title, True) for _, title in COLUMNS], body, "claims"))
             notes = [(row["claim"]["id"], note) for row in measured for note in row_notes(row)]

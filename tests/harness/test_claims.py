@@ -100,6 +100,19 @@ def test_with_no_records_paper_gat_claims_are_not_run_yet_with_counts(claims, pl
     assert f"not run yet: 0 of {seeds} seeds" in text and "reproduced 0, contradicted 0, inconclusive 0" in text
 
 
+def test_the_html_page_shows_the_same_cells(claims, plans, paper_gat):
+    from harness.report.html_page import render_claims_html
+
+    records = {r["key"]: Record.from_dict(r) for r in claim_records(paper_gat)}
+    board = _board(claims, plans, records)
+    page = render_claims_html(board)
+    assert page.count("<tr><td") == sum(1 for row in board["rows"] if row["claim"]["kind"] != "structural")
+    assert "<span class=\"verdict-reproduced\">reproduced</span>" in page
+    assert "<span class=\"verdict-contradicted\">contradicted: significant effect of the opposite sign</span>" in page
+    assert "<code>paper-gat</code> / <code>cora</code> / <code>align-gan</code>" in page
+    assert "`" not in page.split("<body>")[1]  # every Markdown code span became <code>
+
+
 def test_the_align_weight_is_compared_with_the_papers_lambda(measured):
     rows, _ = measured
     setting = rows["aa-gat-cora-gan"]["setting"]
