@@ -340,6 +340,8 @@ def verdict_text(row: Mapping[str, Any]) -> str:
     text = row["verdict"]
     if row["verdict"] == "structural":
         return "structural: checked by the evidence listed"
+    if row["verdict"] == NOT_RUN_HERE:
+        return f"{NOT_RUN_HERE} (why: below the table)"
     extra = row.get("reason") or row.get("detail")
     if row["verdict"] == INCONCLUSIVE and row.get("resolution") is not None:
         extra = f"resolution {row['resolution']:.2f} points" + (f"; {extra}" if extra else "")
@@ -386,6 +388,17 @@ def row_notes(row: Mapping[str, Any]) -> list[str]:
     return notes
 
 
+def table_notes(rows: list[Mapping[str, Any]]) -> list[tuple[list[str], str]]:
+    """(claim ids, note) under a paper's table: each claim's own notes, then why claims were not run here,
+    one line per reason with every claim it covers (24 GLUE claims share one reason)."""
+    notes = [([row["claim"]["id"]], note) for row in rows for note in row_notes(row)]
+    reasons: dict[str, list[str]] = {}
+    for row in rows:
+        if row["verdict"] == NOT_RUN_HERE:
+            reasons.setdefault(row["reason"], []).append(row["claim"]["id"])
+    return notes + [(ids, f"not run here: {reason}") for reason, ids in reasons.items()]
+
+
 def render_claims_markdown(board: Mapping[str, Any]) -> str:
     out = io.StringIO()
     out.write("# The papers' claims, measured here\n\n")
@@ -412,11 +425,11 @@ def render_claims_markdown(board: Mapping[str, Any]) -> str:
             for row in measured:
                 cells = row_cells(row)
                 out.write("| " + " | ".join(cells[name] for name, _ in COLUMNS) + " |\n")
-            notes = [(row["claim"]["id"], note) for row in measured for note in row_notes(row)]
+            notes = table_notes(measured)
             if notes:
                 out.write("\n")
-                for claim_id, note in notes:
-                    out.write(f"- `{claim_id}`: {note}\n")
+                for ids, note in notes:
+                    out.write(f"- {', '.join(f'`{claim_id}`' for claim_id in ids)}: {note}\n")
             out.write("\n")
         for row in rows:
             if row["claim"]["kind"] == "structural":

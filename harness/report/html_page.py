@@ -478,7 +478,7 @@ def _slug(text: str) -> str:
 
 def render_claims_html(board: dict[str, Any]) -> str:
     """leaderboards/claims.html: the same cells and notes as claims.md (harness.report.claims.row_cells)."""
-    from harness.report.claims import COLUMNS, row_cells, row_notes
+    from harness.report.claims import COLUMNS, row_cells, table_notes
 
     out = io.StringIO()
     out.write("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n")
@@ -513,9 +513,10 @@ def render_claims_html(board: dict[str, Any]) -> str:
                     tds.append(_cell(content, cells[name].replace("`", ""), text=True))
                 body.append(f"<tr>{''.join(tds)}</tr>\n")
             out.write(_table([(title, True) for _, title in COLUMNS], body, "claims"))
-            notes = [(row["claim"]["id"], note) for row in measured for note in row_notes(row)]
+            notes = table_notes(measured)
             if notes:
-                out.write("<ul>\n" + "".join(f"<li><code>{_e(claim_id)}</code>: {_inline(note)}</li>\n" for claim_id, note in notes) + "</ul>\n")
+                out.write("<ul>\n" + "".join(f"<li>{', '.join(f'<code>{_e(claim_id)}</code>' for claim_id in ids)}: {_inline(note)}</li>\n"
+                                              for ids, note in notes) + "</ul>\n")
         structural = [row["claim"] for row in rows if row["claim"]["kind"] == "structural"]
         if structural:
             out.write("<ul>\n")

@@ -233,3 +233,12 @@ def test_best_epochs_within_5_percent_of_the_cap_are_counted():
 def test_the_committed_quick_board_warns_that_it_is_under_trained():
     text = (REPO / "leaderboards" / "quick.md").read_text()
     assert text.count("Best epoch within 5% of the cap (300 epochs) in") == 2
+
+
+def test_a_reason_not_to_run_is_written_once_for_every_claim_it_covers(claims, plans):
+    text = render_claims_markdown(_board(claims, plans, {}))
+    glue_reason = next(c["not_here"] for c in claims["claims"] if c["id"] == "aa-glue-rte-gan")
+    assert text.count(glue_reason) == 2  # once under the alignment table, once under BAM's
+    line = next(line for line in text.splitlines() if line.endswith(glue_reason) and "`aa-glue-mrpc-gan`" in line)
+    assert all(f"`aa-glue-{task}-{v}`" in line for task in ("mrpc", "cola", "rte", "mnli", "qnli", "qqp", "sst2", "stsb") for v in ("gan", "ot", "ct"))
+    assert "| not run here (why: below the table) |" in text
