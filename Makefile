@@ -60,9 +60,12 @@ tune: install ## Optuna-tune VARIANT on TASK (TRIALS=20), or every pair of SUITE
 # Only the .md files named after a built-in suite are boards (leaderboards/ also holds mutation.md and the like).
 SUITE_NAMES := $(basename $(notdir $(wildcard harness/suites/*.yaml)))
 BOARDS := $(if $(filter command line environment,$(origin SUITE)),$(SUITE),$(filter $(SUITE_NAMES),$(basename $(notdir $(wildcard leaderboards/*.md)))))
+# Without SUITE it also writes leaderboards/claims.{md,html}, the papers' claims (harness/claims.yaml) against the
+# same records: always rendered, since a claim without records says "not run yet" or "not run here".
 RUNS ?= leaderboards
-leaderboard: install ## regenerate every leaderboards/<suite>.{md,csv,html} (or SUITE=name) from the committed records (RUNS=leaderboards)
-	@$(BIN)/attnbench leaderboard --suite $(BOARDS) --runs-dir $(RUNS) --skip-unrecorded
+CLAIMS := $(if $(filter command line environment,$(origin SUITE)),,--claims)
+leaderboard: install ## regenerate every leaderboards/<suite>.{md,csv,html} and claims.{md,html} (or SUITE=name) from the committed records (RUNS=leaderboards)
+	@$(BIN)/attnbench leaderboard --suite $(BOARDS) --runs-dir $(RUNS) --skip-unrecorded $(CLAIMS)
 
 # Debian's package, not `playwright install`: offline machines reach the Debian mirror but not Playwright's CDN.
 browser: ## install Debian's chromium for the headless leaderboard page test, when /usr/bin/chromium is missing

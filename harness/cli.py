@@ -198,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite the board even if it has more finished records than the records give")
     p.add_argument("--skip-unrecorded", action="store_true",
                    help="leave the board as it is, with a note, when the records hold no run of the suite (`make leaderboard` on a fresh clone)")
+    p.add_argument("--claims", action="store_true",
+                   help="also write claims.{md,html} to --out: the papers' claims (harness/claims.yaml) against the same records")
+    _common(p)
+
+    p = sub.add_parser("claims", help="print the claims board (harness/claims.yaml against the records) as Markdown; writes nothing")
+    p.add_argument("--claims-file", default=None, help="a claims file other than harness/claims.yaml")
     _common(p)
 
     p = sub.add_parser("results", help="move run records between stores: export to a JSON-lines file, import (merge) them, compare two")
@@ -508,7 +514,20 @@ def cmd_leaderboard(args) -> int:
             print(f"attnbench leaderboard: {suite}: no record of its runs in {runs_dir(args.runs_dir) / 'records'}; board left as it is")
         for path in paths:
             print(path)
+    if args.claims:
+        from harness.report.leaderboard import write_claims_board
+
+        for path in write_claims_board(args.runs_dir, args.out, args.data_root):
+            print(path)
     return 2 if refused else 0
+
+
+def cmd_claims(args) -> int:
+    from harness.report.claims import CLAIMS_FILE, build_claims_board, load_claims, render_claims_markdown
+
+    board = build_claims_board(load_claims(args.claims_file or CLAIMS_FILE), args.runs_dir, args.data_root)
+    print(render_claims_markdown(board), end="")
+    return 0
 
 
 def cmd_results(args) -> int:
@@ -703,7 +722,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.data_root = os.path.abspath(args.data_root)
         elif hasattr(args, "data_root"):
             args.data_root = os.environ.get("ATTNBENCH_DATA") or None
-        handler = {"list": cmd_list, "describe": cmd_describe, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "results": cmd_results, "perf": cmd_perf,
+        handler = {"list": cmd_list, "describe": cmd_describe, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "claims": cmd_claims, "results": cmd_results, "perf": cmd_perf,
                    "probe": cmd_probe, "tune": cmd_tune,
                    "scaling": cmd_scaling}[args.command]
         return handler(args)

@@ -296,9 +296,41 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
         "trivial": trivial,
         **({"chance_note": _untested_reason(primary)} if untested else {}),
         "resolution": _resolution(rows, primary),
+        "epoch_cap": epoch_cap_hits(table_records),
         "rows": ordered,
         "tuning": dict(sorted(tuning.items())),
     }
+
+
+EPOCH_CAP_MARGIN = 0.05
+"""A run whose best epoch lies within this share of its epoch cap may still have been improving when the cap
+stopped it: a table where such runs pile up is under-trained, and says so."""
+
+
+def epoch_cap_hits(table_records: Iterable[Record]) -> dict[str, Any] | None:
+    """How many finished runs had their best epoch within EPOCH_CAP_MARGIN of the cap `max_epochs`:
+    {"hits", "runs", "caps", "margin"}; None when no finished run records both. `best_epoch` counts from 0
+    (Lightning's current_epoch), so the best of a 300-epoch cap is 299; 5% of 300 is 15 epochs: best epochs
+    285-300 (counted from 1) are at the cap."""
+    counted = []
+    for record in table_records:
+        cap = ((record.spec or {}).get("params") or {}).get("max_epochs")
+        if record.status is Status.OK and record.best_epoch is not None and cap:
+            counted.append((int(record.best_epoch) + 1, int(cap)))
+    if not counted:
+        return None
+    hits = sum(1 for best, cap in counted if cap - best <= EPOCH_CAP_MARGIN * cap)
+    return {"hits": hits, "runs": len(counted), "caps": sorted({cap for _, cap in counted}), "margin": EPOCH_CAP_MARGIN}
+
+
+def epoch_cap_sentence(table: Mapping[str, Any]) -> str | None:
+    """The under-training warning every rendering prints under a table; None when no run's best epoch is at the cap."""
+    found = table.get("epoch_cap")
+    if not found or not found["hits"]:
+        return None
+    caps = ", ".join(map(str, found["caps"]))
+    return (f"Under-trained? Best epoch within {found['margin']:.0%} of the cap ({caps} epochs) in {found['hits']} of "
+            f"{found['runs']} runs: those runs may still have been improving when the cap stopped them.")
 
 
 def _chance(values: list[float], trivial: dict[str, Any] | None, metric: str, higher: bool) -> dict[str, Any] | None:

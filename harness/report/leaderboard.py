@@ -18,8 +18,9 @@ from pathlib import Path
 from harness.plan.planner import Plan, plan
 from harness.plan.suite import load_suite
 from harness.report.board import build_board
+from harness.report.claims import CLAIMS_FILE, build_claims_board, load_claims, render_claims_markdown
 from harness.report.csv_table import render_csv
-from harness.report.html_page import render_html
+from harness.report.html_page import render_claims_html, render_html
 from harness.report.markdown import render_markdown
 from harness.results.record import Status
 from harness.results.store import RecordStore
@@ -83,3 +84,17 @@ def write_boards(the_plan: Plan, store: RecordStore, out_dir: str | Path = "lead
     page = out / f"{suite.name}.html"
     page.write_text(render_html(board))
     return [md, table, page]
+
+
+def write_claims_board(runs: str | None, out_dir: str | Path = "leaderboards", data_root: str | None = None,
+                       claims_file: str | Path = CLAIMS_FILE) -> list[Path]:
+    """`attnbench leaderboard --claims`: <out_dir>/claims.md and claims.html from harness/claims.yaml and the
+    records in `runs`. Always written, with or without records: a claim without records says "not run yet"
+    or "not run here", so a fresh clone regenerates the page byte for byte."""
+    board = build_claims_board(load_claims(claims_file), runs, data_root)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md, page = out / "claims.md", out / "claims.html"
+    md.write_text(render_claims_markdown(board))
+    page.write_text(render_claims_html(board))
+    return [md, page]

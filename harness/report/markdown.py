@@ -6,7 +6,7 @@ import io
 from typing import Any
 
 from harness.report.format import format_duration, format_p, resolution_sentence
-from harness.report.board import NO_RECORDS, problem_lines, reproducibility_line
+from harness.report.board import NO_RECORDS, epoch_cap_sentence, problem_lines, reproducibility_line
 
 MARKS = {"better": "▲", "worse": "▼"}
 
@@ -109,6 +109,8 @@ def _write_task(out: io.StringIO, table: dict[str, Any], several_classes: bool) 
     notes.append(f"records from commit(s) {', '.join(table['commits']) or '—'}, finished {_date_range(table['finished_range'])}")
     out.write("; ".join(notes) + ".\n\n")
     out.write(resolution_sentence(table, lambda name: f"`{name}`") + "\n\n")
+    if epoch_cap_sentence(table):
+        out.write(f"**{epoch_cap_sentence(table)}**\n\n")
 
     header = ["#", "variant", *[f"`{m['name']}`" for m in metrics], f"Δ `{primary['name']}` (Holm p)", "vs trivial (p)",
               "n", "failed", "pruned", "missing", *([] if several_classes else COST_HEADER)]
