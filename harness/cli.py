@@ -213,15 +213,29 @@ def cmd_list(args) -> int:
 
 
 @contextlib.contextmanager
-def _values_from_flags():
-    """A ConfigError raised while planning `run`/`tune` is about a --set value: say so in its message."""
+def _values_from_flags(task: str | None = None, variant: str | None = None):
+    """A ConfigError raised while planning `run`/`tune` is about a --set value: say so in its message, and
+    for an unknown key point to the key it probably meant (harness/plan/describe.py's set_key_hint)."""
     from modules.validation import ConfigError
 
     try:
         yield
     except ConfigError as exc:
-        prefix = "attention." if exc.owner.startswith("attention") else ""
-        raise exc.at(f"from --set {prefix}{exc.key}") from None
+        is_attention = exc.owner.startswith("attention")
+        located = exc.at(f"from --set {'attention.' if is_attention else ''}{exc.key}")
+        if exc.known and task and variant:
+            import dataclasses
+
+            from modules.attention import attention_entry
+            from modules.tasks import get_task
+
+            from harness.plan.describe import set_key_hint
+
+            hint = set_key_hint(exc.key, exc.value, is_attention=is_attention,
+                                task_fields=[f.name for f in dataclasses.fields(get_task(task).Params)],
+                                variant_fields=[f.name for f in dataclasses.fields(attention_entry(variant).cls.Config)])
+            located.args = (str(located) + hint,)
+        raise located from None
 
 
 def cmd_describe(args) -> int:
@@ -238,7 +252,8 @@ def _plan_command_line_runs(args, jobs: list[tuple[str, Any, int, dict]], extra:
     """`run` and `tune` plan like `bench` does: names resolved and each task's data checked, once."""
     from harness.plan.planner import plan_runs
 
-    with _values_from_flags():
+    task, attention = jobs[0][:2]
+    with _values_from_flags(task, attention if isinstance(attention, str) else attention["name"]):
         the_plan = plan_runs(jobs, args.data_root, extra, precision=args.precision)
     if not args.plugin:
         from harness.plan import catalogue

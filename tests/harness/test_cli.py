@@ -186,11 +186,12 @@ def test_describe_a_variant_lists_types_ranges_per_host_defaults_and_sources(cap
     per_site = describe_defaults("bam-weibull")
     graph_k, text_k = per_site["graph self"]["k"], per_site["text self"]["k"]
     assert graph_k != text_k  # the test needs a knob whose default differs by host
-    k_block = out[out.index("\n  k "):out.index("\n  alpha ")]
+    k_block = out[out.index("\n  attention.k "):out.index("\n  attention.alpha ")]
     assert "float or None, > 0; default per host:" in k_block
     assert f"graph self: {graph_k!r}" in k_block and f"text self, " in k_block and f": {text_k!r}" in k_block
     assert "Weibull shape" in k_block  # the field's docstring, read from the source
-    assert "mc_samples       int, >= 1; default 1\n" in out
+    assert "attention.mc_samples       int, >= 1; default 1\n" in out
+    assert "--set attention.KEY=VALUE" in out  # every name above is the exact `--set` form
 
 
 def test_describe_a_task_shows_the_name_s_preset_as_the_default(capsys):
@@ -199,6 +200,23 @@ def test_describe_a_task_shows_the_name_s_preset_as_the_default(capsys):
     assert "lr               float, > 0; default 0.01\n" in out  # pubmed's preset, not GATParams' 0.005
     assert "out_heads        int, >= 1; default 8\n" in out
     assert "fixed by the task name (pubmed)" in out
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["run", "cora", "entmax", "--set", "alpha=1.2"], "Did you mean --set attention.alpha=1.2?"),
+    (["run", "cora", "entmax", "--set", "attention.max_epochs=3"], "Did you mean --set max_epochs=3? (max_epochs is a task parameter)"),
+    (["run", "cora", "softmax", "--set", "max_epoch=3"], "Did you mean --set max_epochs=3?"),
+    (["tune", "cora", "gmm", "--set", "patiense=9"], "Did you mean --set patience=9?"),
+])
+def test_a_set_key_of_the_other_owner_or_misspelt_points_to_the_right_spelling(argv, hint, capsys, tmp_path, monkeypatch):
+    from harness.plan import catalogue
+
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path / "cache"))
+    for _ in ("full path", "cached catalogue"):
+        assert main([*argv, "--runs-dir", str(tmp_path / "runs")]) == 2
+        assert hint in capsys.readouterr().err
+        catalogue.refresh()
+    assert not (tmp_path / "runs" / "records").exists()
 
 
 def test_field_docs_come_from_the_source_of_the_most_derived_class():
