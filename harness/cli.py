@@ -150,7 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="stop starting trials after this many seconds")
     p.add_argument("--tune-optimizer", action="store_true", help="also tune the task's lr and weight_decay")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter held fixed while tuning")
-    p.add_argument("--params-dir", default="leaderboards/params", help="where the best parameters are written")
+    p.add_argument("--promote", action="store_true",
+                   help="after tuning, copy the result from <runs-dir>/params/ to --params-dir (the committed parameters); "
+                        "refused when the one there was tuned with a larger budget, unless --force")
+    p.add_argument("--force", action="store_true", help="with --promote: replace a result tuned with a larger budget")
+    p.add_argument("--params-dir", default="leaderboards/params",
+                   help="where --promote copies the best parameters (default: leaderboards/params); tune itself writes "
+                        "only <runs-dir>/params/<task>/<variant>.yaml, beside its study")
     p.add_argument("--dry-run", action="store_true", help="print the studies (finished trials of --trials, estimated time) and exit; writes nothing")
     _precision(p)
     _logger(p)
@@ -405,11 +411,15 @@ def study_progress(task: str, variant: str, params, storage: str | None, runs: s
 def cmd_tune(args) -> int:
     from harness.plan.planner import plan
     from harness.plan.suite import load_suite
-    from harness.studies.tune import TUNE_SEED, export, tune
+    from harness.plan.tuned import promote, runs_params_dir
+    from harness.results.store import runs_dir
+    from harness.studies.tune import TUNE_SEED, export, require_a_search_space, tune, variant_knobs
 
     params, attention = parse_sets(args.set)
     if attention:
         raise ValueError("tune searches the variant's own knobs: attention.* cannot be fixed with --set")
+    if args.force and not args.promote:
+        raise ValueError("--force only applies with --promote (replace promoted parameters tuned with a larger budget)")
     if args.suite:
         if args.task or args.variant:
             raise ValueError("give either TASK VARIANT or --suite, not both")
@@ -417,9 +427,16 @@ def cmd_tune(args) -> int:
         suite_plan.require_data()
         pairs = sorted({(s.task, s.variant, tuple(sorted(s.params.items()))) for s in suite_plan.specs})
         jobs = [(task, variant, {**dict(suite_params), **params}) for task, variant, suite_params in pairs]
+        if not args.tune_optimizer:
+            knobless = sorted({variant for _, variant, _ in jobs if not variant_knobs(variant)})
+            if knobless:
+                print(f"attnbench tune: not tuning {', '.join(knobless)}: no options of their own to search "
+                      "(--tune-optimizer also searches the task's lr and weight_decay)")
+            jobs = [job for job in jobs if job[1] not in knobless]
     elif args.task and args.variant:
         jobs = [(args.task, args.variant, params)]
         _plan_command_line_runs(args, [(args.task, args.variant, TUNE_SEED, params)], {"command": "tune"})
+        require_a_search_space(args.variant, args.tune_optimizer)
     else:
         raise ValueError("name a TASK and a VARIANT (attnbench tune cora bam-weibull) or a --suite")
     from modules.tasks import get_task
@@ -432,12 +449,19 @@ def cmd_tune(args) -> int:
     if args.strategy == "ddp" and args.storage and args.storage.startswith("journal:"):
         raise ValueError("pruning data-parallel trials needs an RDB storage (sqlite:///... or postgresql://...), not a journal file")
     distribution, _ = _start_processes(args)
+    written = runs_params_dir(runs_dir(args.runs_dir))
     for task, variant, job_params in jobs:
         result = tune(task, variant, trials=args.trials, params=job_params, storage=args.storage, timeout=args.timeout,
                       tune_optimizer=args.tune_optimizer, runs=args.runs_dir, data_root=args.data_root, cache_dir=args.cache_dir,
                       distribution=distribution, precision=args.precision)
-        if result is not None:  # None: a DDP rank other than 0, or the study's last trials run in other processes
-            print(f"attnbench tune: best parameters written to {export(result, args.params_dir)}")
+        if result is None:  # a DDP rank other than 0, or the study's last trials run in other processes
+            continue
+        print(f"attnbench tune: best parameters written to {export(result, written)}")
+        if args.promote:
+            print(f"attnbench tune: promoted to {promote(task, variant, written, args.params_dir, force=args.force)}")
+        else:
+            print(f"attnbench tune: `bench --params tuned --params-dir {written}` runs them; "
+                  f"`attnbench tune {task} {variant} --promote` (same flags) copies them to {args.params_dir}")
     return 0
 
 
