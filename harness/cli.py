@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter, or attention.KEY=VALUE for the variant")
     p.add_argument("--force", action="store_true", help="run again even if a record for this exact run exists")
+    p.add_argument("--dry-run", "--print-config", dest="dry_run", action="store_true",
+                   help="print the resolved configuration (task parameters, the attention config at each of the task's "
+                        "sites, the key, whether it already finished) and exit; writes nothing")
     _precision(p)
     _logger(p)
     _data_parallel(p)
@@ -289,6 +292,11 @@ def cmd_run(args) -> int:
 
     params, attention = parse_sets(args.set)
     spec = _plan_command_line_runs(args, [(args.task, {"name": args.variant, **attention}, args.seed, params)], {"command": "run"}).specs[0]
+    if args.dry_run:
+        from harness.plan.describe import resolved_run
+
+        print(resolved_run(spec, args.runs_dir, args.force), end="")
+        return 0
     store = RecordStore(args.runs_dir)
     existing = store.read(spec.key)
     if existing is not None and existing.status is Status.OK and not args.force:

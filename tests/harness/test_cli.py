@@ -267,3 +267,29 @@ def test_the_cached_catalogue_answers_as_the_full_path_does(capsys, tmp_path, mo
         fast = capsys.readouterr()
         assert (fast.out, fast.err) == (captured.out, captured.err), argv
     assert not (tmp_path / "runs").exists()
+
+
+def test_run_dry_run_prints_the_resolved_configuration_and_writes_nothing(tmp_path, capsys, shared_data):
+    import yaml
+    from pathlib import Path
+
+    from harness.plan.spec import make_spec
+    from modules.attention.registry import describe_defaults
+
+    runs = tmp_path / "runs"
+    argv = ["run", "cora", "bam-weibull", "--set", "attention.kl_weight=0.5", "--set", "lr=0.01", "--data-root", str(shared_data)]
+    assert main([*argv, "--dry-run", "--runs-dir", str(runs)]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert not runs.exists()
+    spec = make_spec("cora", {"name": "bam-weibull", "kl_weight": 0.5}, 0, {"lr": 0.01})
+    assert shown["key"] == spec.key and shown["status"].startswith("not run yet")
+    assert shown["task parameters"] == dict(spec.params) and shown["task parameters"]["lr"] == 0.01
+    sites = shown["attention at each site of the task (per-host defaults filled in)"]
+    assert sites == {"graph self": describe_defaults({"name": "bam-weibull", "kl_weight": 0.5})["graph self"]}
+    assert sites["graph self"]["kl_weight"] == 0.5 and sites["graph self"]["k"] is not None  # a per-host default, filled in
+    assert shown["attention (as configured; None = the host decides)"]["k"] is None
+
+    committed = Path(__file__).parents[2] / "leaderboards"  # the quick suite's cora x softmax, seed 0, is recorded there
+    assert main(["run", "cora", "softmax", "--set", "max_epochs=300", "--print-config", "--runs-dir", str(committed),
+                 "--data-root", str(shared_data)]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["status"].startswith("finished (")
