@@ -99,7 +99,7 @@ def open_storage(url: str, *, heartbeat_s: int | None = None, grace_s: int | Non
 
 def study_name(task: str, variant: str, params: Mapping[str, Any], tune_optimizer: bool) -> str:
     """Deterministic: the same task, variant, task parameters and search space share one study."""
-    identity = {"params": dict(params), "variant_version": attention_entry(variant).cls.version, "optimizer": tune_optimizer}
+    identity = {"params": dict(params), "variant_version": attention_entry(variant).version, "optimizer": tune_optimizer}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{task}/{variant}/{digest}"
 
