@@ -79,7 +79,8 @@ def _logger(parser: argparse.ArgumentParser) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help="import a plugin file that registers variants or tasks (repeatable)")
-    parser.add_argument("--data-root", default=None, help="local data folder (default: $ATTNBENCH_DATA; none = download when online)")
+    parser.add_argument("--data-root", default=None, help="local data folder (default: $ATTNBENCH_DATA, else ../shared/data beside "
+                        "the checkout when it holds planetoid/, as make finds it; none = download when online)")
     parser.add_argument("--runs-dir", default=None, help="where run records live (default: $ATTNBENCH_RUNS or ./runs)")
     parser.add_argument("--cache-dir", default=None, help="where processed data is cached (default: $ATTNBENCH_CACHE or the user cache dir)")
 
@@ -651,7 +652,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "data_root", None):
             args.data_root = os.path.abspath(args.data_root)
         elif hasattr(args, "data_root"):
-            args.data_root = os.environ.get("ATTNBENCH_DATA") or None
+            from datamodules.paths import default_data_root
+
+            args.data_root = default_data_root()
         handler = {"list": cmd_list, "describe": cmd_describe, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "results": cmd_results, "perf": cmd_perf,
                    "probe": cmd_probe, "tune": cmd_tune,
                    "scaling": cmd_scaling}[args.command]
