@@ -294,7 +294,7 @@ def cmd_run(args) -> int:
     params, attention = parse_sets(args.set)
     spec = _plan_command_line_runs(args, [(args.task, {"name": args.variant, **attention}, args.seed, params)], {"command": "run"}).specs[0]
     if args.dry_run:
-        from harness.plan.describe import resolved_run
+        from harness.report.run_config import resolved_run
 
         print(resolved_run(spec, args.runs_dir, args.force), end="")
         return 0
@@ -361,6 +361,8 @@ def _print_bench_plan(args) -> int:
                     tuned_dir=args.params_dir if args.params == "tuned" else None, precision=args.precision)
     for task_name, why in the_plan.skipped_tasks.items():
         print(f"attnbench: skipping optional task {task_name}: {why}")
+    for pair in the_plan.tuned_budget:
+        print(f"attnbench: warning: {pair}; its tuned parameters may not carry over to this suite's budget")
     the_plan.require_data()
     if not the_plan.specs:
         raise ValueError(f"suite {the_plan.suite.name}: the selection (--variants {args.variants!r}) has no run")
