@@ -144,7 +144,7 @@ def test_a_killed_tuning_trial_is_failed_and_retried(shared_data, tmp_path):
     assert states == ["COMPLETE", "FAIL"]
     retried = next(t for t in study.trials if t.state.name == "COMPLETE")
     assert retried.user_attrs.get("defaults") is True  # the killed trial's configuration ran again
-    assert (tmp_path / "params" / "cora" / "fenchel.yaml").is_file()
+    assert (tmp_path / "runs" / "params" / "cora" / "fenchel.yaml").is_file()  # beside the study; not promoted
 
 
 def test_processes_opening_a_fresh_storage_at_once_all_get_it(tmp_path):
