@@ -258,3 +258,12 @@ def test_tuning_a_variant_without_options_is_refused(capsys, tmp_path):
         assert "'softmax' has no options of its own to tune" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
     assert main(["tune", "cora", "softmax", "--tune-optimizer", "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 0
+
+
+def test_tuning_a_suite_leaves_out_its_variants_without_options(capsys, tmp_path, shared_data):
+    assert main(["tune", "--suite", "quick", "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--data-root", str(shared_data)]) == 0
+    out = capsys.readouterr().out
+    assert "not tuning entmax15, softmax, sparsemax: no options of their own to search" in out
+    studies = [line for line in out.splitlines() if "trials)" in line]
+    assert studies and not any(" softmax (" in line or " entmax15 (" in line for line in studies)
+    assert any(" fenchel (" in line for line in studies)
