@@ -85,7 +85,9 @@ def data_problem(name: str, explicit_root: str | os.PathLike | None) -> str | No
                 f"GLUE {task.folder}: no local data root is set and the Hugging Face `datasets` package is not installed; "
                 f"set ATTNBENCH_DATA (or --data-root) to a folder holding glue/{task.folder}/*.tsv, or pip install 'attnbench[hub]' to download"
             )
-        return None
+        from .paths import download_problem
+
+        return download_problem(f"GLUE {task.folder}", "huggingface.co", f"glue/{task.folder}/*.tsv")
     folder = glue_dir(root, task)
     missing = [f"{folder}/{split}.tsv" for split in required_files(task) if not (folder / f"{split}.tsv").is_file()]
     if missing:

@@ -6,6 +6,7 @@ writes (PyG's processed/, tokenised sets) goes under the cache dir.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import socket
@@ -25,6 +26,81 @@ class MissingDataError(FileNotFoundError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else super().__str__()
+
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+SHARED_DATA = CHECKOUT.parent / "shared" / "data"
+"""`../shared/data` beside the checkout: where the Makefile looks when $ATTNBENCH_DATA is not set."""
+
+
+def default_data_root() -> str | None:
+    """The data root a command uses when none is given, found the way the Makefile finds it, so that
+    `.venv/bin/attnbench ...` and `make ...` read the same data: $ATTNBENCH_DATA when it is set (empty: download),
+    else ../shared/data beside the checkout when it holds planetoid/, else None (download when online)."""
+    if DATA_ENV in os.environ:
+        return os.environ[DATA_ENV] or None
+    return str(SHARED_DATA) if (SHARED_DATA / "planetoid").is_dir() else None
+
+
+DOWNLOAD_CHECK_TIMEOUT_S = 5.0
+
+
+@functools.lru_cache(maxsize=None)
+def host_unreachable(host: str, port: int = 443, timeout_s: float = DOWNLOAD_CHECK_TIMEOUT_S) -> str | None:
+    """Why `host` cannot be reached (no name resolution, no route, no answer within `timeout_s`), or None; asked
+    once per process (a plan checks each task). The name lookup runs in a thread: getaddrinfo has no timeout of
+    its own and can hang on an offline machine."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as Late
+
+    def connect() -> None:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        pool.submit(connect).result(timeout=timeout_s)
+    except Late:
+        return f"{host} did not answer within {timeout_s:.0f} s"
+    except OSError as exc:
+        return f"cannot reach {host}: {exc}"
+    finally:
+        pool.shutdown(wait=False)
+    return None
+
+
+def download_problem(what: str, host: str, local_layout: str) -> str | None:
+    """None when `what` can be downloaded from `host` now; else a message naming the local alternative. Asked by
+    the tasks' data checks when no data root is set, so that an offline machine is refused before anything runs
+    instead of recording every run as failed."""
+    why = host_unreachable(host)
+    if why is None:
+        return None
+    return (f"{what}: no data root is set ($ATTNBENCH_DATA, --data-root, or ../shared/data beside the checkout) and the "
+            f"download would fail ({why}). Set ATTNBENCH_DATA (or --data-root) to a folder holding {local_layout}")
+
+
+ENVIRONMENT_FAULT_TYPES = ("MissingDataError", "CacheLockTimeout", "URLError", "ConnectionError", "ClientConnectorError",
+                           "ClientConnectorDNSError", "gaierror", "OfflineModeIsEnabled", "LocalEntryNotFoundError")
+"""Exception type names of failures that belong to the machine (data, weights or files absent, no network), not to the
+run's configuration: such a run is retried by the next `bench`, and records of them from older versions are too."""
+
+
+def is_environment_fault(exc: BaseException) -> bool:
+    """A missing file or an unreachable download anywhere in the exception's chain."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, FileNotFoundError) or type(exc).__name__ in ENVIRONMENT_FAULT_TYPES:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def is_environment_fault_message(error: str | None) -> bool:
+    """The same, for a record's error line ("TypeName: message"), which is all an older record kept."""
+    return bool(error) and error.split(":", 1)[0].strip() in (*ENVIRONMENT_FAULT_TYPES, "FileNotFoundError")
 
 
 def data_root(explicit: str | os.PathLike | None = None) -> Path | None:

@@ -13,7 +13,7 @@ from torch_geometric.data import Data
 from torch_geometric.datasets import Planetoid
 from torch_geometric.transforms import NormalizeFeatures
 
-from .paths import MissingDataError, cache_dir, cache_lock, data_root, sha256_of
+from .paths import MissingDataError, cache_dir, cache_lock, data_root, download_problem, sha256_of
 
 NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 RAW_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
@@ -83,8 +83,11 @@ def check_raw_files(name: str, root: Path) -> Path:
 def data_available(name: str, root: str | Path | None = None) -> str | None:
     """None if the task can load; else the reason it cannot (for suites that skip absent optional data)."""
     resolved = data_root(root)
-    if resolved is None:
-        return None  # PyG downloads on first use
+    if resolved is None:  # PyG downloads on first use: the files must be in the cache already, or reachable
+        cached = cache_dir() / "planetoid" / NAMES[name] / "raw"
+        if all((cached / f).is_file() for f in raw_file_names(name)):
+            return None
+        return download_problem(f"{NAMES[name]} (Planetoid)", "github.com", f"planetoid/{NAMES[name]}/raw/ind.{name}.*")
     try:
         check_raw_files(name, resolved)
     except MissingDataError as exc:

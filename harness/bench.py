@@ -74,6 +74,10 @@ def run_suite(
     the_plan = plan(suite, data_root, variant_filter, tuned_dir=tuned_params_dir, precision=precision)
     for pair in the_plan.untuned:
         log(f"attnbench: {pair} has no tuned parameters in {tuned_params_dir} (run `attnbench tune`); only its default row runs")
+    for pair in the_plan.tuned_budget:
+        log(f"attnbench: warning: {pair}; its tuned parameters may not carry over to this suite's budget")
+    for pair in the_plan.tuned_as_defaults:
+        log(f"attnbench: {pair}: its tuned parameters are its defaults; no separate (tuned) row")
     for task_name, why in the_plan.skipped_tasks.items():
         log(f"attnbench: skipping optional task {task_name}: {why}")
     the_plan.require_data()

@@ -79,7 +79,8 @@ def _logger(parser: argparse.ArgumentParser) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help="import a plugin file that registers variants or tasks (repeatable)")
-    parser.add_argument("--data-root", default=None, help="local data folder (default: $ATTNBENCH_DATA; none = download when online)")
+    parser.add_argument("--data-root", default=None, help="local data folder (default: $ATTNBENCH_DATA, else ../shared/data beside "
+                        "the checkout when it holds planetoid/, as make finds it; none = download when online)")
     parser.add_argument("--runs-dir", default=None, help="where run records live (default: $ATTNBENCH_RUNS or ./runs)")
     parser.add_argument("--cache-dir", default=None, help="where processed data is cached (default: $ATTNBENCH_CACHE or the user cache dir)")
 
@@ -120,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-seed-batch", dest="seed_batch", action="store_false", help="with --seeds: run each seed alone")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter, or attention.KEY=VALUE for the variant")
     p.add_argument("--force", action="store_true", help="run again even if a record for this exact run exists")
+    p.add_argument("--dry-run", "--print-config", dest="dry_run", action="store_true",
+                   help="print the resolved configuration (task parameters, the attention config at each of the task's "
+                        "sites, the key, whether it already finished) and exit; writes nothing")
     _precision(p)
     _logger(p)
     _data_parallel(p)
@@ -157,7 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="stop starting trials after this many seconds")
     p.add_argument("--tune-optimizer", action="store_true", help="also tune the task's lr and weight_decay")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter held fixed while tuning")
-    p.add_argument("--params-dir", default="leaderboards/params", help="where the best parameters are written")
+    p.add_argument("--promote", action="store_true",
+                   help="after tuning, copy the result from <runs-dir>/params/ to --params-dir (the committed parameters); "
+                        "refused when the one there was tuned with a larger budget, unless --force")
+    p.add_argument("--force", action="store_true", help="with --promote: replace a result tuned with a larger budget")
+    p.add_argument("--params-dir", default="leaderboards/params",
+                   help="where --promote copies the best parameters (default: leaderboards/params); tune itself writes "
+                        "only <runs-dir>/params/<task>/<variant>.yaml, beside its study")
     p.add_argument("--dry-run", action="store_true", help="print the studies (finished trials of --trials, estimated time) and exit; writes nothing")
     _precision(p)
     _logger(p)
@@ -235,15 +245,29 @@ def cmd_list(args) -> int:
 
 
 @contextlib.contextmanager
-def _values_from_flags():
-    """A ConfigError raised while planning `run`/`tune` is about a --set value: say so in its message."""
+def _values_from_flags(task: str | None = None, variant: str | None = None):
+    """A ConfigError raised while planning `run`/`tune` is about a --set value: say so in its message, and
+    for an unknown key point to the key it probably meant (harness/plan/describe.py's set_key_hint)."""
     from modules.validation import ConfigError
 
     try:
         yield
     except ConfigError as exc:
-        prefix = "attention." if exc.owner.startswith("attention") else ""
-        raise exc.at(f"from --set {prefix}{exc.key}") from None
+        is_attention = exc.owner.startswith("attention")
+        located = exc.at(f"from --set {'attention.' if is_attention else ''}{exc.key}")
+        if exc.known and task and variant:
+            import dataclasses
+
+            from modules.attention import attention_entry
+            from modules.tasks import get_task
+
+            from harness.plan.describe import set_key_hint
+
+            hint = set_key_hint(exc.key, exc.value, is_attention=is_attention,
+                                task_fields=[f.name for f in dataclasses.fields(get_task(task).Params)],
+                                variant_fields=[f.name for f in dataclasses.fields(attention_entry(variant).cls.Config)])
+            located.args = (str(located) + hint,)
+        raise located from None
 
 
 def cmd_describe(args) -> int:
@@ -260,7 +284,8 @@ def _plan_command_line_runs(args, jobs: list[tuple[str, Any, int, dict]], extra:
     """`run` and `tune` plan like `bench` does: names resolved and each task's data checked, once."""
     from harness.plan.planner import plan_runs
 
-    with _values_from_flags():
+    task, attention = jobs[0][:2]
+    with _values_from_flags(task, attention if isinstance(attention, str) else attention["name"]):
         the_plan = plan_runs(jobs, args.data_root, extra, precision=args.precision)
     if not args.plugin:
         from harness.plan import catalogue
@@ -292,6 +317,11 @@ def cmd_run(args) -> int:
     if args.seed_list is not None:
         return _run_seeds(args, params, attention)
     spec = _plan_command_line_runs(args, [(args.task, {"name": args.variant, **attention}, args.seed, params)], {"command": "run"}).specs[0]
+    if args.dry_run:
+        from harness.report.run_config import resolved_run
+
+        print(resolved_run(spec, args.runs_dir, args.force), end="")
+        return 0
     store = RecordStore(args.runs_dir)
     existing = store.read(spec.key)
     if existing is not None and existing.status is Status.OK and not args.force:
@@ -400,6 +430,8 @@ def _print_bench_plan(args) -> int:
                     tuned_dir=args.params_dir if args.params == "tuned" else None, precision=args.precision)
     for task_name, why in the_plan.skipped_tasks.items():
         print(f"attnbench: skipping optional task {task_name}: {why}")
+    for pair in the_plan.tuned_budget:
+        print(f"attnbench: warning: {pair}; its tuned parameters may not carry over to this suite's budget")
     the_plan.require_data()
     if not the_plan.specs:
         raise ValueError(f"suite {the_plan.suite.name}: the selection (--variants {args.variants!r}) has no run")
@@ -459,11 +491,15 @@ def study_progress(task: str, variant: str, params, storage: str | None, runs: s
 def cmd_tune(args) -> int:
     from harness.plan.planner import plan
     from harness.plan.suite import load_suite
-    from harness.studies.tune import TUNE_SEED, export, tune
+    from harness.plan.tuned import promote, runs_params_dir
+    from harness.results.store import runs_dir
+    from harness.studies.tune import TUNE_SEED, export, require_a_search_space, tune, variant_knobs
 
     params, attention = parse_sets(args.set)
     if attention:
         raise ValueError("tune searches the variant's own knobs: attention.* cannot be fixed with --set")
+    if args.force and not args.promote:
+        raise ValueError("--force only applies with --promote (replace promoted parameters tuned with a larger budget)")
     if args.suite:
         if args.task or args.variant:
             raise ValueError("give either TASK VARIANT or --suite, not both")
@@ -471,9 +507,16 @@ def cmd_tune(args) -> int:
         suite_plan.require_data()
         pairs = sorted({(s.task, s.variant, tuple(sorted(s.params.items()))) for s in suite_plan.specs})
         jobs = [(task, variant, {**dict(suite_params), **params}) for task, variant, suite_params in pairs]
+        if not args.tune_optimizer:
+            knobless = sorted({variant for _, variant, _ in jobs if not variant_knobs(variant)})
+            if knobless:
+                print(f"attnbench tune: not tuning {', '.join(knobless)}: no options of their own to search "
+                      "(--tune-optimizer also searches the task's lr and weight_decay)")
+            jobs = [job for job in jobs if job[1] not in knobless]
     elif args.task and args.variant:
         jobs = [(args.task, args.variant, params)]
         _plan_command_line_runs(args, [(args.task, args.variant, TUNE_SEED, params)], {"command": "tune"})
+        require_a_search_space(args.variant, args.tune_optimizer)
     else:
         raise ValueError("name a TASK and a VARIANT (attnbench tune cora bam-weibull) or a --suite")
     from modules.tasks import get_task
@@ -486,12 +529,19 @@ def cmd_tune(args) -> int:
     if args.strategy == "ddp" and args.storage and args.storage.startswith("journal:"):
         raise ValueError("pruning data-parallel trials needs an RDB storage (sqlite:///... or postgresql://...), not a journal file")
     distribution, _ = _start_processes(args)
+    written = runs_params_dir(runs_dir(args.runs_dir))
     for task, variant, job_params in jobs:
         result = tune(task, variant, trials=args.trials, params=job_params, storage=args.storage, timeout=args.timeout,
                       tune_optimizer=args.tune_optimizer, runs=args.runs_dir, data_root=args.data_root, cache_dir=args.cache_dir,
                       distribution=distribution, precision=args.precision)
-        if result is not None:  # None: a DDP rank other than 0, or the study's last trials run in other processes
-            print(f"attnbench tune: best parameters written to {export(result, args.params_dir)}")
+        if result is None:  # a DDP rank other than 0, or the study's last trials run in other processes
+            continue
+        print(f"attnbench tune: best parameters written to {export(result, written)}")
+        if args.promote:
+            print(f"attnbench tune: promoted to {promote(task, variant, written, args.params_dir, force=args.force)}")
+        else:
+            print(f"attnbench tune: `bench --params tuned --params-dir {written}` runs them; "
+                  f"`attnbench tune {task} {variant} --promote` (same flags) copies them to {args.params_dir}")
     return 0
 
 
@@ -721,7 +771,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "data_root", None):
             args.data_root = os.path.abspath(args.data_root)
         elif hasattr(args, "data_root"):
-            args.data_root = os.environ.get("ATTNBENCH_DATA") or None
+            from datamodules.paths import default_data_root
+
+            args.data_root = default_data_root()
         handler = {"list": cmd_list, "describe": cmd_describe, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "claims": cmd_claims, "results": cmd_results, "perf": cmd_perf,
                    "probe": cmd_probe, "tune": cmd_tune,
                    "scaling": cmd_scaling}[args.command]

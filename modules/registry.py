@@ -7,10 +7,13 @@ editing harness code.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import fnmatch
+import functools
 import hashlib
 import importlib.util
+import inspect
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -35,6 +38,77 @@ class PluginError(RuntimeError):
 
 
 _loaded_plugin_files: set[Path] = set()
+
+BUILTIN_ROOT = Path(__file__).resolve().parent
+"""attnbench's own modules: a class defined under it is built in and keys runs by its explicit `version`."""
+
+
+class _WithoutDocstrings(ast.NodeTransformer):
+    """Drops string statements (docstrings, field docstrings): they do not change what a run computes."""
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and all(isinstance(n, ast.stmt) for n in body):
+            kept = [n for n in body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str))]
+            node.body = kept or [ast.Pass()]
+        return node
+
+
+def source_files(cls: type, stop: type) -> list[Path]:
+    """The files defining `cls` and each base class of it below `stop` (the interface every variant or task
+    implements), in MRO order: the code that makes the class what it is."""
+    files: list[Path] = []
+    for klass in cls.__mro__:
+        if klass is stop or klass is object:
+            break
+        try:
+            found = inspect.getsourcefile(klass)
+        except TypeError:  # built at run time or in a C extension: no file to read
+            continue
+        if found and Path(found).resolve() not in files:
+            files.append(Path(found).resolve())
+    return files
+
+
+@functools.lru_cache(maxsize=None)
+def source_digest(cls: type, stop: type) -> str | None:
+    """A hash of the code in `source_files(cls, stop)`, normalised through the AST so that comments, blank
+    lines, formatting and docstrings do not count; None when no source file can be found (a class made in an
+    interactive session)."""
+    files = source_files(cls, stop)
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        text = file.read_text()
+        try:
+            # unparse rather than dump: its text is the same across Python versions, whose AST fields differ
+            normal = ast.unparse(_WithoutDocstrings().visit(ast.parse(text)))
+        except SyntaxError:
+            normal = text
+        digest.update(normal.encode())
+    return digest.hexdigest()[:12]
+
+
+def is_builtin(cls: type) -> bool:
+    try:
+        found = inspect.getsourcefile(cls)
+    except TypeError:
+        return False
+    return found is not None and Path(found).resolve().is_relative_to(BUILTIN_ROOT)
+
+
+def keyed_version(cls: type, stop: type) -> str:
+    """The version that goes into run keys (and study names). A built-in's explicit `version`: bumping it is
+    part of changing its code, which tests/attention/test_versions.py holds every built-in variant to. A
+    plugin's `version` plus a hash of its source, because plugin authors edit and re-run without bumping, and
+    an edited plugin must never be answered with "already finished" from its old code's records: the edit
+    gives new keys, so its runs run again (a comment or docstring edit does not)."""
+    if is_builtin(cls):
+        return cls.version  # as it is: the keys of committed records hash it
+    digest = source_digest(cls, stop)
+    return f"{cls.version}+source.{digest}" if digest else str(cls.version)
 
 
 def load_plugin_file(path: str | Path) -> None:

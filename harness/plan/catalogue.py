@@ -139,5 +139,11 @@ def check_run(catalogue: dict[str, Any], task: str, variant: str, params: dict, 
             validate_values({k: evaluate(v) for k, v in entry["fields"].items()},
                             {k: v for k, v in values.items() if v is not None}, owner, noun)
         except ConfigError as exc:
-            return str(exc.at(f"from --set {flag}{exc.key}"))
+            hint = ""
+            if exc.known:
+                from harness.plan.describe import set_key_hint
+
+                hint = set_key_hint(exc.key, exc.value, is_attention=bool(flag), task_fields=list(catalogue["tasks"][task]["fields"] or ()),
+                                    variant_fields=list(catalogue["variants"][variant]["fields"] or ()))
+            return str(exc.at(f"from --set {flag}{exc.key}")) + hint
     return None

@@ -95,8 +95,37 @@ def describe_variant(name: str) -> tuple[str, list[ParameterInfo]]:
         doc = docs.get(f.name, "")
         if f.name in entry.preset:
             doc = f"fixed by the variant name ({name}). " + doc
-        rows.append(ParameterInfo(f.name, type_text, range_text, _grouped({site: c[f.name] for site, c in per_site.items()}), doc))
+        # Named as `--set` and a suite file spell it, so that what describe shows can be pasted as it is.
+        rows.append(ParameterInfo(f"{SET_PREFIX}{f.name}", type_text, range_text,
+                                  _grouped({site: c[f.name] for site, c in per_site.items()}), doc))
     return f"variant {name}: {entry.summary} ({entry.cls.__name__}, version {entry.cls.version})", rows
+
+
+SET_PREFIX = "attention."
+"""How a variant's option is named everywhere a user writes one: `--set attention.alpha=2`, a suite's
+`attention.alpha: 2` (or an `attention:` block), and the rows of `describe`."""
+
+
+def set_key_hint(key: str, value: Any, *, is_attention: bool, task_fields, variant_fields) -> str:
+    """' Did you mean ...?' for a `--set` key the task (or, with `attention.`, the variant) does not have: the
+    other owner's key of that name first (`--set alpha=2` on a variant with `alpha`), else the closest names."""
+    import difflib
+
+    shown = value if isinstance(value, str) else yaml_text(value)
+    if not is_attention and key in variant_fields:
+        return f". Did you mean --set {SET_PREFIX}{key}={shown}?"
+    if is_attention and key in task_fields:
+        return f". Did you mean --set {key}={shown}? ({key} is a task parameter)"
+    own = variant_fields if is_attention else task_fields
+    prefix = SET_PREFIX if is_attention else ""
+    close = difflib.get_close_matches(key, list(own), n=3, cutoff=0.6)
+    return f". Did you mean {' or '.join(f'--set {prefix}{c}={shown}' for c in close)}?" if close else ""
+
+
+def yaml_text(value: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def describe(name: str) -> str:
@@ -128,7 +157,10 @@ def format_parameters(title: str, rows: list[ParameterInfo]) -> str:
     if not rows:
         return f"{title}\n  (no parameters)"
     width = max(len(r.name) for r in rows)
-    lines = [title, ""]
+    variant = rows[0].name.startswith(SET_PREFIX)
+    how = ("--set attention.KEY=VALUE on the command line; `attention.KEY: VALUE` in a suite's variant entry" if variant
+           else "--set KEY=VALUE on the command line; `KEY: VALUE` under a suite's `params:`")
+    lines = [title, f"  ({how})", ""]
     for row in rows:
         kind = row.type + (f", {row.range}" if row.range else "")
         if list(row.defaults) == [""]:
@@ -139,6 +171,20 @@ def format_parameters(title: str, rows: list[ParameterInfo]) -> str:
         for text in textwrap.wrap(row.doc, 100):
             lines.append(f"  {'':<{width}}    {text}")
     return "\n".join(lines)
+
+
+TASK_MODULE_HOSTS = {"planetoid": "graph", "text": "text", "vqa": "vision-language", "captioning": "vision-language"}
+"""A built-in task's module -> the host domain its model builds (a Task does not declare its sites: its model
+does, when built, which would load the data). A plugin task gets every representative site."""
+
+
+def task_sites(task) -> dict[str, Any]:
+    """Label -> AttentionSite of the representative sites a task's model has (modules/attention/registry.py)."""
+    from modules.attention.registry import REPRESENTATIVE_SITES
+
+    module = type(task).__module__
+    domain = TASK_MODULE_HOSTS.get(module.rsplit(".", 1)[-1]) if module.startswith("modules.tasks.") else None
+    return {label: site for label, site in REPRESENTATIVE_SITES.items() if domain is None or site.host == domain}
 
 
 def print_list(what: str) -> None:

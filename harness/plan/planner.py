@@ -15,7 +15,7 @@ from modules.tasks import Metric, TrivialBaseline, get_task
 
 from harness.plan.spec import RunSpec, make_spec, resolve_attention
 from harness.plan.suite import Suite, SuiteError
-from harness.plan.tuned import load_tuned
+from harness.plan.tuned import budget_mismatch, load_tuned
 
 
 @dataclass
@@ -31,6 +31,11 @@ class Plan:
     """Required tasks whose data is absent -> why; `require_data` stops a command that would run them."""
     metrics: dict[str, tuple[Metric, ...]] = field(default_factory=dict)
     """Each planned task's test metrics, the primary (ranking) one first."""
+    tuned_budget: list[str] = field(default_factory=list)
+    """With tuned parameters asked for: the pairs tuned with another epoch budget than the suite's, and why."""
+    tuned_as_defaults: list[str] = field(default_factory=list)
+    """With tuned parameters asked for: the pairs whose tuned parameters are their defaults (tuning kept them),
+    planned once: a "(tuned)" row of the same runs would only add a row that counts twice in every comparison."""
 
     task_params: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     """Each planned task's parameters as the plan was given them (before a tuned row's own)."""
@@ -76,6 +81,8 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
         fnmatch.fnmatch(v.label or v.name, pattern.strip()) for pattern in variant_filter.split(","))]
     specs: list[RunSpec] = []
     untuned: list[str] = []
+    tuned_as_defaults: list[str] = []
+    tuned_budget: list[str] = []
     metrics = {}
     for task in suite.tasks:
         if task.name in skipped:
@@ -98,19 +105,30 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
             if tuned is None:
                 untuned.append(f"{task.name} x {variant.label or variant.name}")
                 continue
+            mismatch = budget_mismatch(tuned, params_of_task(task.name, params))
+            if mismatch:
+                tuned_budget.append(f"{task.name} x {variant.label or variant.name}: {mismatch}")
             tuned_attention = resolve_attention({**variant.config, **tuned["attention"], "name": variant.name})
-            for seed in suite.seeds:
-                specs.append(make_spec(
-                    task.name,
-                    tuned_attention,
-                    seed,
-                    {**params, **(tuned.get("params") or {})},
-                    label=f"{variant.label or variant.name} (tuned)",
-                    extra={"suite": suite.name, "tuning": tuned.get("tuning", {})},
-                    precision=precision,
-                ))
-    return Plan(suite, specs, skipped, untuned, missing, metrics, task_params={t: p for t, p in task_params.items() if t in metrics},
+            tuned_specs = [make_spec(
+                task.name,
+                tuned_attention,
+                seed,
+                {**params, **(tuned.get("params") or {})},
+                label=f"{variant.label or variant.name} (tuned)",
+                extra={"suite": suite.name, "tuning": tuned.get("tuning", {})},
+                precision=precision,
+            ) for seed in suite.seeds]
+            if tuned_specs[-1].key == specs[-1].key:  # the same seed's run: same config, parameters and versions
+                tuned_as_defaults.append(f"{task.name} x {variant.label or variant.name}")
+                continue
+            specs += tuned_specs
+    return Plan(suite, specs, skipped, untuned, missing, metrics, tuned_as_defaults=tuned_as_defaults, tuned_budget=tuned_budget, task_params={t: p for t, p in task_params.items() if t in metrics},
                 data_root=data_root)
+
+
+def params_of_task(task: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A task's full parameters, defaults filled in (what a run of `params` trains with)."""
+    return dataclasses.asdict(get_task(task).params(params))
 
 
 def plan_runs(jobs: list[tuple[str, str | Mapping[str, Any], int, Mapping[str, Any]]], data_root: str | None,

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from modules.attention import attention_entry, resolve_config
-from modules.tasks import get_task
+from modules.registry import keyed_version
+from modules.tasks import Task, get_task
 from modules.validation import validate_fields
 
 from harness.plan import PRECISIONS
@@ -92,7 +93,7 @@ def resolve_attention(attention: str | Mapping[str, Any]) -> ResolvedAttention:
                                   owner=f"attention {attention['name']!r}", noun="option")
         attention = {**attention, **checked}
     name, config = resolve_config(attention)
-    return ResolvedAttention(name, {"name": name, **config.to_dict()}, attention_entry(name).cls.version)
+    return ResolvedAttention(name, {"name": name, **config.to_dict()}, attention_entry(name).version)
 
 
 def make_spec(
@@ -117,7 +118,7 @@ def make_spec(
         attention=dict(attention.config),
         params=resolved_params,
         seed=int(seed),
-        task_version=task_def.version,
+        task_version=keyed_version(type(task_def), Task),
         variant_version=attention.version,
         label=label or attention.name,
         extra=dict(extra or {}),

@@ -6,7 +6,8 @@ description: every variant on Cora and CiteSeer
 tasks:                      # names, or {name, params, optional}
   - cora
   - {name: pubmed, optional: true}   # skipped (and reported) when its data is absent
-variants: all               # or a list: names, or {name, label, <config fields>}
+variants: all               # or a list: names, or {name, label, attention: {<option>: value}}
+                            #   (`attention.<option>: value` is the same; `attnbench describe VARIANT` lists them)
 seeds: 3                    # or an explicit list [0, 1, 2]
 params: {max_epochs: 300}   # task parameters for every task (per-task params override them)
 ```
@@ -182,9 +183,35 @@ def _variant_entry(item: Any, where: str) -> VariantEntry:
 
     item = dict(item)
     name, label = item.pop("name"), str(item.pop("label", "") or "")
+    item = _variant_options(item, where)
     try:
         resolved = resolve_attention({"name": name, **item})
     except (UnknownNameError, ValueError, TypeError) as exc:
         raise SuiteError(f"{where}: {exc}") from exc
     return VariantEntry(name, item, label, resolved)
 
+
+
+def _variant_options(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A variant entry's options spelled as on the command line (`attention.alpha: 1.5`), as a nested
+    `attention:` block, or flat (`alpha: 1.5`, the older form the built-in suites use) -> option -> value."""
+    options: dict[str, Any] = {}
+
+    def put(key: str, value: Any, spelling: str) -> None:
+        if key in options:
+            raise SuiteError(f"{where}: option {key!r} is given twice (as {spelling} and before); keep one")
+        options[key] = value
+
+    block = item.get("attention")
+    if block is not None and not isinstance(block, dict):
+        raise SuiteError(f"{where}: `attention:` must be a mapping of option -> value, e.g. attention: {{alpha: 1.5}}")
+    for key, value in (block or {}).items():
+        put(str(key), value, f"attention: {{{key}: ...}}")
+    for key, value in item.items():
+        if key == "attention":
+            continue
+        if isinstance(key, str) and key.startswith("attention."):
+            put(key.removeprefix("attention."), value, key)
+        else:
+            put(key, value, key)
+    return options

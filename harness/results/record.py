@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Iterator
 
+from datamodules.paths import is_environment_fault_message
+
 if TYPE_CHECKING:
     from harness.plan.spec import RunSpec
 
@@ -125,6 +127,8 @@ class Record(Mapping):
         """Whether `bench` keeps this record instead of running its spec again."""
         if self.retryable:
             return False
+        if self.status is Status.FAILED and is_environment_fault_message(self.error):
+            return False  # data or network missing when it ran (recorded so by versions before they were retryable)
         return not (retry_failed and self.status is Status.FAILED)
 
     @property

@@ -18,6 +18,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar
 
+from datamodules.paths import is_environment_fault
 from modules.tasks import get_task
 
 from harness.plan.spec import RunSpec
@@ -231,8 +232,9 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         if distributed.global_rank() != 0:
             return None
         outcome = dict(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=8)[-4000:])
-        if is_device_failure(exc):
-            # Not the run's own failure: the next bench retries it (on a fresh worker: see worker.py).
+        if is_device_failure(exc) or is_environment_fault(exc):
+            # Not the run's own failure (the device, or data, weights or network the machine lacks): the next
+            # bench retries it (on a fresh worker: see worker.py).
             outcome["retryable"] = True
     measured = dict(
         epochs=timer.epochs,

@@ -39,7 +39,7 @@ from modules.lit.attention_terms import DivergedError
 from modules.tasks import get_task
 
 from harness.plan.spec import RunSpec, make_spec
-from harness.plan.tuned import DEFAULT_ROOT, tuned_path
+from harness.plan.tuned import runs_params_dir, study_budget, tuned_path
 from harness.results.store import runs_dir
 from harness.run import distributed
 from harness.run.distributed import SINGLE, Distribution
@@ -99,7 +99,7 @@ def open_storage(url: str, *, heartbeat_s: int | None = None, grace_s: int | Non
 
 def study_name(task: str, variant: str, params: Mapping[str, Any], tune_optimizer: bool) -> str:
     """Deterministic: the same task, variant, task parameters and search space share one study."""
-    identity = {"params": dict(params), "variant_version": attention_entry(variant).cls.version, "optimizer": tune_optimizer}
+    identity = {"params": dict(params), "variant_version": attention_entry(variant).version, "optimizer": tune_optimizer}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{task}/{variant}/{digest}"
 
@@ -119,6 +119,35 @@ class TuneResult:
     params: dict[str, Any]
     trials: dict[str, int]
     seconds: float
+    task_params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The task parameters every trial trained with (their epoch budget is part of the study's budget)."""
+    storage: str = ""
+    """The Optuna storage URL holding the study."""
+
+
+def variant_knobs(variant: str) -> list[str]:
+    """The option names the variant's search space suggests (what its name fixes excluded), read by asking a
+    throw-away in-memory study for one trial: `suggest` is code, so asking it is the only sure way to know."""
+    import optuna
+
+    from modules.attention.registry import suggest_config
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return sorted(suggest_config(variant, optuna.create_study().ask()))
+
+
+def require_a_search_space(variant: str, tune_optimizer: bool) -> None:
+    """Refuse a study whose every trial would train the same configuration."""
+    if not tune_optimizer and not variant_knobs(variant):
+        raise ValueError(f"variant {variant!r} has no options of its own to tune (its Config.suggest searches nothing), so "
+                         "every trial would train the same configuration; add --tune-optimizer to tune the task's lr and "
+                         "weight_decay, or tune a variant with options (`attnbench describe VARIANT`)")
+
+
+def dashboard_command(storage: str) -> str:
+    """How to open a storage with optuna-dashboard (a journal file is opened by its path)."""
+    target = storage.removeprefix("journal:") if storage.startswith("journal:") else storage
+    return f"optuna-dashboard {target}"
 
 
 def _suggest_task_knobs(trial, base: Mapping[str, Any]) -> dict[str, Any]:
@@ -148,13 +177,17 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
     task_def = get_task(task)
     resolved = dataclasses.asdict(task_def.params(params))
     resolve_config(variant)  # an unknown variant fails here, with the closest names
+    require_a_search_space(variant, tune_optimizer)
     name = study_name(task, variant, resolved, tune_optimizer)
     if precision != "32":  # its own study; fp32 studies keep the names they had before runs had a precision
         name += f"/{precision}"
     direction = "maximize" if task_def.monitor.higher_is_better else "minimize"
+    storage = storage or default_storage(runs)
+    log(f"attnbench tune: study {name} is stored in {storage}; watch it with `{dashboard_command(storage)}` "
+        "(pip install optuna-dashboard)")
     study = optuna.create_study(
         study_name=name,
-        storage=open_storage(storage or default_storage(runs)),
+        storage=open_storage(storage),
         load_if_exists=True,
         direction=direction,
         sampler=optuna.samplers.TPESampler(seed=sampler_seed),
@@ -236,7 +269,7 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
         f"{default_metrics or 'not finished'}; trials {counts}; this call took {time.perf_counter() - started:.0f} s")
     return TuneResult(task, variant, name, task_def.monitor.name, task_def.monitor.higher_is_better, float(best.value),
                       float(default_trial.value) if default_trial else None, best_metrics, default_metrics, attention, task_knobs,
-                      counts, seconds)
+                      counts, seconds, task_params=resolved, storage=storage)
 
 
 def _follow_rank_zero(distribution: Distribution, data_root: str | None, cache_dir: str | None) -> None:
@@ -251,9 +284,11 @@ def _follow_rank_zero(distribution: Distribution, data_root: str | None, cache_d
             pass                          # the error); this rank only keeps in step until rank 0 says stop
 
 
-def export(result: TuneResult, root: str | Path = DEFAULT_ROOT) -> Path:
-    """Write the best configuration where `bench --params tuned` finds it (atomic rename)."""
-    path = tuned_path(result.task, result.variant, root)
+def export(result: TuneResult, root: str | Path | None = None) -> Path:
+    """Write the best configuration beside its study, in the runs folder (`root`; default <runs-dir>/params),
+    by atomic rename; `bench --params tuned --params-dir` reads it from there, and `tune --promote` copies it
+    to the committed leaderboards/params/ (harness/plan/tuned.py)."""
+    path = tuned_path(result.task, result.variant, root if root is not None else runs_params_dir(runs_dir(None)))
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {
         "task": result.task,
@@ -262,7 +297,10 @@ def export(result: TuneResult, root: str | Path = DEFAULT_ROOT) -> Path:
         "params": result.params,
         "validation": {"metric": result.monitor, "best": result.best_value, "defaults": result.default_value,
                        "best_metrics": result.best_metrics, "default_metrics": result.default_metrics},
+        "budget": study_budget(result.trials.get("complete", 0) + result.trials.get("pruned", 0), result.task_params),
         "tuning": {"study": result.study, "trials": result.trials, "seconds": round(result.seconds, 1), "seed": TUNE_SEED},
+        "study_storage": result.storage,
+        "trained_with": result.task_params,
     }
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(body, sort_keys=False))

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..registry import Registry
+from ..registry import Registry, keyed_version
 from .kernel import AttentionConfig, AttentionKernel, AttentionSite, HeadShape
 
 ENTRY_POINT_GROUP = "attnbench.attention"
@@ -18,6 +18,12 @@ class AttentionEntry:
     preset: Mapping[str, Any] = field(default_factory=dict)
     """Config values fixed by the name, e.g. bam-weibull = BAM with distribution='weibull'."""
     summary: str = ""
+
+    @property
+    def version(self) -> str:
+        """What run keys record as the variant's version (modules/registry.py's keyed_version: a plugin's
+        includes a hash of its source)."""
+        return keyed_version(self.cls, AttentionKernel)
 
 
 ATTENTIONS: Registry[AttentionEntry] = Registry("attention variant", ENTRY_POINT_GROUP)

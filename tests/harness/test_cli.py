@@ -186,11 +186,12 @@ def test_describe_a_variant_lists_types_ranges_per_host_defaults_and_sources(cap
     per_site = describe_defaults("bam-weibull")
     graph_k, text_k = per_site["graph self"]["k"], per_site["text self"]["k"]
     assert graph_k != text_k  # the test needs a knob whose default differs by host
-    k_block = out[out.index("\n  k "):out.index("\n  alpha ")]
+    k_block = out[out.index("\n  attention.k "):out.index("\n  attention.alpha ")]
     assert "float or None, > 0; default per host:" in k_block
     assert f"graph self: {graph_k!r}" in k_block and f"text self, " in k_block and f": {text_k!r}" in k_block
     assert "Weibull shape" in k_block  # the field's docstring, read from the source
-    assert "mc_samples       int, >= 1; default 1\n" in out
+    assert "attention.mc_samples       int, >= 1; default 1\n" in out
+    assert "--set attention.KEY=VALUE" in out  # every name above is the exact `--set` form
 
 
 def test_describe_a_task_shows_the_name_s_preset_as_the_default(capsys):
@@ -199,6 +200,23 @@ def test_describe_a_task_shows_the_name_s_preset_as_the_default(capsys):
     assert "lr               float, > 0; default 0.01\n" in out  # pubmed's preset, not GATParams' 0.005
     assert "out_heads        int, >= 1; default 8\n" in out
     assert "fixed by the task name (pubmed)" in out
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["run", "cora", "entmax", "--set", "alpha=1.2"], "Did you mean --set attention.alpha=1.2?"),
+    (["run", "cora", "entmax", "--set", "attention.max_epochs=3"], "Did you mean --set max_epochs=3? (max_epochs is a task parameter)"),
+    (["run", "cora", "softmax", "--set", "max_epoch=3"], "Did you mean --set max_epochs=3?"),
+    (["tune", "cora", "gmm", "--set", "patiense=9"], "Did you mean --set patience=9?"),
+])
+def test_a_set_key_of_the_other_owner_or_misspelt_points_to_the_right_spelling(argv, hint, capsys, tmp_path, monkeypatch):
+    from harness.plan import catalogue
+
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path / "cache"))
+    for _ in ("full path", "cached catalogue"):
+        assert main([*argv, "--runs-dir", str(tmp_path / "runs")]) == 2
+        assert hint in capsys.readouterr().err
+        catalogue.refresh()
+    assert not (tmp_path / "runs" / "records").exists()
 
 
 def test_field_docs_come_from_the_source_of_the_most_derived_class():
@@ -249,3 +267,29 @@ def test_the_cached_catalogue_answers_as_the_full_path_does(capsys, tmp_path, mo
         fast = capsys.readouterr()
         assert (fast.out, fast.err) == (captured.out, captured.err), argv
     assert not (tmp_path / "runs").exists()
+
+
+def test_run_dry_run_prints_the_resolved_configuration_and_writes_nothing(tmp_path, capsys, shared_data):
+    import yaml
+    from pathlib import Path
+
+    from harness.plan.spec import make_spec
+    from modules.attention.registry import describe_defaults
+
+    runs = tmp_path / "runs"
+    argv = ["run", "cora", "bam-weibull", "--set", "attention.kl_weight=0.5", "--set", "lr=0.01", "--data-root", str(shared_data)]
+    assert main([*argv, "--dry-run", "--runs-dir", str(runs)]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert not runs.exists()
+    spec = make_spec("cora", {"name": "bam-weibull", "kl_weight": 0.5}, 0, {"lr": 0.01})
+    assert shown["key"] == spec.key and shown["status"].startswith("not run yet")
+    assert shown["task parameters"] == dict(spec.params) and shown["task parameters"]["lr"] == 0.01
+    sites = shown["attention at each site of the task (per-host defaults filled in)"]
+    assert sites == {"graph self": describe_defaults({"name": "bam-weibull", "kl_weight": 0.5})["graph self"]}
+    assert sites["graph self"]["kl_weight"] == 0.5 and sites["graph self"]["k"] is not None  # a per-host default, filled in
+    assert shown["attention (as configured; None = the host decides)"]["k"] is None
+
+    committed = Path(__file__).parents[2] / "leaderboards"  # the quick suite's cora x softmax, seed 0, is recorded there
+    assert main(["run", "cora", "softmax", "--set", "max_epochs=300", "--print-config", "--runs-dir", str(committed),
+                 "--data-root", str(shared_data)]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["status"].startswith("finished (")

@@ -69,7 +69,7 @@ def test_one_process_batches_do_not_depend_on_the_sampler_order():
 @pytest.mark.parametrize("argv, message", [
     (["run", "cora", "softmax", "--devices", "2"], "needs --strategy ddp"),
     (["run", "cora", "softmax", "--strategy", "ddp", "--devices", "0"], "at least 1"),
-    (["tune", "cora", "softmax", "--strategy", "ddp", "--devices", "2", "--storage", "journal:/tmp/x.log"], "RDB storage"),
+    (["tune", "cora", "fenchel", "--strategy", "ddp", "--devices", "2", "--storage", "journal:/tmp/x.log"], "RDB storage"),
 ])
 def test_bad_distribution_exits_2(argv, message, capsys, shared_data, tmp_path):
     assert main([*argv, "--runs-dir", str(tmp_path / "runs"), "--data-root", str(shared_data)]) == 2
@@ -105,7 +105,8 @@ def test_ddp_tuning_samples_each_trial_on_rank_zero_only(env, tmp_path):
     assert len(study.trials) == 3
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     assert study.trials[0].user_attrs["defaults"] and {"alpha", "prior"} <= set(study.trials[1].params)
-    assert (tmp_path / "params" / "cora" / "fenchel.yaml").is_file()
+    assert (tmp_path / "runs" / "params" / "cora" / "fenchel.yaml").is_file()  # beside the study: not promoted
+    assert not (tmp_path / "params").exists()
     assert done.stdout.count("best parameters written") == 1
 
 

@@ -122,7 +122,8 @@ def test_tuned_rows_and_their_cost_are_listed_and_never_the_baseline(tmp_path):
     for variant in ("softmax", "gmm"):
         (params / "cora").mkdir(parents=True, exist_ok=True)
         (params / "cora" / f"{variant}.yaml").write_text(yaml.safe_dump({
-            "task": "cora", "variant": variant, "attention": {"name": variant}, "params": {},
+            # tuned parameters other than the defaults: a tuned row equal to the default one is not planned
+            "task": "cora", "variant": variant, "attention": {"name": variant}, "params": {"lr": 0.004},
             "tuning": {"study": f"cora/{variant}/x", "trials": {"complete": 7, "pruned": 13, "fail": 0}, "seconds": 1364.8, "seed": 9973}}))
     suite_path, found = synthetic(tmp_path, tuned_dir=params)
     store = RecordStore(tmp_path / "runs")

@@ -128,7 +128,7 @@ def test_two_processes_on_one_study_finish_exactly_its_budget(fresh_study_storag
     states = _states(fresh_study_storage)
     assert sum(s in ("COMPLETE", "PRUNED") for s in states) == budget, states
     assert all("trial" in out for out, _ in outputs), "both processes ran trials of the study"
-    assert (tmp_path / "params" / "cora" / "fenchel.yaml").is_file()
+    assert (tmp_path / "runs" / "params" / "cora" / "fenchel.yaml").is_file()  # beside the study; not promoted
 
 
 def test_a_killed_trial_is_failed_and_retried_on_postgres(fresh_study_storage, quick_heartbeats, tmp_path):

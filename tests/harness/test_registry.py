@@ -86,3 +86,52 @@ def test_a_name_fixes_its_preset_values():
     with pytest.raises(ValueError, match="fixes"):
         build_attention({"name": "sparsemax", "alpha": 1.3}, num_heads=1, head_dim=4)
     assert build_attention("sparsemax", num_heads=1, head_dim=4).config.alpha == 2.0
+
+
+def test_an_edited_plugin_runs_again_instead_of_answering_with_its_old_records(tmp_path, shared_data, capsys):
+    """The README's plugin loop: run, edit the maths, run again. The edit (without a `version` bump) gives new
+    keys, so the second run trains; a comment or docstring edit changes no result and keeps the key."""
+    from harness.cli import main
+    from modules import registry
+
+    plugin = tmp_path / "my_variant.py"
+    source = textwrap.dedent('''
+        from modules.attention import AttentionKernel, AttentionResult, register_attention
+
+        @register_attention("test-edited-plugin")
+        class Tempered(AttentionKernel):
+            """Softmax at another temperature."""
+            def normalize(self, logits, groups, *, q=None, k=None):
+                return AttentionResult(groups.softmax(2 * logits))
+    ''')
+    argv = ["run", "cora", "test-edited-plugin", "--plugin", str(plugin), "--set", "max_epochs=1",
+            "--runs-dir", str(tmp_path / "runs"), "--data-root", str(shared_data)]
+
+    def run_in_a_new_process(text):  # as a new `attnbench` process would see the file
+        ATTENTIONS.unregister("test-edited-plugin")
+        registry._loaded_plugin_files.discard(plugin.resolve())
+        plugin.write_text(text)
+        assert main(argv) == 0
+        return capsys.readouterr().out
+
+    try:
+        assert "attnbench: running" in run_in_a_new_process(source)
+        assert "already finished" in run_in_a_new_process(source)
+        edited = source.replace("2 * logits", "3 * logits")
+        out = run_in_a_new_process(edited)
+        assert "attnbench: running" in out and "already finished" not in out
+        assert len(list((tmp_path / "runs" / "records").glob("*.json"))) == 2
+        cosmetic = edited.replace('"""Softmax at another temperature."""', '"""Softmax at 1/3."""  # a comment')
+        assert "already finished" in run_in_a_new_process(cosmetic)
+    finally:
+        ATTENTIONS.unregister("test-edited-plugin")
+        registry._loaded_plugin_files.discard(plugin.resolve())
+
+
+def test_built_in_variants_and_tasks_key_by_their_explicit_version():
+    from harness.plan.spec import make_spec
+    from modules.attention import attention_entry
+
+    spec = make_spec("cora", "bam-weibull", 0)
+    assert spec.variant_version == str(attention_entry("bam-weibull").cls.version)
+    assert spec.task_version == get_task("cora").version

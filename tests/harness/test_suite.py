@@ -60,12 +60,30 @@ def test_keys_depend_on_content_not_on_order(tmp_path):
         ("tasks: [cora]\nvariants: [{name: softmax, alpha: 2}]\nseeds: 1\n", "has no option"),
         ("tasks: [{name: cora, params: {learning_rate: 1}}]\nvariants: all\nseeds: 1\n", "has no parameter"),
         ("tasks: [cora]\nvariants: [softmax, softmax]\nseeds: 1\n", "more than once"),
+        ("tasks: [cora]\nvariants: [{name: entmax, attention.alpha: 1.2, attention: {alpha: 1.3}}]\nseeds: 1\n", "given twice"),
+        ("tasks: [cora]\nvariants: [{name: entmax, attention: 1.2}]\nseeds: 1\n", "must be a mapping of option"),
     ],
 )
 def test_malformed_suites_name_the_problem(tmp_path, text, message):
     with pytest.raises(SuiteError, match=message) as info:
         load_suite(write(tmp_path, text))
     assert "s.yaml" in str(info.value)
+
+
+def test_a_variant_option_is_spelled_in_a_suite_as_on_the_command_line(tmp_path):
+    """`attention.alpha: 1.2` (as `--set` and `describe` spell it), a nested `attention:` block and the older
+    flat `alpha: 1.2` are one configuration, with one key."""
+    spellings = ["{name: entmax, attention.alpha: 1.2}", "{name: entmax, attention: {alpha: 1.2}}", "{name: entmax, alpha: 1.2}"]
+    keys = []
+    for i, entry in enumerate(spellings):
+        suite = load_suite(write(tmp_path, f"tasks: [cora]\nvariants: [{entry}]\nseeds: [0]\n", f"v{i}.yaml"))
+        assert suite.variants[0].config == {"alpha": 1.2}
+        [spec] = plan(suite).specs
+        assert spec.attention["alpha"] == 1.2
+        keys.append(spec.key)
+    assert len(set(keys)) == 1
+    default = plan(load_suite(write(tmp_path, "tasks: [cora]\nvariants: [entmax]\nseeds: [0]\n", "d.yaml"))).specs[0]
+    assert default.key != keys[0]
 
 
 def test_unknown_suite_name_suggests():

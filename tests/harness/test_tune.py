@@ -144,7 +144,7 @@ def test_a_killed_tuning_trial_is_failed_and_retried(shared_data, tmp_path):
     assert states == ["COMPLETE", "FAIL"]
     retried = next(t for t in study.trials if t.state.name == "COMPLETE")
     assert retried.user_attrs.get("defaults") is True  # the killed trial's configuration ran again
-    assert (tmp_path / "params" / "cora" / "fenchel.yaml").is_file()
+    assert (tmp_path / "runs" / "params" / "cora" / "fenchel.yaml").is_file()  # beside the study; not promoted
 
 
 def test_processes_opening_a_fresh_storage_at_once_all_get_it(tmp_path):
@@ -169,9 +169,101 @@ def test_processes_opening_a_fresh_storage_at_once_all_get_it(tmp_path):
     assert optuna.get_all_study_names(url) == []
 
 
+def test_tune_in_a_clone_leaves_the_committed_params_unchanged_and_promotes_only_when_asked(shared_data, tmp_path, monkeypatch, capsys):
+    """A 1-trial, 2-epoch tune must not replace the committed 20-trial result: tune writes beside its study, and
+    --promote refuses to replace a larger budget unless forced."""
+    import shutil
+    from pathlib import Path
+
+    clone = tmp_path / "clone"
+    shutil.copytree(Path(__file__).parents[2] / "leaderboards" / "params", clone / "leaderboards" / "params")
+    committed = clone / "leaderboards" / "params" / "cora" / "bam-weibull.yaml"
+    before = committed.read_bytes()
+    monkeypatch.chdir(clone)
+    runs = tmp_path / "runs"
+    argv = ["tune", "cora", "bam-weibull", "--trials", "1", "--set", "max_epochs=2", "--set", "patience=2",
+            "--runs-dir", str(runs), "--data-root", str(shared_data)]
+
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert committed.read_bytes() == before
+    written = runs / "params" / "cora" / "bam-weibull.yaml"
+    assert f"best parameters written to {written}" in out
+    assert f"optuna-dashboard sqlite:///{runs / 'optuna.db'}" in out
+    data = load_tuned("cora", "bam-weibull", runs / "params")
+    assert data["budget"] == {"trials": 1, "max_epochs": 2, "patience": 2}
+
+    assert main([*argv, "--promote"]) == 2
+    err = capsys.readouterr().err
+    assert "larger budget" in err and "trials: 20 > 1" in err and "--force" in err
+    assert committed.read_bytes() == before
+
+    assert main([*argv, "--promote", "--force"]) == 0
+    assert f"promoted to {Path('leaderboards/params/cora/bam-weibull.yaml')}" in capsys.readouterr().out
+    assert committed.read_bytes() == written.read_bytes()
+
+
+def test_promote_replaces_a_smaller_budget_and_refuses_a_larger_one(tmp_path):
+    from harness.plan.tuned import PromotionRefused, promote
+
+    def write(root, trials, epochs):
+        path = root / "cora" / "fenchel.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump({"variant": "fenchel", "attention": {"name": "fenchel", "alpha": trials},
+                                        "budget": {"trials": trials, "max_epochs": epochs}}))
+
+    write(tmp_path / "runs", 5, 300)
+    write(tmp_path / "committed", 5, 100)
+    promote("cora", "fenchel", tmp_path / "runs", tmp_path / "committed")  # same trials, more epochs: fine
+    assert load_tuned("cora", "fenchel", tmp_path / "committed")["budget"]["max_epochs"] == 300
+    write(tmp_path / "runs", 20, 50)
+    with pytest.raises(PromotionRefused, match="max_epochs: 300 > 50"):
+        promote("cora", "fenchel", tmp_path / "runs", tmp_path / "committed")
+
+
+def test_bench_with_tuned_params_names_a_budget_other_than_the_suite_s(tmp_path, shared_data):
+    params_dir = tmp_path / "params"
+    (params_dir / "cora").mkdir(parents=True)
+    for variant, budget in (("fenchel", {"trials": 3, "max_epochs": 2, "patience": 2}), ("gmm", {"trials": 3, "max_epochs": 300, "patience": 100}),
+                            ("bam-weibull", None)):
+        body = {"task": "cora", "variant": variant, "attention": {"name": variant}, "params": {"lr": 0.004}}
+        (params_dir / "cora" / f"{variant}.yaml").write_text(yaml.safe_dump({**body, **({"budget": budget} if budget else {})}))
+    the_plan = plan(load_suite("quick"), str(shared_data), variant_filter="fenchel,gmm,bam-weibull", tuned_dir=params_dir)
+    assert sorted(the_plan.tuned_budget) == [
+        "cora x bam-weibull: tuned before budgets were recorded (its epochs are unknown)",
+        "cora x fenchel: tuned with max_epochs=2 (the suite: 300), patience=2 (the suite: 100)",
+    ]
+
+
+def test_tuned_parameters_equal_to_the_defaults_add_no_row(tmp_path, shared_data):
+    """A "(tuned)" row of the default configuration would be the same runs twice, and count twice in comparisons."""
+    params_dir = tmp_path / "params"
+    (params_dir / "cora").mkdir(parents=True)
+    for variant, attention in (("entmax15", {"name": "entmax15"}), ("fenchel", {"name": "fenchel", "alpha": 0.5})):
+        (params_dir / "cora" / f"{variant}.yaml").write_text(yaml.safe_dump(
+            {"task": "cora", "variant": variant, "attention": attention, "params": {}}))
+    suite = load_suite("quick")
+    the_plan = plan(suite, str(shared_data), variant_filter="entmax15,fenchel", tuned_dir=params_dir)
+    labels = [s.label for s in the_plan.specs if s.task == "cora"]
+    assert "entmax15 (tuned)" not in labels and labels.count("fenchel (tuned)") == len(suite.seeds)
+    assert the_plan.tuned_as_defaults == ["cora x entmax15"]
+    assert len({s.key for s in the_plan.specs}) == len(the_plan.specs)
+
+
+def test_tuning_a_variant_without_options_is_refused(capsys, tmp_path):
+    assert tuning.variant_knobs("softmax") == []
+    assert {"alpha", "prior"} <= set(tuning.variant_knobs("fenchel"))
+    for extra in ([], ["--dry-run"]):
+        assert main(["tune", "cora", "softmax", "--runs-dir", str(tmp_path / "runs"), *extra]) == 2
+        assert "'softmax' has no options of its own to tune" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    assert main(["tune", "cora", "softmax", "--tune-optimizer", "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 0
+
+
 def test_tuning_a_suite_leaves_out_its_variants_without_options(capsys, tmp_path, shared_data):
     assert main(["tune", "--suite", "quick", "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--data-root", str(shared_data)]) == 0
     out = capsys.readouterr().out
-    assert "not tuning softmax: no options of their own to search" in out
+    assert "not tuning entmax15, softmax, sparsemax: no options of their own to search" in out
     studies = [line for line in out.splitlines() if "trials)" in line]
-    assert studies and not any(" softmax (" in line for line in studies) and any(" fenchel (" in line for line in studies)
+    assert studies and not any(" softmax (" in line or " entmax15 (" in line for line in studies)
+    assert any(" fenchel (" in line for line in studies)
