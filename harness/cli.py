@@ -581,6 +581,17 @@ def answer_from_catalogue(args) -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run_command(argv)
+    except BrokenPipeError:
+        # `attnbench describe ... | head`: the reader has gone, which is not an error worth a traceback. Python
+        # would report the failed flush of the buffered rest at exit, so stdout is pointed at devnull first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by a closed pipe
+
+
+def run_command(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     problem = check_counts(args)
     if problem:
