@@ -179,10 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="leaderboards/probes", help="folder for fenchel-minilm.{md,csv,png}")
     p.add_argument("--data-root", default=None, help="local data folder holding glue/ (default: $ATTNBENCH_DATA)")
 
-    p = sub.add_parser("leaderboard", help="regenerate a suite's leaderboard from its records")
-    p.add_argument("--suite", nargs="+", default=["quick"], metavar="SUITE",
-                   help="one or more suites (one process for all: `make leaderboard` renders every board in one go)")
-    p.add_argument("--out", default="leaderboards")
+    p = sub.add_parser("leaderboard", help="regenerate a suite's leaderboard from its records, or a board of whatever --runs-dir holds")
+    p.add_argument("--suite", nargs="+", default=None, metavar="SUITE",
+                   help="one or more suites (one process for all: `make leaderboard` renders every board in one go); "
+                        "without it: every record of --runs-dir, one table per task and parameter set, as <out>/leaderboard.*")
+    p.add_argument("--out", default=None, help="where the boards go (default: leaderboards with --suite, else the runs folder)")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="write a board of missing runs when the records hold no run of the suite (default: refuse, exit 2)")
     p.add_argument("--params", choices=["default", "tuned"], default="default", help="tuned: list tuned rows next to the defaults")
     p.add_argument("--params-dir", default="leaderboards/params")
     p.add_argument("--force", action="store_true", help="overwrite the board even if it has more finished records than the records give")
@@ -427,25 +430,46 @@ def cmd_tune(args) -> int:
 
 
 def cmd_leaderboard(args) -> int:
-    from harness.report.leaderboard import BoardWouldShrink, write_leaderboard
+    """Exit 2 when a board is refused (it would shrink, or the store holds none of its runs), else 1 when a
+    record could not be read (the board still counts it, as `results export` does), else 0."""
+    from harness.report.leaderboard import BoardWouldShrink, NothingRecorded, write_leaderboard, write_records_board
     from harness.results.store import runs_dir
 
     tuned = args.params_dir if args.params == "tuned" else None
     refused = 0
-    for suite in args.suite:
+    written = []
+    if args.suite is None:
+        if tuned:
+            raise ValueError("--params tuned lists a suite's tuned rows: name the --suite (a board of records shows the tuned runs it holds anyway)")
+        try:
+            written.append(write_records_board(runs=args.runs_dir, out_dir=args.out, data_root=args.data_root, force=args.force))
+        except (BoardWouldShrink, NothingRecorded) as exc:
+            print(f"attnbench: error: {exc}", file=sys.stderr)
+            refused += 1
+    for suite in args.suite or []:
         # One suite's refusal does not stop the others: each board is written or kept on its own merits.
         try:
-            paths = write_leaderboard(suite, runs=args.runs_dir, out_dir=args.out, data_root=args.data_root, tuned_params_dir=tuned,
-                                      force=args.force, skip_unrecorded=args.skip_unrecorded)
-        except BoardWouldShrink as exc:
+            paths = write_leaderboard(suite, runs=args.runs_dir, out_dir=args.out or "leaderboards", data_root=args.data_root,
+                                      tuned_params_dir=tuned, force=args.force, skip_unrecorded=args.skip_unrecorded,
+                                      allow_empty=args.allow_empty)
+        except (BoardWouldShrink, NothingRecorded) as exc:
             print(f"attnbench: error: {exc}", file=sys.stderr)
             refused += 1
             continue
         if not paths:
             print(f"attnbench leaderboard: {suite}: no record of its runs in {runs_dir(args.runs_dir) / 'records'}; board left as it is")
+        written.append(paths)
+    for paths in written:
         for path in paths:
             print(path)
-    return 2 if refused else 0
+    if refused:
+        return 2
+    unreadable = {key for paths in written for key in getattr(paths, "unreadable", {})}
+    if unreadable:
+        print(f"attnbench leaderboard: error: {len(unreadable)} unreadable record(s) in {runs_dir(args.runs_dir) / 'records'} "
+              f"(counted on the boards); repair or delete them and re-run; exit status 1", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_results(args) -> int:
