@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="a task or variant name (see `attnbench list`)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE.py")
 
+    p = sub.add_parser("check", help="run the attention contract (softmax limit, padding invariance, bf16 autocast, "
+                       "gradients, dense = segment) on the variants a plugin file registers; exit 1 on a failure")
+    p.add_argument("file", metavar="FILE.py", help="a plugin file that registers attention variants")
+    p.add_argument("--variant", action="append", default=None, metavar="NAME", help="only these of the file's variants (repeatable)")
+
     p = sub.add_parser("run", help="run one task with one variant and seed, and record it")
     p.add_argument("task")
     p.add_argument("variant")
@@ -235,6 +240,30 @@ def cmd_describe(args) -> int:
     if not args.plugin:
         catalogue.refresh()
     return 0
+
+
+def cmd_check(args) -> int:
+    """The contract checks of modules/attention/contract.py, one line per variant and property."""
+    from modules.attention import list_attentions
+    from modules.attention.contract import check_variant, format_outcomes
+    from modules.registry import load_plugin_file
+
+    before = set(list_attentions())
+    load_plugin_file(args.file)
+    found = sorted(set(list_attentions()) - before)
+    if not found:
+        raise ValueError(f"{args.file} registers no attention variant: decorate an AttentionKernel subclass with "
+                         f"@register_attention(\"my-name\") (README: Adding a variant)")
+    unknown = sorted(set(args.variant or []) - set(found))
+    if unknown:
+        raise ValueError(f"--variant {', '.join(unknown)}: {args.file} registers {', '.join(found)}")
+    failed = 0
+    for name in args.variant or found:
+        outcomes = check_variant(name)
+        print(format_outcomes(outcomes), flush=True)
+        failed += sum(o.status == "FAIL" for o in outcomes)
+    print(f"attnbench check: {failed} failed propert{'y' if failed == 1 else 'ies'}" if failed else "attnbench check: every property holds")
+    return 1 if failed else 0
 
 
 def _plan_command_line_runs(args, jobs: list[tuple[str, Any, int, dict]], extra: dict[str, Any]):
@@ -640,7 +669,7 @@ def run_command(argv: Sequence[str] | None = None) -> int:
             args.data_root = os.path.abspath(args.data_root)
         elif hasattr(args, "data_root"):
             args.data_root = os.environ.get("ATTNBENCH_DATA") or None
-        handler = {"list": cmd_list, "describe": cmd_describe, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "results": cmd_results, "perf": cmd_perf,
+        handler = {"list": cmd_list, "describe": cmd_describe, "check": cmd_check, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "results": cmd_results, "perf": cmd_perf,
                    "probe": cmd_probe, "tune": cmd_tune,
                    "scaling": cmd_scaling}[args.command]
         return handler(args)
