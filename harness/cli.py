@@ -480,7 +480,7 @@ def cmd_leaderboard(args) -> int:
         try:
             paths = write_leaderboard(suite, runs=args.runs_dir, out_dir=args.out or "leaderboards", data_root=args.data_root,
                                       tuned_params_dir=tuned, force=args.force, skip_unrecorded=args.skip_unrecorded,
-                                      allow_empty=args.allow_empty)
+                                      allow_empty=args.allow_empty, snapshot=not args.plugin)
         except (BoardWouldShrink, NothingRecorded) as exc:
             print(f"attnbench: error: {exc}", file=sys.stderr)
             refused += 1

@@ -15,8 +15,8 @@ import csv
 import sys
 from pathlib import Path
 
-from harness.plan.planner import Plan, plan
-from harness.plan.suite import load_suite
+from typing import TYPE_CHECKING
+
 from harness.report.board import build_board
 from harness.report.csv_table import render_csv
 from harness.report.html_page import render_html
@@ -24,6 +24,9 @@ from harness.report.markdown import render_markdown
 from harness.report.stats import MIN_SEEDS_TO_RANK
 from harness.results.record import Status
 from harness.results.store import RecordStore
+
+if TYPE_CHECKING:
+    from harness.plan.planner import Plan
 
 FINISHED = frozenset(map(str, Status))
 """CSV statuses that count as a finished record (ok, failed, pruned); not missing, not unreadable."""
@@ -61,12 +64,12 @@ class NothingRecorded(ValueError):
 
 def write_leaderboard(suite_name: str, *, runs: str | None = None, out_dir: str | Path = "leaderboards", data_root: str | None = None,
                       tuned_params_dir: str | Path | None = None, force: bool = False, skip_unrecorded: bool = False,
-                      allow_empty: bool = False) -> list[Path]:
-    """`attnbench leaderboard`: plan the suite and write its boards from the records in `runs`. With
+                      allow_empty: bool = False, snapshot: bool = True) -> list[Path]:
+    """`attnbench leaderboard`: plan the suite (from its snapshot where one matches, see `suite_plan`) and write its boards from the records in `runs`. With
     `tuned_params_dir`, tuned rows ("<variant> (tuned)") are listed next to the defaults. A suite of which
     `runs` holds no record at all is refused (NothingRecorded), left as it is with `skip_unrecorded`
     (returns []), or written all missing with `allow_empty`."""
-    the_plan = plan(load_suite(suite_name), data_root, tuned_dir=tuned_params_dir)
+    the_plan = suite_plan(suite_name, data_root, tuned_params_dir, snapshot=snapshot)
     store = RecordStore(runs)
     if not allow_empty and not any(store.path(s.key).exists() for s in the_plan.specs):
         if skip_unrecorded:
@@ -76,6 +79,27 @@ def write_leaderboard(suite_name: str, *, runs: str | None = None, out_dir: str 
             f"Point --runs-dir at the folder its runs went to (the committed records: --runs-dir leaderboards), leave out "
             f"--suite to render whatever that folder holds, or pass --allow-empty to write a board of missing runs")
     return write_boards(the_plan, store, out_dir, force=force)
+
+
+def suite_plan(suite_name: str, data_root: str | None, tuned_params_dir: str | Path | None, *, snapshot: bool = True):
+    """The suite's plan, read from its snapshot (harness/plan/catalogue.py) when the sources, the suite file,
+    the tuned parameters and the data root are those it was made from, so that a board renders without
+    importing torch; else planned and its snapshot written. `snapshot=False` (plugins loaded, whose sources
+    the snapshot's key does not cover): always planned."""
+    from harness.plan import catalogue
+    from harness.plan.suite import suite_path
+
+    path = catalogue.plan_snapshot_file(suite_path(suite_name), data_root, tuned_params_dir) if snapshot else None
+    found = catalogue.load_plan(path) if path else None
+    if found is not None:
+        return found
+    from harness.plan.planner import plan
+    from harness.plan.suite import load_suite
+
+    the_plan = plan(load_suite(suite_name), data_root, tuned_dir=tuned_params_dir)
+    if path:
+        catalogue.save_plan(the_plan, path)
+    return the_plan
 
 
 RECORDS_BOARD = "leaderboard"

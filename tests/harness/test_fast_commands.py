@@ -1,0 +1,54 @@
+"""Read-only commands answer without importing torch or Lightning (issue 29 item 7): a board renders from
+the suite's plan snapshot (harness/plan/catalogue.py), `results` never needs the registries. Checked in a
+fresh interpreter through sys.modules, not by timing (`make startup` prints the times against their goals)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "lightning", "torch_geometric")
+
+
+def _imports_of(argv, env):
+    """Run `attnbench ARGV` in a fresh interpreter; (exit code, the heavy modules it imported)."""
+    code = ("import json, sys\nfrom harness.cli import main\ncode = main(%r)\n"
+            "print(json.dumps([code, [m for m in %r if m in sys.modules]]))" % (list(argv), HEAVY))
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _env(tmp_path, shared_data):
+    return {**os.environ, "PYTHONPATH": str(REPO), "ATTNBENCH_CACHE": str(tmp_path / "cache"), "ATTNBENCH_DATA": str(shared_data),
+            "OMP_NUM_THREADS": "1"}
+
+
+def test_a_board_renders_from_its_snapshot_without_torch_and_byte_for_byte(tmp_path, shared_data):
+    env = _env(tmp_path, shared_data)
+    argv = ["leaderboard", "--suite", "quick", "--runs-dir", str(REPO / "leaderboards")]
+    code, heavy = _imports_of([*argv, "--out", str(tmp_path / "cold")], env)  # plans, writes the snapshot
+    assert code == 0 and "torch" in heavy
+    code, heavy = _imports_of([*argv, "--out", str(tmp_path / "warm")], env)
+    assert code == 0 and heavy == []
+    for name in ("quick.md", "quick.csv", "quick.html"):
+        assert (tmp_path / "warm" / name).read_bytes() == (tmp_path / "cold" / name).read_bytes() == (REPO / "leaderboards" / name).read_bytes()
+
+
+def test_a_changed_suite_file_is_planned_again(tmp_path, shared_data):
+    env = _env(tmp_path, shared_data)
+    suite = tmp_path / "mine.yaml"
+    suite.write_text("name: mine\ntasks: [cora]\nvariants: [softmax]\nseeds: 1\n")
+    argv = ["leaderboard", "--suite", str(suite), "--runs-dir", str(REPO / "leaderboards"), "--out", str(tmp_path / "b"), "--allow-empty"]
+    assert _imports_of(argv, env)[1] != []
+    assert _imports_of(argv, env)[1] == []
+    suite.write_text("name: mine\ntasks: [cora]\nvariants: [softmax, gmm]\nseeds: 1\n")
+    code, heavy = _imports_of(argv, env)
+    assert code == 0 and "torch" in heavy and "`gmm`" in (tmp_path / "b" / "mine.md").read_text()
+
+
+def test_results_export_imports_no_torch(tmp_path, shared_data):
+    code, heavy = _imports_of(["results", "export", str(tmp_path / "all.jsonl"), "--runs-dir", str(REPO / "leaderboards")],
+                              _env(tmp_path, shared_data))
+    assert code == 0 and heavy == []
