@@ -220,7 +220,8 @@ def load_plan(path: Path) -> PlanSnapshot | None:
 
 
 def save_plan(the_plan, path: Path) -> None:
-    """Write `the_plan` (harness.plan.planner.Plan) with its trivial baselines computed now."""
+    """Write `the_plan` (harness.plan.planner.Plan) with its trivial baselines computed now; nothing when a
+    baseline's data does not load."""
     from datamodules.paths import MissingDataError
 
     baselines = {}
@@ -228,7 +229,9 @@ def save_plan(the_plan, path: Path) -> None:
         try:
             found = None if task in the_plan.missing_data else the_plan.trivial_baseline(task)
         except MissingDataError:
-            found = None
+            # data that could not be loaded now (offline, no data root) may load next time: a snapshot
+            # without its baseline would hide it from every later board, so none is written
+            return
         baselines[task] = None if found is None else {"predictor": found.predictor, "metrics": dict(found.metrics),
                                                       "test_sizes": dict(found.test_sizes), "note": found.note}
     suite = the_plan.suite

@@ -52,3 +52,22 @@ def test_results_export_imports_no_torch(tmp_path, shared_data):
     code, heavy = _imports_of(["results", "export", str(tmp_path / "all.jsonl"), "--runs-dir", str(REPO / "leaderboards")],
                               _env(tmp_path, shared_data))
     assert code == 0 and heavy == []
+
+
+def test_no_snapshot_is_kept_when_a_baseline_s_data_does_not_load(tmp_path, monkeypatch):
+    """Offline without a data root the baselines cannot load; the next board, with data, must show them."""
+    from harness.plan import catalogue
+    from harness.plan.planner import plan
+    from harness.plan.suite import load_suite, suite_path
+    from datamodules.paths import MissingDataError
+
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path / "cache"))
+    the_plan = plan(load_suite("quick"))
+    path = catalogue.plan_snapshot_file(suite_path("quick"), None, None)
+
+    def offline(task):
+        raise MissingDataError("offline")
+
+    monkeypatch.setattr(the_plan, "trivial_baseline", offline)
+    catalogue.save_plan(the_plan, path)
+    assert catalogue.load_plan(path) is None
