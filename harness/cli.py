@@ -293,19 +293,48 @@ def _start_processes(args):
     return distribution, start(distribution)
 
 
+def _finished_without_planning(args, params: dict, attention: dict):
+    """The finished (ok) record of this command line when the key it resolved to last time is known and
+    recorded (harness/plan/catalogue.py), so that a re-run answers without importing torch; else None.
+    Creates nothing: the runs folder is opened only when the record is there."""
+    from harness.plan import catalogue
+    from harness.results.record import Status
+    from harness.results.store import RecordStore, runs_dir
+
+    key = catalogue.known_run_key(args.task, args.variant, args.seed, params, attention, args.precision)
+    if key is None or not (runs_dir(args.runs_dir) / "records" / f"{key}.json").is_file():
+        return None
+    store = RecordStore(args.runs_dir)
+    existing = store.read(key)
+    if existing is None or existing.status is not Status.OK:
+        return None
+    print(f"attnbench: run {key} already finished ({store.path(key)}); --force runs it again")
+    return existing
+
+
 def cmd_run(args) -> int:
     from harness.results.record import Status
     from harness.results.store import RecordStore
-    from harness.run.runner import execute
 
     params, attention = parse_sets(args.set)
+    if not args.plugin and not args.force:
+        finished = _finished_without_planning(args, params, attention)
+        if finished is not None:
+            print(json.dumps(finished.summary(), indent=1, default=str))
+            return 0
     spec = _plan_command_line_runs(args, [(args.task, {"name": args.variant, **attention}, args.seed, params)], {"command": "run"}).specs[0]
+    if not args.plugin:
+        from harness.plan import catalogue
+
+        catalogue.remember_run_key(args.task, args.variant, args.seed, params, attention, args.precision, spec.key)
     store = RecordStore(args.runs_dir)
     existing = store.read(spec.key)
     if existing is not None and existing.status is Status.OK and not args.force:
         print(f"attnbench: run {spec.key} already finished ({store.path(spec.key)}); --force runs it again")
         record = existing
     else:
+        from harness.run.runner import execute
+
         distribution, rank = _start_processes(args)
         if rank == 0:
             print(f"attnbench: running {args.task} x {spec.variant} seed={args.seed} (key {spec.key})"

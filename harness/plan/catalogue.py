@@ -251,3 +251,44 @@ def save_plan(the_plan, path: Path) -> None:
         temporary.replace(path)
     except OSError:  # a read-only cache folder only costs speed
         pass
+
+
+# ---- run keys of command lines: a finished `run` answers without planning ----------------------------------
+# `attnbench run TASK VARIANT --set ...` resolves its spec through the registries (torch) only to find, for a
+# run already recorded, that there is nothing to do. The key each command line resolved to is written down,
+# keyed like the catalogue by the sources (any change plans afresh), so that a re-run reads its record at once.
+
+def _command_line_ident(task: str, variant: str, seed: int, params: dict, attention: dict, precision: str) -> str:
+    blob = json.dumps([fingerprint(), task, variant, seed, params, attention, precision], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _run_keys_file() -> Path:
+    return cache_file().parent / "run-keys.json"
+
+
+def known_run_key(task: str, variant: str, seed: int, params: dict, attention: dict, precision: str) -> str | None:
+    """The run key this command line resolved to when it was last planned with these sources, or None."""
+    try:
+        known = json.loads(_run_keys_file().read_text())
+    except (OSError, ValueError):
+        return None
+    found = known.get(_command_line_ident(task, variant, seed, params, attention, precision)) if isinstance(known, dict) else None
+    return found if isinstance(found, str) else None
+
+
+def remember_run_key(task: str, variant: str, seed: int, params: dict, attention: dict, precision: str, key: str) -> None:
+    try:
+        known = json.loads(_run_keys_file().read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    known[_command_line_ident(task, variant, seed, params, attention, precision)] = key
+    try:
+        path = _run_keys_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(dict(list(known.items())[-10_000:])))  # the newest 10,000 command lines
+        temporary.replace(path)
+    except OSError:  # a read-only cache folder only costs speed
+        pass

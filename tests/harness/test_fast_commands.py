@@ -71,3 +71,36 @@ def test_no_snapshot_is_kept_when_a_baseline_s_data_does_not_load(tmp_path, monk
     monkeypatch.setattr(the_plan, "trivial_baseline", offline)
     catalogue.save_plan(the_plan, path)
     assert catalogue.load_plan(path) is None
+
+
+def _committed_quick_record():
+    """A committed record of the quick suite (cora, softmax, seed 0) and the `run` flags that name it."""
+    from harness.plan.planner import plan_runs
+
+    flags = ["--set", "max_epochs=300", "--set", "patience=100"]
+    spec = plan_runs([("cora", {"name": "softmax"}, 0, {"max_epochs": 300, "patience": 100})], None).specs[0]
+    path = REPO / "leaderboards" / "records" / f"{spec.key}.json"
+    assert path.is_file(), "the quick suite's cora x softmax seed 0 record is committed"
+    return path, flags
+
+
+def test_a_finished_run_answers_again_without_torch(tmp_path, shared_data, monkeypatch):
+    record, flags = _committed_quick_record()
+    (tmp_path / "runs" / "records").mkdir(parents=True)
+    (tmp_path / "runs" / "records" / record.name).write_text(record.read_text())
+    env = _env(tmp_path, shared_data)
+    argv = ["run", "cora", "softmax", "--seed", "0", *flags, "--runs-dir", str(tmp_path / "runs")]
+    code, heavy = _imports_of(argv, env)  # plans (the sources are new to this cache) and finds the record
+    assert code == 0 and "torch" in heavy
+    code, heavy = _imports_of(argv, env)
+    assert code == 0 and heavy == []
+    # the memo answers only the command line it was made for (another seed is another run)
+    known = json.loads((tmp_path / "cache" / "run-keys.json").read_text())
+    assert list(known.values()) == [record.stem]
+    from harness.plan import catalogue
+
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path / "cache"))
+    params = {"max_epochs": 300, "patience": 100}
+    assert catalogue.known_run_key("cora", "softmax", 0, params, {}, "32") == record.stem
+    assert catalogue.known_run_key("cora", "softmax", 1, params, {}, "32") is None
+    assert catalogue.known_run_key("cora", "softmax", 0, params, {}, "bf16-mixed") is None
