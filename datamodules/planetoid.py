@@ -105,12 +105,13 @@ def load_graph(name: str, root: str | None = None, cache: str | None = None) -> 
     source = data_root(root)
     # Several worker processes may load the same graph at once; PyG's processing is not safe for that.
     with cache_lock(work_root / f"{NAMES[name]}.lock"):
+        target = work_root / NAMES[name] / "raw"
+        drop_stale_cache(name, target)
         if source is not None:
             raw = check_raw_files(name, source)
-            target = work_root / NAMES[name] / "raw"
             target.mkdir(parents=True, exist_ok=True)
             for f in raw_file_names(name):
-                if not (target / f).is_file() or sha256_of(target / f) != RAW_SHA256[f]:
+                if not (target / f).is_file():
                     shutil.copyfile(raw / f, target / f)
         try:
             dataset = Planetoid(str(work_root), NAMES[name], split="public", transform=NormalizeFeatures())
@@ -119,7 +120,20 @@ def load_graph(name: str, root: str | None = None, cache: str | None = None) -> 
                 f"{NAMES[name]}: could not load Planetoid data into {work_root} ({type(exc).__name__}: {exc}). "
                 f"Offline, set ATTNBENCH_DATA (or --data-root) to a folder holding planetoid/{NAMES[name]}/raw/."
             ) from exc
+        # A download (no data root) is checked too: PyG does not verify what it fetched.
+        check_raw_files(name, work_root)
     return dataset[0]
+
+
+def drop_stale_cache(name: str, cached_raw: Path) -> None:
+    """Remove cached raw files whose sha256 is not the published one (a truncated copy or download), and the
+    processed graph with them, since it may have been built from them; they are then copied from the data root
+    or downloaded again. Without this a truncated cached file would be processed as if it were whole."""
+    stale = [f for f in raw_file_names(name) if (cached_raw / f).is_file() and sha256_of(cached_raw / f) != RAW_SHA256[f]]
+    for f in stale:
+        (cached_raw / f).unlink()
+    if stale:
+        shutil.rmtree(cached_raw.parent / "processed", ignore_errors=True)
 
 
 def _single_graph(batch: list[Data]) -> Data:

@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="a task or variant name (see `attnbench list`)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE.py")
 
+    p = sub.add_parser("check", help="run the attention contract (softmax limit, padding invariance, bf16 autocast, "
+                       "gradients, dense = segment) on the variants a plugin file registers; exit 1 on a failure")
+    p.add_argument("file", metavar="FILE.py", help="a plugin file that registers attention variants")
+    p.add_argument("--variant", action="append", default=None, metavar="NAME", help="only these of the file's variants (repeatable)")
+
     p = sub.add_parser("run", help="run one task with one variant and seed, and record it")
     p.add_argument("task")
     p.add_argument("variant")
@@ -199,10 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="leaderboards/probes", help="folder for fenchel-minilm.{md,csv,png}")
     p.add_argument("--data-root", default=None, help="local data folder holding glue/ (default: $ATTNBENCH_DATA)")
 
-    p = sub.add_parser("leaderboard", help="regenerate a suite's leaderboard from its records")
-    p.add_argument("--suite", nargs="+", default=["quick"], metavar="SUITE",
-                   help="one or more suites (one process for all: `make leaderboard` renders every board in one go)")
-    p.add_argument("--out", default="leaderboards")
+    p = sub.add_parser("leaderboard", help="regenerate a suite's leaderboard from its records, or a board of whatever --runs-dir holds")
+    p.add_argument("--suite", nargs="+", default=None, metavar="SUITE",
+                   help="one or more suites (one process for all: `make leaderboard` renders every board in one go); "
+                        "without it: every record of --runs-dir, one table per task and parameter set, as <out>/leaderboard.*")
+    p.add_argument("--out", default=None, help="where the boards go (default: leaderboards with --suite, else the runs folder)")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="write a board of missing runs when the records hold no run of the suite (default: refuse, exit 2)")
     p.add_argument("--params", choices=["default", "tuned"], default="default", help="tuned: list tuned rows next to the defaults")
     p.add_argument("--params-dir", default="leaderboards/params")
     p.add_argument("--force", action="store_true", help="overwrite the board even if it has more finished records than the records give")
@@ -280,6 +288,30 @@ def cmd_describe(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    """The contract checks of modules/attention/contract.py, one line per variant and property."""
+    from modules.attention import list_attentions
+    from modules.attention.contract import check_variant, format_outcomes
+    from modules.registry import load_plugin_file
+
+    before = set(list_attentions())
+    load_plugin_file(args.file)
+    found = sorted(set(list_attentions()) - before)
+    if not found:
+        raise ValueError(f"{args.file} registers no attention variant: decorate an AttentionKernel subclass with "
+                         f"@register_attention(\"my-name\") (README: Adding a variant)")
+    unknown = sorted(set(args.variant or []) - set(found))
+    if unknown:
+        raise ValueError(f"--variant {', '.join(unknown)}: {args.file} registers {', '.join(found)}")
+    failed = 0
+    for name in args.variant or found:
+        outcomes = check_variant(name)
+        print(format_outcomes(outcomes), flush=True)
+        failed += sum(o.status == "FAIL" for o in outcomes)
+    print(f"attnbench check: {failed} failed propert{'y' if failed == 1 else 'ies'}" if failed else "attnbench check: every property holds")
+    return 1 if failed else 0
+
+
 def _plan_command_line_runs(args, jobs: list[tuple[str, Any, int, dict]], extra: dict[str, Any]):
     """`run` and `tune` plan like `bench` does: names resolved and each task's data checked, once."""
     from harness.plan.planner import plan_runs
@@ -308,26 +340,55 @@ def _start_processes(args):
     return distribution, start(distribution)
 
 
+def _finished_without_planning(args, params: dict, attention: dict):
+    """The finished (ok) record of this command line when the key it resolved to last time is known and
+    recorded (harness/plan/catalogue.py), so that a re-run answers without importing torch; else None.
+    Creates nothing: the runs folder is opened only when the record is there."""
+    from harness.plan import catalogue
+    from harness.results.record import Status
+    from harness.results.store import RecordStore, runs_dir
+
+    key = catalogue.known_run_key(args.task, args.variant, args.seed, params, attention, args.precision)
+    if key is None or not (runs_dir(args.runs_dir) / "records" / f"{key}.json").is_file():
+        return None
+    store = RecordStore(args.runs_dir)
+    existing = store.read(key)
+    if existing is None or existing.status is not Status.OK:
+        return None
+    print(f"attnbench: run {key} already finished ({store.path(key)}); --force runs it again")
+    return existing
+
+
 def cmd_run(args) -> int:
     from harness.results.record import Status
     from harness.results.store import RecordStore
-    from harness.run.runner import execute
 
     params, attention = parse_sets(args.set)
     if args.seed_list is not None:
         return _run_seeds(args, params, attention)
+    if not args.plugin and not args.force and not args.dry_run:
+        finished = _finished_without_planning(args, params, attention)
+        if finished is not None:
+            print(json.dumps(finished.summary(), indent=1, default=str))
+            return 0
     spec = _plan_command_line_runs(args, [(args.task, {"name": args.variant, **attention}, args.seed, params)], {"command": "run"}).specs[0]
     if args.dry_run:
         from harness.report.run_config import resolved_run
 
         print(resolved_run(spec, args.runs_dir, args.force), end="")
         return 0
+    if not args.plugin:
+        from harness.plan import catalogue
+
+        catalogue.remember_run_key(args.task, args.variant, args.seed, params, attention, args.precision, spec.key)
     store = RecordStore(args.runs_dir)
     existing = store.read(spec.key)
     if existing is not None and existing.status is Status.OK and not args.force:
         print(f"attnbench: run {spec.key} already finished ({store.path(spec.key)}); --force runs it again")
         record = existing
     else:
+        from harness.run.runner import execute
+
         distribution, rank = _start_processes(args)
         if rank == 0:
             print(f"attnbench: running {args.task} x {spec.variant} seed={args.seed} (key {spec.key})"
@@ -546,22 +607,36 @@ def cmd_tune(args) -> int:
 
 
 def cmd_leaderboard(args) -> int:
-    from harness.report.leaderboard import BoardWouldShrink, write_leaderboard
+    """Exit 2 when a board is refused (it would shrink, or the store holds none of its runs), else 1 when a
+    record could not be read (the board still counts it, as `results export` does), else 0."""
+    from harness.report.leaderboard import BoardWouldShrink, NothingRecorded, write_leaderboard, write_records_board
     from harness.results.store import runs_dir
 
     tuned = args.params_dir if args.params == "tuned" else None
     refused = 0
-    for suite in args.suite:
+    written = []
+    if args.suite is None:
+        if tuned:
+            raise ValueError("--params tuned lists a suite's tuned rows: name the --suite (a board of records shows the tuned runs it holds anyway)")
+        try:
+            written.append(write_records_board(runs=args.runs_dir, out_dir=args.out, data_root=args.data_root, force=args.force))
+        except (BoardWouldShrink, NothingRecorded) as exc:
+            print(f"attnbench: error: {exc}", file=sys.stderr)
+            refused += 1
+    for suite in args.suite or []:
         # One suite's refusal does not stop the others: each board is written or kept on its own merits.
         try:
-            paths = write_leaderboard(suite, runs=args.runs_dir, out_dir=args.out, data_root=args.data_root, tuned_params_dir=tuned,
-                                      force=args.force, skip_unrecorded=args.skip_unrecorded)
-        except BoardWouldShrink as exc:
+            paths = write_leaderboard(suite, runs=args.runs_dir, out_dir=args.out or "leaderboards", data_root=args.data_root,
+                                      tuned_params_dir=tuned, force=args.force, skip_unrecorded=args.skip_unrecorded,
+                                      allow_empty=args.allow_empty, snapshot=not args.plugin)
+        except (BoardWouldShrink, NothingRecorded) as exc:
             print(f"attnbench: error: {exc}", file=sys.stderr)
             refused += 1
             continue
         if not paths:
             print(f"attnbench leaderboard: {suite}: no record of its runs in {runs_dir(args.runs_dir) / 'records'}; board left as it is")
+        written.append(paths)
+    for paths in written:
         for path in paths:
             print(path)
     if args.claims:
@@ -569,7 +644,14 @@ def cmd_leaderboard(args) -> int:
 
         for path in write_claims_board(args.runs_dir, args.out, args.data_root):
             print(path)
-    return 2 if refused else 0
+    if refused:
+        return 2
+    unreadable = {key for paths in written for key in getattr(paths, "unreadable", {})}
+    if unreadable:
+        print(f"attnbench leaderboard: error: {len(unreadable)} unreadable record(s) in {runs_dir(args.runs_dir) / 'records'} "
+              f"(counted on the boards); repair or delete them and re-run; exit status 1", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_claims(args) -> int:
@@ -748,6 +830,17 @@ def answer_from_catalogue(args) -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run_command(argv)
+    except BrokenPipeError:
+        # `attnbench describe ... | head`: the reader has gone, which is not an error worth a traceback. Python
+        # would report the failed flush of the buffered rest at exit, so stdout is pointed at devnull first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by a closed pipe
+
+
+def run_command(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     problem = check_counts(args)
     if problem:
@@ -774,7 +867,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from datamodules.paths import default_data_root
 
             args.data_root = default_data_root()
-        handler = {"list": cmd_list, "describe": cmd_describe, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "claims": cmd_claims, "results": cmd_results, "perf": cmd_perf,
+        handler = {"list": cmd_list, "describe": cmd_describe, "check": cmd_check, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "claims": cmd_claims, "results": cmd_results, "perf": cmd_perf,
                    "probe": cmd_probe, "tune": cmd_tune,
                    "scaling": cmd_scaling}[args.command]
         return handler(args)

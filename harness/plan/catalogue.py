@@ -147,3 +147,154 @@ def check_run(catalogue: dict[str, Any], task: str, variant: str, params: dict, 
                                     variant_fields=list(catalogue["variants"][variant]["fields"] or ()))
             return str(exc.at(f"from --set {flag}{exc.key}")) + hint
     return None
+
+
+# ---- plan snapshots: a suite's plan as data, so that rendering its board needs no torch ----------------------
+# Planning a suite resolves every task's parameters and every variant's config through the registries (torch,
+# Lightning, PyG: most of the 10 s `attnbench leaderboard` used to take), and the trivial baselines load the
+# data. None of it changes unless the sources, the suite file, the tuned parameters or the data root do, so the
+# plan's specs, metrics and baselines are written down once, keyed by all of these, and read back as data.
+
+PLAN_FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotMetric:
+    name: str
+    higher_is_better: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotBaseline:
+    predictor: str
+    metrics: dict
+    test_sizes: dict
+    note: str
+
+
+@dataclasses.dataclass
+class PlanSnapshot:
+    """What the board renderers read from a Plan (harness/report/board.py, csv_table.py), read back from disk."""
+
+    suite: Any
+    specs: list
+    skipped_tasks: dict
+    missing_data: dict
+    metrics: dict
+    baselines: dict
+
+    def trivial_baseline(self, task: str):
+        found = self.baselines.get(task)
+        return None if found is None else SnapshotBaseline(**found)
+
+
+def _stat_line(path: Path) -> str:
+    stat = path.stat()
+    return f"{path} {stat.st_size} {stat.st_mtime_ns}\n"
+
+
+def plan_snapshot_file(suite_file: Path, data_root: str | None, tuned_dir: str | Path | None) -> Path:
+    digest = hashlib.sha256(f"{PLAN_FORMAT} {fingerprint()} {data_root}\n".encode())
+    digest.update(suite_file.read_bytes())
+    if data_root and Path(data_root).is_dir():
+        # which data is present decides the skipped optional tasks and the baselines: adding or replacing a
+        # data set's folder changes its own or its parent's modification time
+        root = Path(data_root)
+        for path in [root, *sorted(root.iterdir())]:
+            digest.update(_stat_line(path).encode())
+    if tuned_dir is not None:
+        digest.update(b"tuned\n")
+        for path in sorted(Path(tuned_dir).rglob("*.yaml")):
+            digest.update(_stat_line(path).encode())
+    return cache_file().parent / "plans" / f"{suite_file.stem}-{digest.hexdigest()[:20]}.json"
+
+
+def load_plan(path: Path) -> PlanSnapshot | None:
+    """The snapshot at `path`, or None where there is none (or it does not parse: it is then rebuilt)."""
+    from harness.plan.spec import RunSpec
+    from harness.plan.suite import Suite, TaskEntry
+
+    try:
+        data = json.loads(path.read_text())
+        suite = Suite(**{**data["suite"], "path": Path(data["suite"]["path"]), "tasks": tuple(TaskEntry(**t) for t in data["suite"]["tasks"]),
+                         "variants": (), "seeds": tuple(data["suite"]["seeds"])})
+        return PlanSnapshot(suite, [RunSpec.from_dict(s) for s in data["specs"]], data["skipped_tasks"], data["missing_data"],
+                            {task: tuple(SnapshotMetric(**m) for m in metrics) for task, metrics in data["metrics"].items()},
+                            data["baselines"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save_plan(the_plan, path: Path) -> None:
+    """Write `the_plan` (harness.plan.planner.Plan) with its trivial baselines computed now; nothing when a
+    baseline's data does not load."""
+    from datamodules.paths import MissingDataError
+
+    baselines = {}
+    for task in the_plan.metrics:
+        try:
+            found = None if task in the_plan.missing_data else the_plan.trivial_baseline(task)
+        except MissingDataError:
+            # data that could not be loaded now (offline, no data root) may load next time: a snapshot
+            # without its baseline would hide it from every later board, so none is written
+            return
+        baselines[task] = None if found is None else {"predictor": found.predictor, "metrics": dict(found.metrics),
+                                                      "test_sizes": dict(found.test_sizes), "note": found.note}
+    suite = the_plan.suite
+    data = {
+        "suite": {"name": suite.name, "path": str(suite.path), "description": suite.description, "params": dict(suite.params),
+                  "seeds": list(suite.seeds), "tasks": [dataclasses.asdict(t) for t in suite.tasks]},
+        "specs": [s.to_dict() for s in the_plan.specs],
+        "skipped_tasks": dict(the_plan.skipped_tasks),
+        "missing_data": dict(the_plan.missing_data),
+        "metrics": {task: [{"name": m.name, "higher_is_better": m.higher_is_better} for m in metrics] for task, metrics in the_plan.metrics.items()},
+        "baselines": baselines,
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(data, default=str))
+        temporary.replace(path)
+    except OSError:  # a read-only cache folder only costs speed
+        pass
+
+
+# ---- run keys of command lines: a finished `run` answers without planning ----------------------------------
+# `attnbench run TASK VARIANT --set ...` resolves its spec through the registries (torch) only to find, for a
+# run already recorded, that there is nothing to do. The key each command line resolved to is written down,
+# keyed like the catalogue by the sources (any change plans afresh), so that a re-run reads its record at once.
+
+def _command_line_ident(task: str, variant: str, seed: int, params: dict, attention: dict, precision: str) -> str:
+    blob = json.dumps([fingerprint(), task, variant, seed, params, attention, precision], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _run_keys_file() -> Path:
+    return cache_file().parent / "run-keys.json"
+
+
+def known_run_key(task: str, variant: str, seed: int, params: dict, attention: dict, precision: str) -> str | None:
+    """The run key this command line resolved to when it was last planned with these sources, or None."""
+    try:
+        known = json.loads(_run_keys_file().read_text())
+    except (OSError, ValueError):
+        return None
+    found = known.get(_command_line_ident(task, variant, seed, params, attention, precision)) if isinstance(known, dict) else None
+    return found if isinstance(found, str) else None
+
+
+def remember_run_key(task: str, variant: str, seed: int, params: dict, attention: dict, precision: str, key: str) -> None:
+    try:
+        known = json.loads(_run_keys_file().read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    known[_command_line_ident(task, variant, seed, params, attention, precision)] = key
+    try:
+        path = _run_keys_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(dict(list(known.items())[-10_000:])))  # the newest 10,000 command lines
+        temporary.replace(path)
+    except OSError:  # a read-only cache folder only costs speed
+        pass

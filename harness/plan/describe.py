@@ -194,18 +194,30 @@ def print_list(what: str) -> None:
     from modules.tasks import get_task, list_tasks
 
     if what in ("variants", "all"):
-        print("variants:")
+        rows = []
         for name in list_attentions():
             entry = attention_entry(name)
             preset = ", ".join(f"{k}={v}" for k, v in entry.preset.items())
-            print(f"  {name:<16} {entry.summary}{f' [{preset}]' if preset else ''}")
+            rows.append((name, f"{entry.summary}{f' [{preset}]' if preset else ''}"))
+        print_section("variants", rows)
     if what in ("tasks", "all"):
-        print("tasks:")
-        for name in list_tasks():
-            task = get_task(name)
-            print(f"  {name:<16} metrics: {', '.join(m.name for m in task.metrics)}")
+        print_section("tasks", [(name, f"metrics: {', '.join(m.name for m in get_task(name).metrics)}") for name in list_tasks()])
     if what in ("suites", "all"):
-        print("suites:")
+        rows = []
         for name in list_suites():
             suite = load_suite(name)
-            print(f"  {name:<16} {len(suite.tasks)} tasks x {len(suite.variants)} variants x {len(suite.seeds)} seeds")
+            rows.append((name, f"{len(suite.tasks)} tasks x {len(suite.variants)} variants x {len(suite.seeds)} seeds"))
+        print_section("suites", rows)
+
+
+LIST_WIDTH = 110
+"""`list` wraps at a fixed width, not the terminal's: its text is cached once in the CLI catalogue."""
+
+
+def print_section(title: str, rows: list[tuple[str, str]]) -> None:
+    """Names in a column as wide as the longest, texts wrapped at word boundaries under their own column."""
+    print(f"{title}:")
+    column = 2 + max((len(name) for name, _ in rows), default=0) + 2
+    for name, text in rows:
+        print(textwrap.fill(text, LIST_WIDTH, initial_indent=f"  {name}".ljust(column), subsequent_indent=" " * column,
+                            break_long_words=False, break_on_hyphens=False))

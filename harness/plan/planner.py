@@ -40,14 +40,19 @@ class Plan:
     task_params: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     """Each planned task's parameters as the plan was given them (before a tuned row's own)."""
     data_root: str | None = None
+    table_tasks: dict[str, str | None] = field(default_factory=dict)
+    """A board of records (harness/report/records_plan.py) names its tables after task and parameters: table ->
+    the registered task, or None where its plugin is not loaded (no trivial baseline then). Empty: tables are tasks."""
     _baselines: dict[str, TrivialBaseline | None] = field(default_factory=dict, repr=False)
 
     def trivial_baseline(self, task: str) -> TrivialBaseline | None:
         """The task's input-blind baseline (Task.trivial_baseline) from the data this plan checked, computed on
         first use and kept: only the leaderboard asks, so running a suite never pays for it. Values are
         rounded to 6 significant digits so that float32 noise cannot reach a board."""
+        if task not in self._baselines and self.table_tasks.get(task, task) is None:
+            self._baselines[task] = None
         if task not in self._baselines:
-            task_def = get_task(task)
+            task_def = get_task(self.table_tasks.get(task, task))
             found = task_def.trivial_baseline(task_def.params(self.task_params.get(task)), self.data_root)
             if found is not None:
                 found = dataclasses.replace(found, metrics={k: (float(f"{v:.6g}") if v is not None else None) for k, v in found.metrics.items()})

@@ -8,11 +8,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from modules.attention import attention_entry, resolve_config
-from modules.registry import keyed_version
-from modules.tasks import Task, get_task
-from modules.validation import validate_fields
-
 from harness.plan import PRECISIONS
 
 RECORD_SCHEMA = 1
@@ -87,6 +82,11 @@ class ResolvedAttention:
 def resolve_attention(attention: str | Mapping[str, Any]) -> ResolvedAttention:
     """Name and config checked against the Config's declared types and ranges first (ConfigError names the
     key), then resolved by the registry."""
+    # Imported here, not at the top: a RunSpec and its key are plain data, which the boards read without
+    # importing the registries (and so torch; harness/plan/catalogue.py's plan snapshots).
+    from modules.attention import attention_entry, resolve_config
+    from modules.validation import validate_fields
+
     if isinstance(attention, Mapping) and "name" in attention:
         options = {k: v for k, v in attention.items() if k != "name" and v is not None}
         checked = validate_fields(attention_entry(attention["name"]).cls.Config, options,
@@ -106,6 +106,9 @@ def make_spec(
     precision: str = "32",
 ) -> RunSpec:
     """Resolve names and defaults now, so that a typo fails before anything runs."""
+    from modules.registry import keyed_version
+    from modules.tasks import Task, get_task
+
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     task_def = get_task(task)

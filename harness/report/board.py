@@ -34,9 +34,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from harness.plan.planner import Plan
+if TYPE_CHECKING:  # the boards read a plan as data (a snapshot's too) and never import the planner, nor torch
+    from harness.plan.planner import Plan
+
 from harness.results.record import Record, Status
 from datamodules.paths import MissingDataError
 from harness.report.stats import (ALPHA, CONFIDENCE, MIN_SEEDS_TO_RANK, POWER, above_chance_p, correlation_above_zero_p, detectable_difference, holm,

@@ -6,9 +6,11 @@ from __future__ import annotations
 import csv
 import io
 import math
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from harness.plan.planner import Plan
+if TYPE_CHECKING:  # the boards read a plan as data (a snapshot's too) and never import the planner, nor torch
+    from harness.plan.planner import Plan
+
 from harness.report.board import trivial_baseline
 from harness.results.record import Record
 

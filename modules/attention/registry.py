@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -38,11 +39,16 @@ def register_attention(name: str, **preset: Any):
         if not (isinstance(cls, type) and issubclass(cls, AttentionKernel)):
             raise TypeError(f"@register_attention({name!r}) must decorate an AttentionKernel subclass")
         _check_fields(name, cls.Config, preset)
-        doc = (cls.__doc__ or "").strip().splitlines()
-        ATTENTIONS.register(name, AttentionEntry(cls, dict(preset), doc[0] if doc else ""))
+        ATTENTIONS.register(name, AttentionEntry(cls, dict(preset), first_paragraph(cls.__doc__)))
         return cls
 
     return decorator
+
+
+def first_paragraph(doc: str | None) -> str:
+    """A docstring's first paragraph on one line: a summary whose sentence runs onto a second line is kept whole."""
+    paragraph = inspect.cleandoc(doc or "").split("\n\n", 1)[0]
+    return " ".join(paragraph.split())
 
 
 def list_attentions(pattern: str | None = None) -> list[str]:

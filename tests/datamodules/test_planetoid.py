@@ -51,3 +51,35 @@ def test_corrupt_file_is_reported(shared_data, tmp_path):
     load_graph.cache_clear()
     with pytest.raises(MissingDataError, match="ind.cora.graph.*do not match"):
         load_graph("cora", str(root), str(tmp_path / "cache"))
+
+
+def _cache_with_truncated_graph(shared_data, tmp_path):
+    """A cache whose raw ind.cora.graph was cut short after an earlier load (and whose processed graph is gone)."""
+    cache = tmp_path / "cache"
+    load_graph.cache_clear()
+    load_graph("cora", str(shared_data), str(cache))
+    cached = cache / "planetoid" / "Cora" / "raw" / "ind.cora.graph"
+    cached.write_bytes(cached.read_bytes()[:100])
+    shutil.rmtree(cache / "planetoid" / "Cora" / "processed")
+    load_graph.cache_clear()
+    return cache, cached
+
+
+def test_truncated_cached_raw_file_is_replaced_from_the_data_root(shared_data, tmp_path):
+    cache, cached = _cache_with_truncated_graph(shared_data, tmp_path)
+    graph = load_graph("cora", str(shared_data), str(cache))
+    assert cached.read_bytes() == (shared_data / "planetoid" / "Cora" / "raw" / "ind.cora.graph").read_bytes()
+    assert graph.num_nodes == 2708 and graph.edge_index.shape[1] == 10556
+
+
+def test_truncated_cached_raw_file_is_never_processed_without_a_data_root(shared_data, tmp_path, monkeypatch):
+    from torch_geometric.datasets import Planetoid
+
+    cache, cached = _cache_with_truncated_graph(shared_data, tmp_path)
+    monkeypatch.delenv("ATTNBENCH_DATA", raising=False)
+    # offline: the re-download PyG attempts for the dropped file fails, and says so
+    monkeypatch.setattr(Planetoid, "download", lambda self: (_ for _ in ()).throw(OSError("offline")))
+    with pytest.raises(MissingDataError, match="could not load"):
+        load_graph("cora", None, str(cache))
+    assert not cached.exists()
+    load_graph.cache_clear()

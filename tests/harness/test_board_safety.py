@@ -43,12 +43,12 @@ def test_leaderboard_refuses_to_write_fewer_finished_records(tmp_path, capsys):
     capsys.readouterr()
 
     empty = tmp_path / "empty"
-    assert main(["leaderboard", "--suite", suite, "--runs-dir", str(empty), "--out", str(out)]) == 2
+    assert main(["leaderboard", "--suite", suite, "--runs-dir", str(empty), "--out", str(out), "--allow-empty"]) == 2
     err = capsys.readouterr().err
     assert "it has 6 finished records" in err and "give only 0 of 6" in err and "--force" in err and "--runs-dir leaderboards" in err
     assert board_files(out) == before
 
-    assert main(["leaderboard", "--suite", suite, "--runs-dir", str(empty), "--out", str(out), "--force"]) == 0
+    assert main(["leaderboard", "--suite", suite, "--runs-dir", str(empty), "--out", str(out), "--allow-empty", "--force"]) == 0
     assert "missing 6" in (out / "safety.md").read_text()
 
 
@@ -93,9 +93,10 @@ def test_an_unreadable_record_is_named_and_counted_apart_from_missing(tmp_path, 
     text = store.path(broken.key).read_text()
     store.path(broken.key).write_text(text[: len(text) // 2])  # a disk that filled up mid-write
     out = tmp_path / "boards"
-    assert main(["leaderboard", "--suite", suite, "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    # written, and exit 1 as `results export` does: a script must see that a record needs repair
+    assert main(["leaderboard", "--suite", suite, "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert f"records/{broken.key}.json: JSONDecodeError" in err
+    assert f"records/{broken.key}.json: JSONDecodeError" in err and "1 unreadable record(s)" in err
     md = (out / "safety.md").read_text()
     assert "- Records: 5 of 6 planned runs (ok 5, failed 0, pruned 0, missing 0, unreadable 1)" in md
     assert f"Unreadable record (not counted as missing; repair the file or delete it and re-run): records/{broken.key}.json: JSONDecodeError" in md
@@ -125,7 +126,7 @@ def test_several_suites_in_one_call_each_written_or_refused_on_its_own(tmp_path,
     kept = (out / "safety.md").read_bytes()
     (out / "other.csv").unlink()  # no board on disk for `other`: nothing to protect
     capsys.readouterr()
-    assert main(["leaderboard", "--suite", suite, str(other), "--runs-dir", str(tmp_path / "empty"), "--out", str(out)]) == 2
+    assert main(["leaderboard", "--suite", suite, str(other), "--runs-dir", str(tmp_path / "empty"), "--out", str(out), "--allow-empty"]) == 2
     err = capsys.readouterr().err
     assert err.count("not overwriting") == 1 and "safety.csv" in err
     assert (out / "safety.md").read_bytes() == kept and "missing 6" in (out / "other.md").read_text()
@@ -154,3 +155,16 @@ def test_tuned_rows_sharing_the_default_runs_do_not_inflate_the_count_on_disk(tm
     before = (out / "synthetic.csv").read_bytes()
     write_leaderboard(suite_path, runs=str(tmp_path / "runs"), out_dir=out, tuned_params_dir=params.parent)  # same records: not refused
     assert (out / "synthetic.csv").read_bytes() == before
+
+
+def test_a_store_without_a_record_of_the_suite_is_refused_naming_the_folder(tmp_path, capsys):
+    suite, _, _ = store_with_records(tmp_path)
+    out = tmp_path / "boards"
+    empty = tmp_path / "empty"
+    assert main(["leaderboard", "--suite", suite, "--runs-dir", str(empty), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{empty / 'records'} holds no record of suite safety" in err and "--allow-empty" in err and "leave out --suite" in err
+    assert not out.exists()
+    # --allow-empty: the board of missing runs, as before this refusal existed
+    assert main(["leaderboard", "--suite", suite, "--runs-dir", str(empty), "--out", str(out), "--allow-empty"]) == 0
+    assert "missing 6" in (out / "safety.md").read_text()

@@ -11,17 +11,27 @@ def test_list_shows_variants_tasks_and_suites(capsys):
     from modules.tasks import get_task, list_tasks
 
     assert main(["list"]) == 0
-    sections, current = {}, None
+    sections, current, columns = {}, None, {}
     for line in capsys.readouterr().out.splitlines():
         if not line.startswith(" "):
-            current = sections.setdefault(line.rstrip(":"), {})
-        else:
+            title = line.rstrip(":")
+            current = sections.setdefault(title, {})
+        elif not line.startswith("   "):
             name, _, rest = line.strip().partition(" ")
             current[name] = rest.strip()
+            columns.setdefault(title, set()).add(len(line) - len(rest.lstrip()))
+        else:  # a wrapped text goes on under its own column
+            columns[title].add(len(line) - len(line.lstrip()))
+            current[name] += " " + line.strip()
+    # one text column per section, as wide as its longest name needs (shift-electronics-kitchen included)
+    assert all(len(found) == 1 for found in columns.values()), columns
+    assert columns["tasks"] == {2 + max(map(len, list_tasks())) + 2}
     assert list(sections) == ["variants", "tasks", "suites"]
     assert list(sections["variants"]) == list_attentions()
     assert sections["variants"]["softmax"].startswith("Softmax over scaled dot products")
     assert sections["variants"]["sparsemax"].endswith("[alpha=2.0, learn_alpha=False]")
+    # a summary whose first sentence runs onto a second docstring line is listed whole, not cut mid-sentence
+    assert sections["variants"]["fenchel-exact"].endswith("rather than returning the weights of an unconverged solve.")
     assert sections["tasks"] == {name: "metrics: " + ", ".join(m.name for m in get_task(name).metrics) for name in list_tasks()}
     assert sections["tasks"]["cora"] == "metrics: test/acc, test/macro_f1"
     assert list(sections["suites"]) == list_suites()
@@ -269,6 +279,7 @@ def test_the_cached_catalogue_answers_as_the_full_path_does(capsys, tmp_path, mo
     assert not (tmp_path / "runs").exists()
 
 
+<<<<<<< HEAD
 def test_run_dry_run_prints_the_resolved_configuration_and_writes_nothing(tmp_path, capsys, shared_data):
     import yaml
     from pathlib import Path
@@ -293,3 +304,24 @@ def test_run_dry_run_prints_the_resolved_configuration_and_writes_nothing(tmp_pa
     assert main(["run", "cora", "softmax", "--set", "max_epochs=300", "--print-config", "--runs-dir", str(committed),
                  "--data-root", str(shared_data)]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["status"].startswith("finished (")
+=======
+@pytest.mark.parametrize("argv", [["describe", "fenchel-exact"], ["list"]])
+def test_output_into_a_closed_pipe_ends_without_a_traceback(argv):
+    """`attnbench describe ... | head -1`: the reader is gone before the command writes (closed at once here,
+    so that the write always meets a closed pipe)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    for _ in range(2):  # the first may build the CLI catalogue, the second answers from it
+        writer = subprocess.Popen([sys.executable, "-m", "harness.cli", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  cwd=repo, env=env)
+        writer.stdout.close()
+        stderr = writer.stderr.read().decode()
+        writer.wait()
+        assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+        assert writer.returncode in (0, 141)
+>>>>>>> daily-b

@@ -1,0 +1,85 @@
+"""`attnbench leaderboard --runs-dir DIR` without --suite: a board of whatever records DIR holds, one table
+per task and parameter set, needing neither a suite nor the plugins the records name."""
+
+import csv
+import dataclasses
+
+from harness.cli import main
+from harness.plan.spec import make_spec
+from harness.results.store import RecordStore
+
+from .test_board import BASE, record, shifted
+
+
+def _own_runs(tmp_path):
+    """What a researcher's runs folder holds after a few `attnbench run`s: cora at the default budget (softmax and
+    entmax at two α, 3 seeds each), cora at max_epochs=5 (softmax, 1 seed), and 3 seeds of a plugin variant
+    whose file is not loaded now."""
+    store = RecordStore(tmp_path / "runs")
+    written = {}
+    for seed in range(3):
+        for attention, accuracy in (("softmax", BASE), ({"name": "entmax", "alpha": 1.2}, shifted([0.05] * 5)),
+                                    ({"name": "entmax", "alpha": 1.8}, shifted([-0.05] * 5))):
+            spec = make_spec("cora", attention, seed)
+            written[(spec.display, spec.attention.get("alpha"), seed)] = store.write(record(spec, {"test/acc": accuracy[seed]}))
+        softmax = make_spec("cora", "softmax", seed)
+        plugin = dataclasses.replace(softmax, variant="my-attention", label="my-attention", variant_version="1",
+                                     attention={"name": "my-attention", "temperature": 2.0})
+        store.write(record(plugin, {"test/acc": BASE[seed] + 0.01}))
+    short = make_spec("cora", "softmax", 0, {"max_epochs": 5})
+    store.write(record(short, {"test/acc": 0.5}))
+    return store, written
+
+
+def _table_rows(markdown, heading):
+    section = markdown.split(f"### {heading}\n", 1)[1].split("\n### ", 1)[0]
+    return {line.split("|")[2].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("| ") and "`" in line.split("|")[2]}
+
+
+def test_a_runs_folder_without_a_suite_renders_one_table_per_task_and_parameter_set(tmp_path, capsys):
+    store, _ = _own_runs(tmp_path)
+    assert main(["leaderboard", "--runs-dir", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr()
+    md = (tmp_path / "runs" / "leaderboard.md").read_text()
+    assert "- Records: 13 of 13 planned runs" in md
+    full = _table_rows(md, "cora (max_epochs=1000)")
+    assert set(full) == {"`softmax`", "`entmax (alpha=1.2)`", "`entmax (alpha=1.8)`", "`my-attention`"}
+    assert full["`entmax (alpha=1.2)`"][0] == "1" and full["`entmax (alpha=1.8)`"][0] == "4"
+    assert _table_rows(md, "cora (max_epochs=5)").keys() == {"`softmax`"}
+    # the one-seed table is not ranked: the user is told why
+    assert "table cora (max_epochs=5)" in out.err and "fewer than the 3 a rank needs" in out.err
+    assert "table cora (max_epochs=1000)" not in out.err
+    rows = list(csv.DictReader((tmp_path / "runs" / "leaderboard.csv").open()))
+    keys = {row["key"] for row in rows if row["status"] == "ok"}
+    assert keys == {path.stem for path in store.root.glob("*.json")}  # the records' own keys
+
+
+def test_an_unreadable_record_is_counted_and_exits_1(tmp_path, capsys):
+    _, written = _own_runs(tmp_path)
+    victim = written[("softmax", None, 1)]
+    victim.write_text(victim.read_text()[:50])
+    assert main(["leaderboard", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "boards")]) == 1
+    err = capsys.readouterr().err
+    assert f"records/{victim.name}: JSONDecodeError" in err and "1 unreadable record(s)" in err
+    md = (tmp_path / "boards" / "leaderboard.md").read_text()
+    assert "- Records: 12 of 12 planned runs" in md and "unreadable 1" in md and victim.name in md
+
+
+def test_an_empty_runs_folder_is_refused_naming_it(tmp_path, capsys):
+    assert main(["leaderboard", "--runs-dir", str(tmp_path / "nothing")]) == 2
+    assert f"{tmp_path / 'nothing' / 'records'} holds no record" in capsys.readouterr().err
+    assert not (tmp_path / "nothing" / "leaderboard.md").exists()
+
+
+def test_the_committed_records_render_without_a_suite(tmp_path):
+    """Every committed record at once, as a smoke test of the grouping on real specs: it must not raise."""
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[2] / "leaderboards" / "records"
+    sample = tmp_path / "runs" / "records"
+    sample.mkdir(parents=True)
+    for path in sorted(committed.glob("*.json"))[:40]:
+        (sample / path.name).write_text(path.read_text())
+    assert main(["leaderboard", "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert "- Records: 40 of 40 planned runs" in (tmp_path / "runs" / "leaderboard.md").read_text()
