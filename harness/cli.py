@@ -615,7 +615,7 @@ def cmd_leaderboard(args) -> int:
     tuned = args.params_dir if args.params == "tuned" else None
     refused = 0
     written = []
-    if args.suite is None:
+    if args.suite is None and not args.claims:  # --claims alone renders only the claims page
         if tuned:
             raise ValueError("--params tuned lists a suite's tuned rows: name the --suite (a board of records shows the tuned runs it holds anyway)")
         try:
@@ -642,7 +642,7 @@ def cmd_leaderboard(args) -> int:
     if args.claims:
         from harness.report.leaderboard import write_claims_board
 
-        for path in write_claims_board(args.runs_dir, args.out, args.data_root):
+        for path in write_claims_board(args.runs_dir, args.out or "leaderboards", args.data_root):
             print(path)
     if refused:
         return 2
