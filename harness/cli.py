@@ -291,12 +291,22 @@ def cmd_describe(args) -> int:
 def cmd_check(args) -> int:
     """The contract checks of modules/attention/contract.py, one line per variant and property."""
     from modules.attention import list_attentions
-    from modules.attention.contract import check_variant, format_outcomes
+    from modules.attention.registry import ATTENTIONS
     from modules.registry import load_plugin_file
 
     before = set(list_attentions())
     load_plugin_file(args.file)
     found = sorted(set(list_attentions()) - before)
+    try:
+        return _check_variants(args, found)
+    finally:  # checked, not installed: a caller in the same process (a notebook, the tests) keeps its registry
+        for name in found:
+            ATTENTIONS.unregister(name)
+
+
+def _check_variants(args, found: list[str]) -> int:
+    from modules.attention.contract import check_variant, format_outcomes
+
     if not found:
         raise ValueError(f"{args.file} registers no attention variant: decorate an AttentionKernel subclass with "
                          f"@register_attention(\"my-name\") (README: Adding a variant)")

@@ -279,7 +279,6 @@ def test_the_cached_catalogue_answers_as_the_full_path_does(capsys, tmp_path, mo
     assert not (tmp_path / "runs").exists()
 
 
-<<<<<<< HEAD
 def test_run_dry_run_prints_the_resolved_configuration_and_writes_nothing(tmp_path, capsys, shared_data):
     import yaml
     from pathlib import Path
@@ -304,7 +303,8 @@ def test_run_dry_run_prints_the_resolved_configuration_and_writes_nothing(tmp_pa
     assert main(["run", "cora", "softmax", "--set", "max_epochs=300", "--print-config", "--runs-dir", str(committed),
                  "--data-root", str(shared_data)]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["status"].startswith("finished (")
-=======
+
+
 @pytest.mark.parametrize("argv", [["describe", "fenchel-exact"], ["list"]])
 def test_output_into_a_closed_pipe_ends_without_a_traceback(argv):
     """`attnbench describe ... | head -1`: the reader is gone before the command writes (closed at once here,
@@ -324,4 +324,3 @@ def test_output_into_a_closed_pipe_ends_without_a_traceback(argv):
         writer.wait()
         assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
         assert writer.returncode in (0, 141)
->>>>>>> daily-b
