@@ -65,7 +65,7 @@ def test_every_verdict_branch_on_synthetic_records(measured):
     assert rows["bam-cora-weibull"]["verdict"] == REPRODUCED                 # direction claims: the sign only
     assert rows["bam-citeseer-weibull"]["verdict"] == CONTRADICTED
     assert rows["bam-citeseer-lognormal"]["verdict"] == NOT_RUN_YET
-    assert rows["bam-citeseer-lognormal"]["reason"] == "8 of 10 seeds"
+    assert rows["bam-citeseer-lognormal"]["reason"] == "18 of 20 seeds"  # two seeds left out of the suite's 20
     assert rows["gat-cora"]["verdict"] == REPRODUCED and rows["gat-citeseer"]["verdict"] == CONTRADICTED
     assert rows["fenchel-dual"]["verdict"] == "structural"
 
@@ -76,11 +76,11 @@ def test_our_delta_is_the_paired_mean_difference_with_a_paired_t_interval(measur
     rows, records = measured
     by = {(s.task, s.variant, s.seed): records[s.key] for s in paper_gat.specs if s.key in records}
     diffs = [100 * (by["cora", "align-gan", seed].metrics["test/acc"]["value"] - by["cora", "softmax", seed].metrics["test/acc"]["value"])
-             for seed in range(10)]
+             for seed in paper_gat.suite.seeds]
     low, high = stats.t.interval(0.95, len(diffs) - 1, loc=sum(diffs) / len(diffs), scale=stats.sem(diffs))
     measure = rows["aa-gat-cora-gan"]["measure"]
-    assert measure["n"] == 10
-    assert math.isclose(measure["mean"], sum(diffs) / 10, rel_tol=1e-12)
+    assert measure["n"] == len(diffs) == 20
+    assert math.isclose(measure["mean"], sum(diffs) / len(diffs), rel_tol=1e-12)
     assert math.isclose(measure["ci_low"], low, rel_tol=1e-9) and math.isclose(measure["ci_high"], high, rel_tol=1e-9)
     assert 0 < rows["aa-gat-cora-gan"]["resolution"] < 0.5
 
