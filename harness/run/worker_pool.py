@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -42,11 +43,14 @@ class WorkerOptions:
                               threads=threads_per_worker(self.workers), gpu=gpu, env=dict(self.env))
 
 
-def serve(conn: Connection, settings: WorkerSettings) -> None:
+def serve(conn: Connection, settings: WorkerSettings, coordinator: int | None = None) -> None:
     """A worker process: run each work item the coordinator sends (a list of specs: one run, or the seeds of
     one seed batch), answering ("record", summary) as each of its runs ends and then ("done", whether this
     worker retires). It retires after a device failure (OOM, CUDA error): a corrupted CUDA context would fail
     every later run on its GPU, so the coordinator starts a fresh process in its place."""
+    # the coordinator's pid from the coordinator itself: killed while this process was still importing, getppid()
+    # here would already name its new parent
+    threading.Thread(target=_end_with_the_coordinator, args=(coordinator or os.getppid(),), daemon=True).start()
     worker = RunWorker(settings)
     while True:
         try:
@@ -60,6 +64,16 @@ def serve(conn: Connection, settings: WorkerSettings) -> None:
         conn.send(("done", retire))
         if retire:
             return
+
+
+def _end_with_the_coordinator(coordinator: int, every_s: float = 0.5) -> None:
+    """End this worker as soon as its coordinator is gone (killed alone, e.g. `kill PID`): an orphan would
+    run its item to the end and race the fresh workers of a resumed bench on the same keys. Its unfinished
+    run is lost, as the coordinator's own death loses it; finished records are already written."""
+    while True:
+        time.sleep(every_s)
+        if os.getppid() != coordinator:
+            os._exit(1)
 
 
 @dataclass
@@ -110,7 +124,7 @@ class LocalExecutor:
         parent, child = self.ctx.Pipe()
         # Not a daemon: a daemonic process may not have children, so a run's DataLoader could not use
         # worker processes. `run` ends every worker it started (a shutdown message, then join or kill).
-        process = self.ctx.Process(target=serve, args=(child, self.options.settings(gpu)), daemon=False)
+        process = self.ctx.Process(target=serve, args=(child, self.options.settings(gpu), os.getpid()), daemon=False)
         process.start()
         child.close()
         return _Worker(process, parent, gpu)

@@ -131,6 +131,54 @@ def test_sigkill_mid_suite_then_rerun_loses_and_duplicates_nothing(tmp_path, env
     assert sorted(r["spec"]["seed"] for r in after.values()) == list(range(6))
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc (Linux)")
+def test_workers_end_when_only_the_coordinator_is_killed(tmp_path, env):
+    """`kill -9 PID` of bench alone: its workers must not run on as orphans (they would race the workers of
+    the resumed bench on the same keys)."""
+    suite = tmp_path / "orphans.yaml"
+    suite.write_text("name: orphans\ntasks: [cora]\nvariants: [softmax]\nseeds: 4\nparams: {max_epochs: 400, patience: 400}\n")
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(bench(suite, runs, "--no-seed-batch"), env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        workers = []
+        while time.time() < deadline and len(workers) < 2:
+            time.sleep(0.5)
+            workers = [pid for pid in _children(proc.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+        assert len(workers) == 2, "bench --workers 2 starts two worker processes"
+        proc.kill()  # the coordinator only
+        proc.wait(timeout=30)
+        deadline = time.time() + 20
+        while time.time() < deadline and any(_alive(pid) for pid in workers):
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in workers), "orphaned workers kept running after their coordinator died"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_the_results_table_shows_mean_and_sd_per_task_and_variant_before_the_paths():
     """Against statistics.fmean/stdev of the records' primary metric; failed and unrecorded runs named."""
     import statistics
