@@ -1,6 +1,8 @@
 """Seed-batched vs lone training on Cora (issue 27): the same seeds trained both ways, compared seed by seed.
 
     python -m harness.studies.seed_batch_study [--seeds 20] [--variants softmax,bam-weibull] [--out runs/seed-batch-study]
+    python -m harness.studies.seed_batch_study --max-epochs 100000 --lone-from leaderboards --out leaderboards/studies/seed-batch-cora
+        (the committed study: paper-gat's Cora records as the lone side, the batched records beside them)
 
 For each variant, seeds 0..S-1 run alone (one `runner.execute` each) and as one seed batch
 (`seed_batch.execute_batch`), at the task's full budget. A seed's lone and batched record share one key
@@ -40,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-epochs", type=int, default=None, help="override the task's budget (a quick check only)")
     parser.add_argument("--out", default="runs/seed-batch-study")
     parser.add_argument("--data-root", default=None)
+    parser.add_argument("--lone-from", default=None, metavar="DIR",
+                        help="a store whose finished records are the lone side where it has them (leaderboards: the "
+                             "committed paper-gat Cora runs have the study's keys at --max-epochs 100000); the rest run into OUT/lone")
     args = parser.parse_args(argv)
     if args.seeds < 2:
         parser.error("--seeds must be at least 2 for a paired test")
@@ -53,18 +58,24 @@ def main(argv: list[str] | None = None) -> int:
     quiet_lightning()
     params = {"max_epochs": args.max_epochs} if args.max_epochs else {}
     lone_store, batch_store = RecordStore(Path(args.out) / "lone"), RecordStore(Path(args.out) / "batched")
+    given = RecordStore(args.lone_from) if args.lone_from else None
+
+    def lone_record(spec):
+        if given is not None and given.finished(spec.key):
+            return given.read(spec.key)
+        if not lone_store.finished(spec.key):
+            lone_store.write(execute(spec, data_root=args.data_root))
+        return lone_store.read(spec.key)
+
     passed = True
     print(f"| variant | seeds | lone acc | batched acc | mean Δ | mean abs Δ | paired t p | verdict |")
     print("|---|---|---|---|---|---|---|---|")
     for variant in [v.strip() for v in args.variants.split(",")]:
         specs = [make_spec(args.task, variant, seed, params) for seed in range(args.seeds)]
-        for spec in specs:
-            if not lone_store.finished(spec.key):
-                lone_store.write(execute(spec, data_root=args.data_root))
+        lone = [lone_record(spec) for spec in specs]
         todo = [s for s in specs if not batch_store.finished(s.key)]
         if todo:
             execute_batch(todo, data_root=args.data_root, on_record=batch_store.write)
-        lone = [lone_store.read(s.key) for s in specs]
         batched = [batch_store.read(s.key) for s in specs]
         failed = [r for r in lone + batched if r.status is not Status.OK]
         if failed:

@@ -216,3 +216,21 @@ def test_the_boards_provenance_line_says_which_records_trained_in_seed_batches()
     batched = [Record.ok(s, metrics, execution={"seed_batch": 2, "seeds": [2, 3]}) for s in specs[2:]]
     assert seed_batched(lone) == ""  # boards of lone runs read as before
     assert seed_batched(lone + batched) == "2 trained in seed batches of 2 seeds"
+
+
+def test_the_study_takes_its_lone_side_from_another_store_without_training_it_again(data_root, tmp_path, capsys, monkeypatch):
+    """The committed study reads the lone side from leaderboards/ (paper-gat's records); here from a first run's store."""
+    import harness.run.runner
+    from harness.studies import seed_batch_study
+
+    argv = ["--seeds", "2", "--max-epochs", "2", "--variants", "softmax", "--data-root", str(data_root)]
+    assert seed_batch_study.main([*argv, "--out", str(tmp_path / "first")]) == 0
+    table = capsys.readouterr().out
+
+    def no_lone_training(*args, **kwargs):
+        raise AssertionError("the lone side should have come from --lone-from")
+
+    monkeypatch.setattr(harness.run.runner, "execute", no_lone_training)
+    assert seed_batch_study.main([*argv, "--lone-from", str(tmp_path / "first" / "lone"), "--out", str(tmp_path / "second")]) == 0
+    assert capsys.readouterr().out == table  # the batched side trained again, to the same records
+    assert not (tmp_path / "second" / "lone" / "records").exists() or not any((tmp_path / "second" / "lone" / "records").iterdir())
