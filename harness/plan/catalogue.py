@@ -39,11 +39,14 @@ def fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
-def cache_file() -> Path:
+def cache_root() -> Path:
     from platformdirs import user_cache_dir
 
-    root = Path(os.environ.get("ATTNBENCH_CACHE") or user_cache_dir("attnbench"))
-    return root / f"cli-catalogue-{fingerprint()}.json"
+    return Path(os.environ.get("ATTNBENCH_CACHE") or user_cache_dir("attnbench"))
+
+
+def cache_file() -> Path:
+    return cache_root() / f"cli-catalogue-{fingerprint()}.json"
 
 
 def load() -> dict[str, Any] | None:
@@ -206,7 +209,7 @@ def plan_snapshot_file(suite_file: Path, data_root: str | None, tuned_dir: str |
         digest.update(b"tuned\n")
         for path in sorted(Path(tuned_dir).rglob("*.yaml")):
             digest.update(_stat_line(path).encode())
-    return cache_file().parent / "plans" / f"{suite_file.stem}-{digest.hexdigest()[:20]}.json"
+    return cache_root() / "plans" / f"{suite_file.stem}-{digest.hexdigest()[:20]}.json"
 
 
 def load_plan(path: Path) -> PlanSnapshot | None:
@@ -270,7 +273,7 @@ def _command_line_ident(task: str, variant: str, seed: int, params: dict, attent
 
 
 def _run_keys_file() -> Path:
-    return cache_file().parent / "run-keys.json"
+    return cache_root() / "run-keys.json"
 
 
 def known_run_key(task: str, variant: str, seed: int, params: dict, attention: dict, precision: str) -> str | None:

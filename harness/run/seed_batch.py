@@ -24,11 +24,6 @@ from harness.results.record import Record, utc_now
 from harness.run.runner import LOGGER_ENV, PeakMemory, is_device_failure, quiet_lightning, release_device_memory, run_context, test_outcome
 
 
-def stopping_rule_for(task, params):
-    """The seed's early-stopping rule, the one its lone run stops by."""
-    return task.stopping_rule(params)
-
-
 def seed_batch_problem(spec: RunSpec) -> str | None:
     """None when this spec's seeds can train as one batch in this process; otherwise why each runs alone."""
     if os.environ.get(LOGGER_ENV):
@@ -82,7 +77,7 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
             dm, module = task.build(params, spec.attention, data_root=data_root, cache_dir=cache_dir)
             datamodule = datamodule or dm
             modules.append(module.to(device))
-        rules = [stopping_rule_for(task, params) for _ in specs]
+        rules = [task.stopping_rule(params) for _ in specs]  # each seed's own, the one its lone run stops by
 
         def finished(outcome) -> None:
             spec = specs[outcome.index]

@@ -14,7 +14,7 @@ from harness.plan.planner import seed_batches
 from harness.plan.spec import make_spec
 from harness.results.record import Status
 from harness.run.runner import _prepare, execute
-from harness.run.seed_batch import execute_batch, stopping_rule_for
+from harness.run.seed_batch import execute_batch
 from modules.attention import list_attentions
 from modules.hosts import gat_seed_batch
 from modules.hosts.gat_seed_batch import SeedBatchedGAT
@@ -161,7 +161,7 @@ def test_first_epoch_losses_equal_the_lone_runs(data_root, variant):
     dm.setup()
     modules = [m for _, m in built]
     losses = {}
-    fit_seed_batch(modules, dm.graph, [stopping_rule_for(task, params) for _ in seeds], max_epochs=1,
+    fit_seed_batch(modules, dm.graph, [task.stopping_rule(params) for _ in seeds], max_epochs=1,
                    generators=[m.model.noise.on(torch.device("cpu")) for m in modules],
                    on_finished=lambda o: losses.__setitem__(seeds[o.index], o.history[0]["train/loss"]))
     for seed in seeds:
