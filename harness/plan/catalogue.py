@@ -158,7 +158,7 @@ def check_run(catalogue: dict[str, Any], task: str, variant: str, params: dict, 
 # data. None of it changes unless the sources, the suite file, the tuned parameters or the data root do, so the
 # plan's specs, metrics and baselines are written down once, keyed by all of these, and read back as data.
 
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +185,7 @@ class PlanSnapshot:
     missing_data: dict
     metrics: dict
     baselines: dict
+    data_root: str | None = None
 
     def trivial_baseline(self, task: str):
         found = self.baselines.get(task)
@@ -223,7 +224,7 @@ def load_plan(path: Path) -> PlanSnapshot | None:
                          "variants": (), "seeds": tuple(data["suite"]["seeds"])})
         return PlanSnapshot(suite, [RunSpec.from_dict(s) for s in data["specs"]], data["skipped_tasks"], data["missing_data"],
                             {task: tuple(SnapshotMetric(**m) for m in metrics) for task, metrics in data["metrics"].items()},
-                            data["baselines"])
+                            data["baselines"], data.get("data_root"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -252,6 +253,7 @@ def save_plan(the_plan, path: Path) -> None:
         "missing_data": dict(the_plan.missing_data),
         "metrics": {task: [{"name": m.name, "higher_is_better": m.higher_is_better} for m in metrics] for task, metrics in the_plan.metrics.items()},
         "baselines": baselines,
+        "data_root": the_plan.data_root,
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

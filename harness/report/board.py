@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 if TYPE_CHECKING:  # the boards read a plan as data (a snapshot's too) and never import the planner, nor torch
@@ -140,7 +141,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         "commits": _commits(unique),
         "seed_batched": seed_batched(unique),
         "finished_range": _finished_range(unique),
-        "skipped_tasks": dict(sorted(the_plan.skipped_tasks.items())),
+        "skipped_tasks": {task: _without_data_root(why, the_plan.data_root) for task, why in sorted(the_plan.skipped_tasks.items())},
         "alpha": ALPHA,
         "confidence": CONFIDENCE,
         "test": TEST_DESCRIPTION,
@@ -202,6 +203,17 @@ def reproducibility_line(board: dict[str, Any]) -> str | None:
     classes = ", ".join(f"{label}: {n}" for label, n in found["classes"].items())
     return (f"Reproducibility: {found['keys']} key{'s' if found['keys'] != 1 else ''} ran on {executions} executions "
             f"({classes}; the board shows the earliest finished): {'; '.join(parts) or 'no shared metric'}")
+
+
+def _without_data_root(reason: str, data_root: str | None) -> str:
+    """A skipped task's reason names the files it looked for under this machine's data root; a board is regenerated
+    byte for byte on other machines (CI clones elsewhere), so "in /some/root/planetoid" is written "in the data
+    root's planetoid" there."""
+    if not data_root:
+        return reason
+    for root in sorted({str(Path(data_root)), str(Path(data_root).resolve())}, key=len, reverse=True):
+        reason = reason.replace(root.rstrip("/") + "/", "the data root's ")
+    return reason
 
 
 def trivial_baseline(the_plan: Plan, task: str) -> dict[str, Any] | None:

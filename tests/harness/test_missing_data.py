@@ -80,3 +80,24 @@ def test_a_run_that_meets_missing_data_anyway_is_recorded_retryable(tmp_path, mo
     monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
     record = execute(make_spec("cora", "softmax", 0, {"max_epochs": 1}), data_root=str(tmp_path / "empty-root"))
     assert record.error.startswith("MissingDataError:") and record.retryable and not record.is_final()
+
+
+def test_a_board_names_a_skipped_tasks_files_without_this_machines_data_root(tmp_path, shared_data, monkeypatch):
+    """CI regenerates the committed boards from a clone elsewhere: a skipped task's reason must read the same
+    whichever folder the data root is in (paper-gat's PubMed line once named /work/shared/data and failed CI)."""
+    from harness.plan.planner import plan
+    from harness.plan.suite import load_suite
+    from harness.report.board import build_board
+
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
+    suite = load_suite("paper-gat")
+    reasons = []
+    for place in ("here", "elsewhere"):
+        root = tmp_path / place / "data"
+        for name in ("Cora", "CiteSeer"):  # PubMed is left out, so it is skipped
+            (root / "planetoid" / name).mkdir(parents=True)
+            (root / "planetoid" / name / "raw").symlink_to(shared_data / "planetoid" / name / "raw")
+        board = build_board(suite, plan(suite, str(root), "softmax"), {})
+        reasons.append(board["skipped_tasks"])
+    assert set(reasons[0]) == {"pubmed"} and reasons[0] == reasons[1]
+    assert "in the data root's planetoid/PubMed/raw" in reasons[0]["pubmed"] and str(tmp_path) not in reasons[0]["pubmed"]
