@@ -90,7 +90,7 @@ def run_suite(
     finished = len(the_plan.specs) - len(todo)
     log(
         f"attnbench: suite {suite.name}: {len(the_plan.specs)} runs "
-        f"({len({s.task for s in the_plan.specs})} tasks x {len({s.display for s in the_plan.specs})} variants x {len(suite.seeds)} seeds); "
+        f"({len({s.task for s in the_plan.specs})} tasks x {len({s.display for s in the_plan.specs})} variants x {suite.seed_counts()}); "
         f"{finished} already finished, {len(todo)} to run on {f'{workers} worker(s)' if launcher == 'workers' else launcher + ' through submitit'}; "
         f"records in {store.root}"
     )

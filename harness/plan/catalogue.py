@@ -213,14 +213,21 @@ def plan_snapshot_file(suite_file: Path, data_root: str | None, tuned_dir: str |
     return cache_root() / "plans" / f"{suite_file.stem}-{digest.hexdigest()[:20]}.json"
 
 
+def _task_entry(data: dict):
+    from harness.plan.suite import TaskEntry
+
+    seeds = data.get("seeds")
+    return TaskEntry(**{**data, "seeds": None if seeds is None else tuple(seeds)})
+
+
 def load_plan(path: Path) -> PlanSnapshot | None:
     """The snapshot at `path`, or None where there is none (or it does not parse: it is then rebuilt)."""
     from harness.plan.spec import RunSpec
-    from harness.plan.suite import Suite, TaskEntry
+    from harness.plan.suite import Suite
 
     try:
         data = json.loads(path.read_text())
-        suite = Suite(**{**data["suite"], "path": Path(data["suite"]["path"]), "tasks": tuple(TaskEntry(**t) for t in data["suite"]["tasks"]),
+        suite = Suite(**{**data["suite"], "path": Path(data["suite"]["path"]), "tasks": tuple(_task_entry(t) for t in data["suite"]["tasks"]),
                          "variants": (), "seeds": tuple(data["suite"]["seeds"])})
         return PlanSnapshot(suite, [RunSpec.from_dict(s) for s in data["specs"]], data["skipped_tasks"], data["missing_data"],
                             {task: tuple(SnapshotMetric(**m) for m in metrics) for task, metrics in data["metrics"].items()},

@@ -206,7 +206,7 @@ def print_list(what: str) -> None:
         rows = []
         for name in list_suites():
             suite = load_suite(name)
-            rows.append((name, f"{len(suite.tasks)} tasks x {len(suite.variants)} variants x {len(suite.seeds)} seeds"))
+            rows.append((name, f"{len(suite.tasks)} tasks x {len(suite.variants)} variants x {suite.seed_counts()}"))
         print_section("suites", rows)
 
 

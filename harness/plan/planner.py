@@ -97,7 +97,7 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
         for variant in variants:
             where = f"suite {suite.name}: task {task.name}, variant {variant.label or variant.name}"
             attention = variant.resolved or {"name": variant.name, **variant.config}
-            for seed in suite.seeds:
+            for seed in suite.seeds_of(task):
                 try:
                     spec = make_spec(task.name, attention, seed, params, label=variant.label, extra={"suite": suite.name},
                                      precision=precision)
@@ -122,7 +122,7 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
                 label=f"{variant.label or variant.name} (tuned)",
                 extra={"suite": suite.name, "tuning": tuned.get("tuning", {})},
                 precision=precision,
-            ) for seed in suite.seeds]
+            ) for seed in suite.seeds_of(task)]
             if tuned_specs[-1].key == specs[-1].key:  # the same seed's run: same config, parameters and versions
                 tuned_as_defaults.append(f"{task.name} x {variant.label or variant.name}")
                 continue

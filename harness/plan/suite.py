@@ -3,8 +3,9 @@
 ```yaml
 name: quick
 description: every variant on Cora and CiteSeer
-tasks:                      # names, or {name, params, optional}
+tasks:                      # names, or {name, params, optional, seeds}
   - cora
+  - {name: citeseer, seeds: 32}      # this task's own seeds (a count or a list) instead of the suite's
   - {name: pubmed, optional: true}   # skipped (and reported) when its data is absent
 variants: all               # or a list: names, or {name, label, attention: {<option>: value}}
                             #   (`attention.<option>: value` is the same; `attnbench describe VARIANT` lists them)
@@ -42,6 +43,8 @@ class TaskEntry:
     name: str
     params: Mapping[str, Any] = field(default_factory=dict)
     optional: bool = False
+    seeds: tuple[int, ...] | None = None
+    """This task's seeds where they differ from the suite's: a noisier task needs more to resolve the same gap."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,17 @@ class Suite:
     variants: tuple[VariantEntry, ...]
     seeds: tuple[int, ...]
     params: Mapping[str, Any]
+
+    def seeds_of(self, task: TaskEntry) -> tuple[int, ...]:
+        return task.seeds if task.seeds is not None else self.seeds
+
+    def all_seeds(self) -> tuple[int, ...]:
+        return tuple(sorted({seed for task in self.tasks for seed in self.seeds_of(task)} or self.seeds))
+
+    def seed_counts(self) -> str:
+        """'20 seeds', or '20 seeds (citeseer 32)' where a task has its own."""
+        own = ", ".join(f"{t.name} {len(t.seeds)}" for t in self.tasks if t.seeds is not None and t.seeds != self.seeds)
+        return f"{len(self.seeds)} seeds{f' ({own})' if own else ''}"
 
 
 def list_suites() -> list[str]:
@@ -114,13 +128,7 @@ def load_suite(name_or_path: str) -> Suite:
         variants = tuple(
             _variant_entry(v, f"{where}: variants[{i}]") for i, v in enumerate(_as_list(data["variants"], f"{where}: variants"))
         )
-    seeds = data["seeds"]
-    if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
-        seeds = tuple(range(seeds))
-    elif isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
-        seeds = tuple(seeds)
-    else:
-        raise SuiteError(f"{where}: seeds must be a positive integer (a count) or a non-empty list of integers >= 0, got {seeds!r}")
+    seeds = _seeds(data["seeds"], f"{where}: seeds")
     params = data.get("params") or {}
     if not isinstance(params, dict):
         raise SuiteError(f"{where}: params must be a mapping of task parameter -> value")
@@ -154,14 +162,23 @@ def _as_list(value: Any, where: str) -> list:
     raise SuiteError(f"{where} must be a list")
 
 
+def _seeds(value: Any, where: str) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return tuple(range(value))
+    if isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value):
+        return tuple(value)
+    raise SuiteError(f"{where} must be a positive integer (a count) or a non-empty list of integers >= 0, got {value!r}")
+
+
 def _task_entry(item: Any, where: str) -> TaskEntry:
     if isinstance(item, str):
         item = {"name": item}
     if not isinstance(item, dict) or "name" not in item:
-        raise SuiteError(f"{where} must be a task name or a mapping with 'name' (and optional 'params', 'optional')")
-    unknown = set(item) - {"name", "params", "optional"}
+        raise SuiteError(f"{where} must be a task name or a mapping with 'name' (and optional 'params', 'optional', 'seeds')")
+    unknown = set(item) - {"name", "params", "optional", "seeds"}
     if unknown:
-        raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; a task entry has name, params, optional")
+        raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; a task entry has name, params, optional, seeds")
+    seeds = _seeds(item["seeds"], f"{where}: seeds") if "seeds" in item else None
     from modules.tasks import get_task
 
     try:
@@ -171,7 +188,7 @@ def _task_entry(item: Any, where: str) -> TaskEntry:
         raise SuiteError(f"{where}: {exc}") from exc
     except ValueError as exc:
         raise SuiteError(f"{where}: {exc}") from exc
-    return TaskEntry(item["name"], dict(item.get("params") or {}), bool(item.get("optional", False)))
+    return TaskEntry(item["name"], dict(item.get("params") or {}), bool(item.get("optional", False)), seeds)
 
 
 def _variant_entry(item: Any, where: str) -> VariantEntry:

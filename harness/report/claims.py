@@ -33,7 +33,8 @@ VERDICT_RULE = (
     "excludes the paper's Δ, or shows a significant effect of the opposite sign. **inconclusive**: the CI holds both 0 and "
     "the paper's Δ; the resolution says how large a difference these seeds could have seen. **not run here**: no record "
     "can be made on this machine, for the reason given. **not run yet: k of n seeds**: the suite runs here but its "
-    "records are incomplete (the numbers shown are interim). A claim with a sign but no number (*direction*) has no Δ to "
+    "records are incomplete (the numbers shown are interim); once the suite's common seeds (those every task runs) are "
+    "all recorded, a task that plans more gets its verdict, marked *interim: k of n seeds* until the rest are in. A claim with a sign but no number (*direction*) has no Δ to "
     "exclude: it is reproduced or contradicted by the sign of a CI that excludes 0, else inconclusive. A paper's own "
     "softmax number (*baseline*) is reproduced when our softmax mean's CI holds it, contradicted when it excludes it.")
 RESOLUTION_RULE = (f"Resolution: the smallest true difference a two-sided paired t-test at α = 0.05 detects with "
@@ -239,10 +240,16 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record]) 
     if paper_base and claim["kind"] != "baseline" and low is not None and not low <= paper_base["mean"] <= high:
         result["baseline_note"] = (f"Our `softmax` {result['softmax']['mean']:.2f} [{low:.2f}, {high:.2f}] differs from the paper's "
                                    f"baseline {paper_base['mean']:.2f} by more than its CI")
-    if len(recorded) < len(seeds):
-        result.update(verdict=NOT_RUN_YET, reason=f"{len(recorded)} of {len(seeds)} seeds")
+    progress = f"{len(recorded)} of {len(seeds)} seeds"
+    common = set(the_plan.suite.seeds) & set(seeds) or set(seeds)
+    if not common <= set(recorded):
+        result.update(verdict=NOT_RUN_YET, reason=progress)
     else:
+        # a task with more seeds than the suite's common ones (paper-gat's CiteSeer) adds them to resolve more:
+        # the seeds it has are the first ones, chosen by number, not by outcome, so their verdict stands meanwhile
         result.update(verdict_for(claim, result["measure"]), reason=None)
+        if len(recorded) < len(seeds):
+            result["interim"] = progress
     return result
 
 
@@ -345,6 +352,8 @@ def verdict_text(row: Mapping[str, Any]) -> str:
     extra = row.get("reason") or row.get("detail")
     if row["verdict"] == INCONCLUSIVE and row.get("resolution") is not None:
         extra = f"resolution {row['resolution']:.2f} points" + (f"; {extra}" if extra else "")
+    if row.get("interim"):
+        extra = (f"{extra}; " if extra else "") + f"interim: {row['interim']}"
     return f"{text}: {extra}" if extra else text
 
 

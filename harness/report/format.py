@@ -30,7 +30,9 @@ def resolution_sentence(table: dict[str, Any], quote: Callable[[str], str] = str
                 "so there is no paired spread to judge a difference by).")
     scale, digits, unit = (100.0, 2, " points") if primary.get("percent") else (1.0, 4, "")
     variants = resolution["variants"]
+    wider = "".join(f"; {quote(row['label'])} varies more (spread {row['spread'] * scale:.{digits}f}{unit}) and resolves "
+                    f"{row['difference'] * scale:.{digits}f}{unit}" for row in resolution.get("wider", ()) if row["difference"] is not None)
     return (f"Resolution: with {resolution['pairs']} paired seeds, a difference from {quote(table['baseline'])} of "
             f"{resolution['difference'] * scale:.{digits}f}{unit} in {quote(primary['name'])} is detected with 80% power "
-            f"(paired spread {resolution['spread'] * scale:.{digits}f}{unit}, pooled over {variants} variant{'s' if variants != 1 else ''}); "
+            f"(median paired spread {resolution['spread'] * scale:.{digits}f}{unit} over {variants} variant{'s' if variants != 1 else ''}{wider}); "
             "smaller differences are invisible here.")

@@ -338,6 +338,21 @@ def test_two_seeds_give_a_resolution_but_no_ranks_and_unranked_rows_list_those_w
                                                                          ("sparsemax", None, 0)]
 
 
+def test_one_unstable_variant_does_not_set_the_tables_resolution_but_is_named_with_its_own(tmp_path):
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm", "fenchel", "sparsemax", "bam-weibull"])
+    diffs = {"gmm": [0.004, -0.003, 0.002, -0.004, 0.002], "fenchel": [0.003, -0.004, 0.001, -0.002, 0.004],
+             "sparsemax": [-0.002, 0.005, -0.003, 0.001, -0.003], "bam-weibull": [-0.06, 0.01, -0.09, 0.02, -0.04]}
+    board = build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE, **{v: shifted(d) for v, d in diffs.items()}}))
+    resolution = table(board)["resolution"]
+    spreads = {v: statistics.stdev(d) for v, d in diffs.items()}
+    assert resolution["spread"] == pytest.approx(statistics.median(spreads.values()))
+    assert resolution["variants"] == 4 and resolution["pairs"] == 5
+    assert [w["label"] for w in resolution["wider"]] == ["bam-weibull"]
+    assert resolution["wider"][0]["difference"] > 5 * resolution["difference"]
+    sentence = render_markdown(board)
+    assert "`bam-weibull` varies more (spread " in sentence and "median paired spread" in sentence
+
+
 def test_gpu_hours_count_the_gpus_each_run_held_and_at_least_one(tmp_path):
     suite, the_plan = suite_and_plan(tmp_path, ["softmax"], seeds=2)
     two_gpus = {**GPU, "device_count": 2}

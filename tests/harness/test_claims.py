@@ -64,8 +64,11 @@ def test_every_verdict_branch_on_synthetic_records(measured):
     assert rows["bam-translation"]["verdict"] == NOT_RUN_HERE
     assert rows["bam-cora-weibull"]["verdict"] == REPRODUCED                 # direction claims: the sign only
     assert rows["bam-citeseer-weibull"]["verdict"] == CONTRADICTED
+    assert rows["bam-citeseer-weibull"]["interim"] == "20 of 36 seeds"   # the suite's 20 common seeds, not CiteSeer's own 16
+    assert rows["bam-citeseer-weibull"]["measure"]["n"] == 20
     assert rows["bam-citeseer-lognormal"]["verdict"] == NOT_RUN_YET
-    assert rows["bam-citeseer-lognormal"]["reason"] == "18 of 20 seeds"  # two seeds left out of the suite's 20
+    assert rows["bam-citeseer-lognormal"]["reason"] == "34 of 36 seeds"  # two of the common seeds left out
+    assert "interim" not in rows["aa-gat-citeseer-ct"]
     assert rows["gat-cora"]["verdict"] == REPRODUCED and rows["gat-citeseer"]["verdict"] == CONTRADICTED
     assert rows["fenchel-dual"]["verdict"] == "structural"
 
@@ -94,8 +97,9 @@ def test_a_baseline_outside_our_softmax_interval_is_named(measured):
 def test_with_no_records_paper_gat_claims_are_not_run_yet_with_counts(claims, plans, paper_gat):
     rows = _by_id(_board(claims, plans, {}))
     seeds = len(paper_gat.suite.seeds)
-    for claim_id in ("gat-cora", "aa-gat-cora-gan", "aa-gat-citeseer-ct", "bam-cora-weibull"):
+    for claim_id in ("gat-cora", "aa-gat-cora-gan", "bam-cora-weibull"):
         assert (rows[claim_id]["verdict"], rows[claim_id]["reason"]) == (NOT_RUN_YET, f"0 of {seeds} seeds")
+    assert rows["aa-gat-citeseer-ct"]["reason"] == "0 of 36 seeds"  # CiteSeer's own seeds
     text = render_claims_markdown(_board(claims, plans, {}))
     assert f"not run yet: 0 of {seeds} seeds" in text and "reproduced 0, contradicted 0, inconclusive 0" in text
 

@@ -47,6 +47,17 @@ def test_keys_depend_on_content_not_on_order(tmp_path):
     assert c.specs[0].key not in {s.key for s in a.specs}
 
 
+def test_a_task_with_its_own_seeds_plans_them_and_keeps_the_other_keys(tmp_path):
+    """A noisier task gets more seeds; the runs both tasks share keep their keys (and so their records)."""
+    common = plan(load_suite(write(tmp_path, "tasks: [cora, citeseer]\nvariants: [softmax]\nseeds: 2\n", "a.yaml")))
+    suite = load_suite(write(tmp_path, "tasks: [cora, {name: citeseer, seeds: 4}]\nvariants: [softmax]\nseeds: 2\n", "b.yaml"))
+    more = plan(suite)
+    assert sorted((s.task, s.seed) for s in more.specs) == [("citeseer", 0), ("citeseer", 1), ("citeseer", 2), ("citeseer", 3),
+                                                            ("cora", 0), ("cora", 1)]
+    assert {s.key for s in common.specs} < {s.key for s in more.specs}
+    assert suite.seed_counts() == "2 seeds (citeseer 4)" and suite.all_seeds() == (0, 1, 2, 3)
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -62,6 +73,7 @@ def test_keys_depend_on_content_not_on_order(tmp_path):
         ("tasks: [cora]\nvariants: [softmax, softmax]\nseeds: 1\n", "more than once"),
         ("tasks: [cora]\nvariants: [{name: entmax, attention.alpha: 1.2, attention: {alpha: 1.3}}]\nseeds: 1\n", "given twice"),
         ("tasks: [cora]\nvariants: [{name: entmax, attention: 1.2}]\nseeds: 1\n", "must be a mapping of option"),
+        ("tasks: [{name: cora, seeds: -2}]\nvariants: all\nseeds: 1\n", "tasks\\[0\\]: seeds must be a positive integer"),
     ],
 )
 def test_malformed_suites_name_the_problem(tmp_path, text, message):
