@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torchmetrics.aggregation import MeanMetric
 
 from ..hosts.gat import graph_groups
 from ..hosts.gat_seed_batch import SeedBatchedGAT
@@ -43,6 +44,12 @@ class SeedOutcome:
     fit_time_s: float = 0.0
     """The seed's share of the batch's fitting time: each epoch's time divided by the seeds it trained."""
     batch_epoch_s: list[float] = field(default_factory=list)
+
+
+def _as_logged(loss: Tensor, count: int) -> Tensor:
+    mean = MeanMetric().to(loss.device)
+    mean.update(loss, count)
+    return mean.compute()
 
 
 class _Batch(nn.Module):
@@ -121,7 +128,10 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
         with torch.no_grad():
             logits = batch.model(graph.x, groups)
             val_logits = logits[:, val_nodes]
-            val_loss = F.cross_entropy(val_logits.transpose(1, 2), y_val.expand(len(active), -1), reduction="none").mean(1)
+            # per seed and through torchmetrics' MeanMetric weighted by the node count, as the lone run's val/loss
+            # is made: a mean over [S, n] at once rounds differently, and GAT's rule, which counts ties as
+            # reaching the best, would then keep other epochs than the lone run
+            val_loss = torch.stack([_as_logged(F.cross_entropy(seed_logits, y_val), len(val_nodes)) for seed_logits in val_logits])
             val_acc = (val_logits.argmax(-1) == y_val).float().mean(1)
             values = torch.stack([stacked.detach(), val_loss, val_acc]).tolist()
         epoch_s = time.perf_counter() - start
