@@ -447,7 +447,8 @@ def _run_seeds(args, params, attention) -> int:
     print(f"attnbench: {args.task} x {specs[0].variant} seeds {args.seed_list}: {len(specs) - len(todo)} finished, {len(todo)} to run {how}"
           + (f" ({why})" if why and args.seed_batch else ""), flush=True)
     # Plugins are loaded already (by this command's own parsing); threads stay as this process has them.
-    worker = RunWorker(WorkerSettings(str(store.root.parent), args.data_root, args.cache_dir, (), threads=torch.get_num_threads()))
+    worker = RunWorker(WorkerSettings(str(store.root.parent), args.data_root, args.cache_dir, (), threads=torch.get_num_threads(),
+                                      execution={"launcher": "run"}))
     failed = 0
     for item in seed_batches(todo, 1, enabled=args.seed_batch):
         for record in run_item(worker, [s.to_dict() for s in item], lambda r: print(json.dumps(r.summary(), default=str), flush=True)):

@@ -113,7 +113,8 @@ class Shard:
     """Local launcher: the GPU this shard runs on; None: whatever the scheduler gave (or CPU)."""
 
     def settings(self) -> WorkerSettings:
-        return WorkerSettings(self.runs_dir, self.data_root, self.cache_dir, self.plugin_files, self.commit, self.threads, self.gpu)
+        return WorkerSettings(self.runs_dir, self.data_root, self.cache_dir, self.plugin_files, self.commit, self.threads, self.gpu,
+                              execution={"launcher": "job-array", "shard": self.index})
 
 
 def shard_runs(specs: Sequence[Any], shards: int) -> list[list[Any]]:

@@ -12,7 +12,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import lightning as L
 import torch
@@ -200,8 +200,9 @@ def experiment_logger(spec: RunSpec):
 
 
 def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | None = None, commit: str | None = None,
-            verbose: bool = False, distribution: Distribution = SINGLE) -> Record | None:
-    """Run one spec and return its record. Never raises for a failing run: failures are data.
+            verbose: bool = False, distribution: Distribution = SINGLE, execution: Mapping[str, Any] | None = None) -> Record | None:
+    """Run one spec and return its record. Never raises for a failing run: failures are data. `execution` says how
+    it was launched (metadata for `Record.execution`); a data-parallel run adds its world size.
 
     Data-parallel (`distribution`), every rank trains and only global rank 0 tests (on one device, so each
     test example counts once) and returns the record; the other ranks return None."""
@@ -244,6 +245,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         peak_memory_mb=memory.peak_mb(),
         history=history.compact(),
         finished=utc_now(),
+        execution=lone_execution(execution, distribution),
         **context,
     )
     if "error" in outcome:
@@ -271,6 +273,13 @@ def test_outcome(task, spec: RunSpec, trainer: L.Trainer, module, datamodule, be
         best_monitor={"name": task.monitor.name, "value": best_value, **({"rule": rule} if rule else {})},
         parameters=sum(p.numel() for p in module.parameters()),
     )
+
+
+def lone_execution(execution: Mapping[str, Any] | None, distribution: Distribution = SINGLE) -> dict[str, Any] | None:
+    """A run's `Record.execution`: how it was launched, and its world size when data-parallel; None when nothing
+    says (a record without it ran alone, one seed per process)."""
+    described = {**(execution or {}), **({"world_size": distribution.world_size} if distribution.is_distributed else {})}
+    return described or None
 
 
 def run_context(spec: RunSpec, commit: str | None, distribution: Distribution = SINGLE) -> dict[str, Any]:

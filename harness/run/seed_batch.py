@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import lightning as L
 import torch
@@ -32,7 +32,8 @@ def seed_batch_problem(spec: RunSpec) -> str | None:
 
 
 def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cache_dir: str | None = None,
-                  commit: str | None = None, on_record: Callable[[Record], None]) -> list[Record]:
+                  commit: str | None = None, on_record: Callable[[Record], None],
+                  execution: Mapping[str, Any] | None = None) -> list[Record]:
     """Run specs that differ only in their seed as one batch; `on_record` gets each seed's record as it ends
     (write it there). Never raises for a failing seed: failures are data, and a failure of the whole batch
     (an out-of-memory error) fails every seed not yet recorded."""
@@ -48,7 +49,7 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
     params = task.Params(**specs[0].params)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     records: dict[int, Record] = {}
-    execution = {"seed_batch": len(specs), "seeds": [s.seed for s in specs]}
+    execution = {**(execution or {}), "seed_batch": len(specs), "seeds": [s.seed for s in specs]}
 
     def measured(epochs: int, fit_time_s: float | None, history, batch_epoch_s: Sequence[float]) -> dict[str, Any]:
         return dict(

@@ -31,6 +31,9 @@ class WorkerSettings:
     gpu: str | None = None
     """The one GPU this worker sees (CUDA_VISIBLE_DEVICES); None: whatever the process was given."""
     env: Mapping[str, str] = field(default_factory=dict)
+    execution: Mapping[str, Any] = field(default_factory=dict)
+    """How this worker's runs are launched ({"launcher": "workers", "workers": 2}, a job array's shard), for
+    every record it writes (`Record.execution`: metadata, never the key)."""
 
 
 class RunWorker:
@@ -53,7 +56,8 @@ class RunWorker:
 
     def run(self, spec_dict: Mapping[str, Any]) -> Record:
         record = self.runner.execute(RunSpec.from_dict(spec_dict), data_root=self.settings.data_root,
-                                     cache_dir=self.settings.cache_dir, commit=self.settings.commit)
+                                     cache_dir=self.settings.cache_dir, commit=self.settings.commit,
+                                     execution=self.settings.execution)
         self.store.write(record)
         return record
 
@@ -72,7 +76,7 @@ def run_item(worker: RunWorker, spec_dicts: Sequence[Mapping[str, Any]],
             on_record(record)
 
         return execute_batch(specs, data_root=worker.settings.data_root, cache_dir=worker.settings.cache_dir,
-                             commit=worker.settings.commit, on_record=written)
+                             commit=worker.settings.commit, on_record=written, execution=worker.settings.execution)
     records = []
     for spec_dict in spec_dicts:
         records.append(worker.run(spec_dict))

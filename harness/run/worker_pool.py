@@ -40,7 +40,8 @@ class WorkerOptions:
     def settings(self, gpu: str | None) -> WorkerSettings:
         """Every worker, GPU or CPU, takes its even share of the cores this process may use."""
         return WorkerSettings(self.runs_dir, self.data_root, self.cache_dir, tuple(self.plugin_files), self.commit,
-                              threads=threads_per_worker(self.workers), gpu=gpu, env=dict(self.env))
+                              threads=threads_per_worker(self.workers), gpu=gpu, env=dict(self.env),
+                              execution={"launcher": "workers", "workers": self.workers})
 
 
 def serve(conn: Connection, settings: WorkerSettings, coordinator: int | None = None) -> None:

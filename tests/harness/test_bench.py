@@ -86,6 +86,9 @@ def test_failures_are_recorded_the_suite_goes_on_and_rerun_skips_finished(tmp_pa
     assert all(r["status"] == "failed" and "Diverged" in r["error"] for r in by_variant["test-nan"])
     ok = min(by_variant["softmax"], key=lambda r: r["spec"]["seed"])
     check_ok_record(ok, found)
+    # how each ran is metadata in every record, failed or not, batched or alone
+    assert all(r["execution"]["launcher"] == "workers" and r["execution"]["workers"] == 2 for r in found.values())
+    assert all(r["execution"]["seed_batch"] == 2 for r in by_variant["softmax"])
     assert "[6/6]" in done.stdout and "ETA" in done.stdout
     # The results table (mean ± sd of the primary metric per variant) comes before the leaderboard's paths.
     import statistics
@@ -252,3 +255,21 @@ def test_a_dead_worker_is_retried_and_retry_failed_reruns_failed_keys(tmp_path, 
     assert third.returncode == 0, third.stderr[-3000:]
     assert "1 already finished, 1 to run" in third.stdout
     assert by_variant()["test-fails-once"]["status"] == "ok" and by_variant()["test-dies-once"] == ok
+
+
+def test_a_run_alone_in_a_worker_says_how_it_was_launched(tmp_path, shared_data):
+    import torch
+
+    from harness.plan.spec import make_spec
+    from harness.results.store import RecordStore
+    from harness.run.worker import RunWorker
+    from harness.run.worker_pool import WorkerOptions
+
+    threads = torch.get_num_threads()
+    try:
+        worker = RunWorker(WorkerOptions(str(tmp_path / "runs"), str(shared_data), None, workers=2).settings(None))
+        record = worker.run(make_spec("cora", "softmax", 0, {"max_epochs": 1}).to_dict())
+    finally:
+        torch.set_num_threads(threads)  # the worker set its own share for this process
+    assert record.execution == {"launcher": "workers", "workers": 2}
+    assert RecordStore(tmp_path / "runs").read(record.key).execution == record.execution

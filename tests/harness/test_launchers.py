@@ -90,6 +90,7 @@ def test_local_launcher_jobs_outlive_the_submitter_then_resume_runs_only_the_res
         time.sleep(0.5)
     first = records(runs)
     assert len(first) == 2 and {r["spec"]["variant"] for r in first.values()} == {"softmax"}
+    assert all(r["execution"]["launcher"] == "job-array" and r["execution"]["shard"] == 0 for r in first.values())
 
     # Waiting: only the two fenchel runs are left; the leaderboard is written at the end. One shard, as
     # every job pays ~10 s of imports on this test's shared cores.
