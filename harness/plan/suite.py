@@ -7,7 +7,7 @@ tasks:                      # names, or {name, params, optional, seeds}
   - cora
   - {name: citeseer, seeds: 32}      # this task's own seeds (a count or a list) instead of the suite's
   - {name: pubmed, optional: true}   # skipped (and reported) when its data is absent
-variants: all               # or a list: names, or {name, label, attention: {<option>: value}}
+variants: all               # or a list: names, or {name, label, attention: {<option>: value}}, or `all` among them
                             #   (`attention.<option>: value` is the same; `attnbench describe VARIANT` lists them)
 seeds: 3                    # or an explicit list [0, 1, 2]
 params: {max_epochs: 300}   # task parameters for every task (per-task params override them)
@@ -122,12 +122,14 @@ def load_suite(name_or_path: str) -> Suite:
 
     tasks = tuple(_task_entry(t, f"{where}: tasks[{i}]") for i, t in enumerate(_as_list(data["tasks"], f"{where}: tasks")))
     excluded = set(_as_list(data.get("exclude_variants", []), f"{where}: exclude_variants"))
-    if data["variants"] == "all":
-        variants = tuple(VariantEntry(n, resolved=resolve_attention(n)) for n in list_attentions() if n not in excluded)
-    else:
-        variants = tuple(
-            _variant_entry(v, f"{where}: variants[{i}]") for i, v in enumerate(_as_list(data["variants"], f"{where}: variants"))
-        )
+    # "all" (alone, or as an item of the list) is every registered variant at its defaults, plugins included;
+    # other items add rows, e.g. one variant again at a paper's setting under its own label.
+    entries = ["all"] if data["variants"] == "all" else _as_list(data["variants"], f"{where}: variants")
+    variants = tuple(
+        entry for i, v in enumerate(entries)
+        for entry in ([VariantEntry(n, resolved=resolve_attention(n)) for n in list_attentions() if n not in excluded] if v == "all"
+                      else [_variant_entry(v, f"{where}: variants[{i}]")])
+    )
     seeds = _seeds(data["seeds"], f"{where}: seeds")
     params = data.get("params") or {}
     if not isinstance(params, dict):

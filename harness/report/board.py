@@ -35,7 +35,7 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 if TYPE_CHECKING:  # the boards read a plan as data (a snapshot's too) and never import the planner, nor torch
     from harness.plan.planner import Plan
@@ -142,6 +142,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         "seed_batched": seed_batched(unique),
         "finished_range": _finished_range(unique),
         "skipped_tasks": {task: _without_data_root(why, the_plan.data_root) for task, why in sorted(the_plan.skipped_tasks.items())},
+        **_row_settings(suite),
         "alpha": ALPHA,
         "confidence": CONFIDENCE,
         "test": TEST_DESCRIPTION,
@@ -203,6 +204,15 @@ def reproducibility_line(board: dict[str, Any]) -> str | None:
     classes = ", ".join(f"{label}: {n}" for label, n in found["classes"].items())
     return (f"Reproducibility: {found['keys']} key{'s' if found['keys'] != 1 else ''} ran on {executions} executions "
             f"({classes}; the board shows the earliest finished): {'; '.join(parts) or 'no shared metric'}")
+
+
+def _row_settings(suite) -> dict[str, Any]:
+    """What each labelled row of the suite runs, when it sets options (`align-ct-paper-lambda` is align-ct with
+    attention.weight = 0.01): a row's label alone would not say. Absent when no row sets any, so boards without
+    such rows read as before."""
+    settings = {entry.label: {"variant": entry.name, "options": {f"attention.{k}": v for k, v in sorted(entry.config.items())}}
+                for entry in suite.variants if entry.label and entry.label != entry.name and entry.config}
+    return {"row_settings": settings} if settings else {}
 
 
 def _without_data_root(reason: str, data_root: str | None) -> str:
@@ -335,6 +345,12 @@ def epoch_cap_hits(table_records: Iterable[Record]) -> dict[str, Any] | None:
         return None
     hits = sum(1 for best, cap in counted if cap - best <= EPOCH_CAP_MARGIN * cap)
     return {"hits": hits, "runs": len(counted), "caps": sorted({cap for _, cap in counted}), "margin": EPOCH_CAP_MARGIN}
+
+
+def row_settings_sentence(row: Mapping[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str:
+    """`code` marks up a name (Markdown backticks; the HTML page passes its escaped <code>)."""
+    options = ", ".join(f"{code(key)} = {code(str(value))}" for key, value in row["options"].items())
+    return f"{code(row['variant'])} with {options} (every other option at its default)."
 
 
 def epoch_cap_sentence(table: Mapping[str, Any]) -> str | None:

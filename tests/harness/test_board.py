@@ -418,3 +418,17 @@ def test_a_comparison_with_the_baseline_holds_exactly_its_documented_fields(tmp_
     board = build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE, "gmm": shifted([0.01, 0.03, 0.02, 0.0, 0.01])}))
     compared = row(table(board), "gmm")["metrics"]["test/acc"]["vs_baseline"]
     assert set(compared) == {"diff", "spread", "n_pairs", "p", "p_holm", "mark"} and compared["p_holm"] == pytest.approx(compared["p"])
+
+
+def test_a_labelled_row_says_what_it_runs(tmp_path, shared_data):
+    from harness.report.html_page import render_html
+
+    path = tmp_path / "labelled.yaml"
+    path.write_text("name: labelled\ntasks: [cora]\nvariants: [softmax, {name: entmax, label: entmax-a1.2, attention.alpha: 1.2}, entmax]\nseeds: 1\n")
+    suite = load_suite(str(path))
+    board = build_board(suite, plan(suite), {})
+    assert board["row_settings"] == {"entmax-a1.2": {"variant": "entmax", "options": {"attention.alpha": 1.2}}}
+    assert "> `entmax-a1.2`: `entmax` with `attention.alpha` = `1.2` (every other option at its default)." in render_markdown(board)
+    assert "<code>entmax-a1.2</code>: <code>entmax</code> with <code>attention.alpha</code> = <code>1.2</code>" in render_html(board)
+    plain, _ = suite_and_plan(tmp_path, ["softmax", "entmax"])
+    assert "row_settings" not in build_board(plain, plan(plain), {})  # boards without such rows read as before

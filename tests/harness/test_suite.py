@@ -119,3 +119,19 @@ def test_a_suites_own_params_decide_whether_its_data_is_there(shared_data, tmp_p
     assert code == 2
     assert "dataset_coco.json" in capsys.readouterr().err
     assert not (tmp_path / "runs" / "records").exists() or not any((tmp_path / "runs" / "records").iterdir())
+
+
+def test_all_among_the_variants_adds_rows_to_every_registered_variant(tmp_path):
+    """`all` as an item: every registered variant at its defaults (minus exclude_variants), plus labelled rows
+    of a variant at other settings, each with its own keys; the default rows' keys are those of `variants: all`."""
+    from modules.attention import list_attentions
+
+    text = "tasks: [cora]\nvariants: [all, {name: align-ct, label: align-ct-l01, attention.weight: 0.01}]\nexclude_variants: [gmm]\nseeds: [0]\n"
+    suite = load_suite(write(tmp_path, text, "mixed.yaml"))
+    expected = [n for n in list_attentions() if n != "gmm"]
+    assert [v.label or v.name for v in suite.variants] == [*expected, "align-ct-l01"]
+    mixed = {s.display: s.key for s in plan(suite).specs}
+    alone = {s.display: s.key for s in plan(load_suite(write(tmp_path, "tasks: [cora]\nvariants: all\nexclude_variants: [gmm]\nseeds: [0]\n", "all.yaml"))).specs}
+    assert {label: key for label, key in mixed.items() if label != "align-ct-l01"} == alone
+    assert mixed["align-ct-l01"] not in alone.values()
+    assert {s.attention["weight"] for s in plan(suite).specs if s.display == "align-ct-l01"} == {0.01}
