@@ -158,7 +158,7 @@ def check_run(catalogue: dict[str, Any], task: str, variant: str, params: dict, 
 # data. None of it changes unless the sources, the suite file, the tuned parameters or the data root do, so the
 # plan's specs, metrics and baselines are written down once, keyed by all of these, and read back as data.
 
-PLAN_FORMAT = 2
+PLAN_FORMAT = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,12 +223,14 @@ def _task_entry(data: dict):
 def load_plan(path: Path) -> PlanSnapshot | None:
     """The snapshot at `path`, or None where there is none (or it does not parse: it is then rebuilt)."""
     from harness.plan.spec import RunSpec
-    from harness.plan.suite import Suite
+    from harness.plan.suite import Suite, VariantEntry
 
     try:
         data = json.loads(path.read_text())
+        # the variant entries as written (name, label, options: what a board says of a labelled row), not resolved
+        variants = tuple(VariantEntry(v["name"], v["config"], v["label"]) for v in data["suite"]["variants"])
         suite = Suite(**{**data["suite"], "path": Path(data["suite"]["path"]), "tasks": tuple(_task_entry(t) for t in data["suite"]["tasks"]),
-                         "variants": (), "seeds": tuple(data["suite"]["seeds"])})
+                         "variants": variants, "seeds": tuple(data["suite"]["seeds"])})
         return PlanSnapshot(suite, [RunSpec.from_dict(s) for s in data["specs"]], data["skipped_tasks"], data["missing_data"],
                             {task: tuple(SnapshotMetric(**m) for m in metrics) for task, metrics in data["metrics"].items()},
                             data["baselines"], data.get("data_root"))
@@ -254,7 +256,8 @@ def save_plan(the_plan, path: Path) -> None:
     suite = the_plan.suite
     data = {
         "suite": {"name": suite.name, "path": str(suite.path), "description": suite.description, "params": dict(suite.params),
-                  "seeds": list(suite.seeds), "tasks": [dataclasses.asdict(t) for t in suite.tasks]},
+                  "seeds": list(suite.seeds), "tasks": [dataclasses.asdict(t) for t in suite.tasks],
+                  "variants": [{"name": v.name, "config": dict(v.config), "label": v.label} for v in suite.variants]},
         "specs": [s.to_dict() for s in the_plan.specs],
         "skipped_tasks": dict(the_plan.skipped_tasks),
         "missing_data": dict(the_plan.missing_data),

@@ -104,3 +104,15 @@ def test_a_finished_run_answers_again_without_torch(tmp_path, shared_data, monke
     assert catalogue.known_run_key("cora", "softmax", 0, params, {}, "32") == record.stem
     assert catalogue.known_run_key("cora", "softmax", 1, params, {}, "32") is None
     assert catalogue.known_run_key("cora", "softmax", 0, params, {}, "bf16-mixed") is None
+
+
+def test_a_labelled_rows_settings_survive_the_snapshot(tmp_path, shared_data):
+    env = _env(tmp_path, shared_data)
+    suite = tmp_path / "rows.yaml"
+    suite.write_text("name: rows\ntasks: [cora]\nvariants: [softmax, {name: entmax, label: entmax-a1.2, attention.alpha: 1.2}]\nseeds: 1\n")
+    argv = ["leaderboard", "--suite", str(suite), "--runs-dir", str(REPO / "leaderboards"), "--allow-empty"]
+    assert "torch" in _imports_of([*argv, "--out", str(tmp_path / "cold")], env)[1]
+    assert _imports_of([*argv, "--out", str(tmp_path / "warm")], env)[1] == []
+    for name in ("rows.md", "rows.html"):
+        assert (tmp_path / "warm" / name).read_bytes() == (tmp_path / "cold" / name).read_bytes()
+    assert "> `entmax-a1.2`: `entmax` with `attention.alpha` = `1.2`" in (tmp_path / "warm" / "rows.md").read_text()
