@@ -53,7 +53,7 @@ CHANCE_DESCRIPTION = ("one-sided test that the primary metric beats the task's t
                       "predictor has (one seed: MCC·√n standard normal, Pearson and Spearman by Student's t with n−2 degrees of "
                       "freedom); other metrics have no one-seed test (a table's footnote says why); at chance when p >= α, uncorrected")
 RESOLUTION_DESCRIPTION = ("the smallest true difference from softmax in the primary metric that a two-sided paired t-test at α "
-                          "(before Holm) detects with 80% power at the table's seed count, given the paired spread the table shows "
+                          "(before Holm) detects with 80% power at the table's seed count (the median of its variants' paired seeds), given the paired spread the table shows "
                           "(the median over its variants; a variant that varies more than 1.5 times that is named with its own)")
 UNKNOWN_HARDWARE = "unknown"
 MISSING = "missing"
@@ -403,7 +403,7 @@ RESOLUTION_OUTLIER = 1.5
 
 
 def _resolution(rows: Mapping[str, dict[str, Any]], primary: str) -> dict[str, Any] | None:
-    """The detectable difference at the most paired seeds any row has, from the median of the rows' paired spreads;
+    """The detectable difference at the rows' median paired seed count, from the median of their paired spreads;
     None without two pairs. The median, not a pooled variance: pooling assumes every variant varies alike, and
     one unstable variant (paper-gat's bam-lognormal, paired spread 3 points against 0.7 for the rest) then hid
     what the table resolves for all the others. A row that varies more than `RESOLUTION_OUTLIER` times the
@@ -413,7 +413,9 @@ def _resolution(rows: Mapping[str, dict[str, Any]], primary: str) -> dict[str, A
     if not compared:
         return None
     spread = statistics.median(c["spread"] for c in compared.values())
-    pairs = max(c["n_pairs"] for c in compared.values())
+    # the seed count most rows have paired (the lower median), not the best-covered row's: while a table fills
+    # in, a few rows at 36 seeds must not lend their resolution to the many still at 20
+    pairs = statistics.median_low(c["n_pairs"] for c in compared.values())
     wider = [{"label": label, "spread": c["spread"], "difference": detectable_difference(c["spread"], c["n_pairs"])}
              for label, c in sorted(compared.items(), key=lambda item: (-item[1]["spread"], item[0]))
              if c["spread"] > RESOLUTION_OUTLIER * spread]

@@ -142,6 +142,18 @@ def test_table_resolution_is_the_median_paired_spread_of_its_variants(tmp_path, 
     assert f"{resolution['difference'] * 100:.2f} points in `test/acc`" in render_markdown(board)
 
 
+def test_a_row_ahead_on_seeds_does_not_lend_the_table_its_resolution(tmp_path, shared_data):
+    """While a table fills in, one row with all 5 seeds and two with 3: the resolution is for 3 paired seeds."""
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm", "fenchel", "sparsemax"], seeds=5)
+    diffs = [0.01, 0.03, 0.02, -0.01, 0.0]
+    board = build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE, "gmm": shifted(diffs),
+                                                                "fenchel": shifted(diffs)[:3] + [None, None],
+                                                                "sparsemax": shifted(diffs)[:3] + [None, None]}))
+    resolution = table(board)["resolution"]
+    assert resolution["pairs"] == 3
+    assert resolution["difference"] == pytest.approx(detectable_difference(resolution["spread"], 3))
+
+
 def test_tables_below_three_seeds_show_values_but_no_ranks_and_no_marks(tmp_path, shared_data):
     suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm", "sparsemax"], seeds=2)
     # gmm is 5 points ahead on both seeds: a paired test would call that a constant shift (p = 0)
