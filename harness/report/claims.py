@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from harness.report.stats import CONFIDENCE, POWER, detectable_difference, summarize
+from harness.report.stats import ALPHA, CONFIDENCE, POWER, detectable_difference, summarize
 from harness.results.record import Record, Status
 
 CLAIMS_FILE = Path(__file__).resolve().parents[1] / "claims.yaml"
@@ -188,6 +188,7 @@ def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_
 def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records: Mapping[str, Mapping[str, Record]]) -> dict[str, Any]:
     """The claims board: per claim its paper's numbers, our measurement and the verdict (JSON-serialisable)."""
     rows = []
+    boards: dict[str, dict[str, Any]] = {}
     for claim in claims["claims"]:
         measured = claim.get("measured_by")
         paper = claims["papers"][claim["paper"]]
@@ -198,6 +199,12 @@ def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records:
             row.update(verdict=NOT_RUN_HERE, reason=claim["not_here"])
         else:
             row.update(_measure(claim, plans[measured["suite"]], records[measured["suite"]]))
+            measure = row.get("measure") or {}
+            excludes_zero = measure.get("ci_low") is not None and (measure["ci_low"] > 0 or measure["ci_high"] < 0)
+            if row["verdict"] in (REPRODUCED, CONTRADICTED) and excludes_zero and claim["kind"] != "baseline":
+                if measured["suite"] not in boards:
+                    boards[measured["suite"]] = _board_of(plans[measured["suite"]], records[measured["suite"]])
+                row.update(_multiplicity(measured, boards[measured["suite"]]))
             if paper.get("setting") and row.get("attention"):
                 setting = paper["setting"]
                 row["setting"] = {"name": setting["name"], "paper": setting["paper"], "ours": row["attention"].get(setting["name"])}
@@ -251,6 +258,29 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record]) 
         if len(recorded) < len(seeds):
             result["interim"] = progress
     return result
+
+
+def _board_of(the_plan, records: Mapping[str, Record]) -> dict[str, Any]:
+    from harness.report.board import build_board
+
+    return build_board(the_plan.suite, the_plan, records)
+
+
+def _multiplicity(measured: Mapping[str, Any], board: Mapping[str, Any]) -> dict[str, Any]:
+    """A verdict that rests on a CI excluding 0 is one test; the suite's board tests every variant of the
+    table against softmax and Holm-corrects them. Where the corrected p is not below α the row says so:
+    among a table's many comparisons one borderline interval is weak evidence."""
+    for group in board["groups"]:
+        for table in group["tasks"]:
+            if table["task"] != measured["task"]:
+                continue
+            for row in table["rows"]:
+                compared = row["variant"] == measured["variant"] and row["metrics"].get(measured["metric"], {}).get("vs_baseline")
+                if compared and compared.get("p_holm") is not None and compared["p_holm"] >= ALPHA:
+                    tested = sum(1 for r in table["rows"] if (r["metrics"].get(measured["metric"], {}).get("vs_baseline") or {}).get("p_holm") is not None)
+                    return {"multiplicity_note": f"{compared['p_holm']:.3f} once the board's {tested} comparisons with `softmax` on this table "
+                                                 f"are Holm-corrected (uncorrected p {compared['p']:.3f}): weak evidence either way"}
+    return {}
 
 
 def _specs(the_plan, task: str, label: str) -> list:
@@ -391,6 +421,8 @@ def row_notes(row: Mapping[str, Any]) -> list[str]:
         notes.append(claim["note"])
     if row.get("baseline_note"):
         notes.append(row["baseline_note"])
+    if row.get("multiplicity_note"):
+        notes.append(f"Significant on its own (the 95% CI excludes 0), but p = {row['multiplicity_note']}")
     setting = row.get("setting")
     if setting and setting["ours"] is not None and setting["ours"] != setting["paper"]:
         notes.append(f"`{claim['measured_by']['variant']}` runs with {setting['name']} = {setting['ours']:g}; the paper's is {setting['paper']:g} (see the paper's note above)")
