@@ -125,11 +125,13 @@ def load_suite(name_or_path: str) -> Suite:
     # "all" (alone, or as an item of the list) is every registered variant at its defaults, plugins included;
     # other items add rows, e.g. one variant again at a paper's setting under its own label.
     entries = ["all"] if data["variants"] == "all" else _as_list(data["variants"], f"{where}: variants")
-    variants = tuple(
-        entry for i, v in enumerate(entries)
-        for entry in ([VariantEntry(n, resolved=resolve_attention(n)) for n in list_attentions() if n not in excluded] if v == "all"
-                      else [_variant_entry(v, f"{where}: variants[{i}]")])
-    )
+    variants: list[VariantEntry] = []
+    for i, item in enumerate(entries):
+        if item == "all":
+            variants += [VariantEntry(n, resolved=resolve_attention(n)) for n in list_attentions() if n not in excluded]
+        else:
+            variants.append(_variant_entry(item, f"{where}: variants[{i}]"))
+    variants = tuple(variants)
     seeds = _seeds(data["seeds"], f"{where}: seeds")
     params = data.get("params") or {}
     if not isinstance(params, dict):

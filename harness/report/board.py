@@ -53,7 +53,8 @@ CHANCE_DESCRIPTION = ("one-sided test that the primary metric beats the task's t
                       "predictor has (one seed: MCC·√n standard normal, Pearson and Spearman by Student's t with n−2 degrees of "
                       "freedom); other metrics have no one-seed test (a table's footnote says why); at chance when p >= α, uncorrected")
 RESOLUTION_DESCRIPTION = ("the smallest true difference from softmax in the primary metric that a two-sided paired t-test at α "
-                          "(before Holm) detects with 80% power at the table's seed count (the median of its variants' paired seeds), given the paired spread the table shows "
+                          "(before Holm) detects with 80% power at the table's seed count (the median of its variants' paired seeds), "
+                          "given the paired spread the table shows "
                           "(the median over its variants; a variant that varies more than 1.5 times that is named with its own)")
 UNKNOWN_HARDWARE = "unknown"
 MISSING = "missing"

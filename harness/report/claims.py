@@ -270,16 +270,16 @@ def _multiplicity(measured: Mapping[str, Any], board: Mapping[str, Any]) -> dict
     """A verdict that rests on a CI excluding 0 is one test; the suite's board tests every variant of the
     table against softmax and Holm-corrects them. Where the corrected p is not below α the row says so:
     among a table's many comparisons one borderline interval is weak evidence."""
-    for group in board["groups"]:
-        for table in group["tasks"]:
-            if table["task"] != measured["task"]:
-                continue
-            for row in table["rows"]:
-                compared = row["variant"] == measured["variant"] and row["metrics"].get(measured["metric"], {}).get("vs_baseline")
-                if compared and compared.get("p_holm") is not None and compared["p_holm"] >= ALPHA:
-                    tested = sum(1 for r in table["rows"] if (r["metrics"].get(measured["metric"], {}).get("vs_baseline") or {}).get("p_holm") is not None)
-                    return {"multiplicity_note": f"{compared['p_holm']:.3f} once the board's {tested} comparisons with `softmax` on this table "
-                                                 f"are Holm-corrected (uncorrected p {compared['p']:.3f}): weak evidence either way"}
+    def comparison(row: Mapping[str, Any]) -> Mapping[str, Any]:
+        return row["metrics"].get(measured["metric"], {}).get("vs_baseline") or {}
+
+    for table in (t for group in board["groups"] for t in group["tasks"] if t["task"] == measured["task"]):
+        tested = [row for row in table["rows"] if comparison(row).get("p_holm") is not None]
+        for row in tested:
+            compared = comparison(row)
+            if row["variant"] == measured["variant"] and compared["p_holm"] >= ALPHA:
+                return {"multiplicity_note": f"{compared['p_holm']:.3f} once the board's {len(tested)} comparisons with `softmax` on this table "
+                                             f"are Holm-corrected (uncorrected p {compared['p']:.3f}): weak evidence either way"}
     return {}
 
 

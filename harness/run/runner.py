@@ -245,7 +245,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         peak_memory_mb=memory.peak_mb(),
         history=history.compact(),
         finished=utc_now(),
-        execution=lone_execution(execution, distribution),
+        execution=execution_metadata(execution, distribution),
         **context,
     )
     if "error" in outcome:
@@ -275,7 +275,7 @@ def test_outcome(task, spec: RunSpec, trainer: L.Trainer, module, datamodule, be
     )
 
 
-def lone_execution(execution: Mapping[str, Any] | None, distribution: Distribution = SINGLE) -> dict[str, Any] | None:
+def execution_metadata(execution: Mapping[str, Any] | None, distribution: Distribution = SINGLE) -> dict[str, Any] | None:
     """A run's `Record.execution`: how it was launched, and its world size when data-parallel; None when nothing
     says (a record without it ran alone, one seed per process)."""
     described = {**(execution or {}), **({"world_size": distribution.world_size} if distribution.is_distributed else {})}
