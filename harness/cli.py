@@ -193,7 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", default="quick")
     p.add_argument("--workers", default="1,2", help="comma-separated worker counts, the first is the baseline (default: 1,2)")
     p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching these comma-separated globs")
-    p.add_argument("--seeds", type=int, default=None, help="run this many seeds instead of the suite's")
+    p.add_argument("--seeds", dest="seed_counts", default=None, metavar="N[,M...]",
+                   help="run this many seeds instead of the suite's; several (e.g. 1,20) run the suite once per count and "
+                        "print each count's wall time against the first's, same workers")
+    p.add_argument("--no-seed-batch", dest="seed_batch", action="store_false",
+                   help="run every seed alone, as bench --no-seed-batch (default: seeds of one configuration as seed batches)")
     _common(p)
 
     p = sub.add_parser("probe", help="probe a pretrained model's attention (fenchel: Fig. 4 of the Fenchel-duality paper on all-MiniLM-L6-v2)")
@@ -743,7 +747,9 @@ def cmd_scaling(args) -> int:
     from harness.studies.scaling import measure_scaling
 
     counts = [int(n) for n in args.workers.split(",")]  # checked by check_counts
-    measure_scaling(args.suite, counts, variant_filter=args.variants, seeds=args.seeds, data_root=args.data_root, cache_dir=args.cache_dir)
+    seeds = None if args.seed_counts is None else [int(n) for n in args.seed_counts.split(",")]  # checked by check_counts
+    measure_scaling(args.suite, counts, variant_filter=args.variants, seeds=seeds, seed_batch=args.seed_batch,
+                    data_root=args.data_root, cache_dir=args.cache_dir)
     return 0
 
 
@@ -783,6 +789,13 @@ def check_counts(args) -> str | None:
             counts = [int(n) for n in args.workers.split(",")]
         except ValueError:
             return f"--workers takes comma-separated integers, e.g. 1,2; got {args.workers!r}"
+        if args.seed_counts is not None:
+            try:
+                seeds = [int(n) for n in args.seed_counts.split(",")]
+            except ValueError:
+                return f"--seeds takes comma-separated integers, e.g. 1,20; got {args.seed_counts!r}"
+            if min(seeds) < 1:
+                return f"--seeds {args.seed_counts}: every seed count must be at least 1"
         return next(filter(None, (Machine.here().worker_problem(n) for n in counts)), None)
     if args.command in ("run", "tune"):
         problem = Machine.here().ddp_problem(args.devices, args.strategy)

@@ -1,9 +1,13 @@
-"""`attnbench scaling`: the same suite run with 1, 2, ... workers in one command, and the speed-up.
+"""`attnbench scaling`: the same suite run with 1, 2, ... workers, or with 1 and 20 seeds, in one command.
 
-Every worker count runs every planned run from scratch, into its own temporary records folder (the
-suite's real records are neither read nor written), after one untimed run per task has filled the
-data caches, so no configuration pays for preprocessing that another one reuses. Workers split the
-CPU cores between them exactly as `bench --workers N` does.
+Every (seed count, worker count) pair runs every planned run from scratch, into its own temporary records
+folder (the suite's real records are neither read nor written), after one untimed run per task has
+filled the data caches, so no configuration pays for preprocessing that another one reuses. Work is
+split exactly as `bench` splits it: seeds of one configuration as seed batches (`--no-seed-batch`: one
+run each), the CPU cores shared between the workers.
+
+`--seeds 1,20 --workers 2` is issue 27's check: the wall time of a 20-seed suite against the same suite
+with one seed, same workers, side by side in one run.
 """
 
 from __future__ import annotations
@@ -13,50 +17,65 @@ import tempfile
 import time
 from typing import Sequence
 
-from harness.plan.planner import plan
+from harness.plan.planner import plan, seed_batches
 from harness.plan.suite import load_suite
 from harness.results.record import Status
 from harness.run.runner import git_commit
 from harness.run.worker_pool import LocalExecutor, WorkerOptions, log
 
 
-def measure_scaling(suite_name: str, worker_counts: Sequence[int], *, variant_filter: str | None = None, seeds: int | None = None,
+def measure_scaling(suite_name: str, worker_counts: Sequence[int], *, variant_filter: str | None = None,
+                    seeds: int | Sequence[int] | None = None, seed_batch: bool = True,
                     data_root: str | None = None, cache_dir: str | None = None) -> list[dict]:
+    """One row per (seed count, worker count): runs, seconds, `speedup` over the first worker count at the
+    same seeds and `time_ratio` against the first seed count at the same workers."""
     if not worker_counts or any(n < 1 for n in worker_counts):
         raise ValueError(f"worker counts must be positive integers, got {list(worker_counts)}")
-    suite = load_suite(suite_name)
-    if seeds is not None:
-        if seeds < 1:
-            raise ValueError("--seeds must be at least 1")
-        suite = dataclasses.replace(suite, seeds=tuple(range(seeds)))
-    specs = plan(suite, data_root, variant_filter).specs
-    if not specs:
-        raise ValueError(f"suite {suite.name} plans no runs for variants {variant_filter!r}")
+    seed_counts = [None] if seeds is None else [seeds] if isinstance(seeds, int) else list(seeds)
+    if not seed_counts or any(n is not None and n < 1 for n in seed_counts):
+        raise ValueError(f"seed counts must be positive integers, got {seeds}")
+    base_suite = load_suite(suite_name)
+    plans = {}
+    for count in seed_counts:
+        suite = base_suite if count is None else dataclasses.replace(base_suite, seeds=tuple(range(count)))
+        specs = plan(suite, data_root, variant_filter).specs
+        if not specs:
+            raise ValueError(f"suite {suite.name} plans no runs for variants {variant_filter!r}")
+        plans[count] = specs
     commit = git_commit()
     failures: list[str] = []
 
-    def execute_all(todo, workers: int) -> float:
+    def execute_all(items, workers: int) -> float:
         with tempfile.TemporaryDirectory(prefix=f"attnbench-scaling-{workers}w-") as runs:
             options = WorkerOptions(runs_dir=runs, data_root=data_root, cache_dir=cache_dir, commit=commit, workers=workers)
             start = time.perf_counter()
-            LocalExecutor(options).run(todo, lambda spec, summary: summary.get("status") == Status.OK or failures.append(spec.display))
+            LocalExecutor(options).run(items, lambda spec, summary: summary.get("status") == Status.OK or failures.append(spec.display))
             return time.perf_counter() - start
 
-    warmup = list({s.task: s for s in specs}.values())
+    first = plans[seed_counts[0]]
+    warmup = list({s.task: s for s in first}.values())
     log(f"attnbench scaling: warming the data caches with {len(warmup)} untimed run(s)")
     execute_all(warmup, 1)
     results = []
-    for workers in worker_counts:
-        log(f"attnbench scaling: {len(specs)} runs of {suite.name} on {workers} worker(s) ...")
-        seconds = execute_all(specs, workers)
-        results.append({"workers": workers, "runs": len(specs), "seconds": seconds})
-        log(f"attnbench scaling: {workers} worker(s): {seconds:.1f} s")
-    base = results[0]["seconds"]
-    log(f"\n| workers | runs | wall time | runs/min | speed-up vs {results[0]['workers']} |")
-    log("|---:|---:|---:|---:|---:|")
+    for count, specs in plans.items():
+        for workers in worker_counts:
+            items = seed_batches(specs, workers, enabled=seed_batch)
+            batched = sum(len(item) > 1 for item in items)
+            how = f"{len(items)} work item(s), {batched} of them seed batches" if batched else f"{len(items)} lone runs"
+            log(f"attnbench scaling: {len(specs)} runs of {base_suite.name} on {workers} worker(s) ({how}) ...")
+            seconds = execute_all(items, workers)
+            results.append({"seeds": count, "workers": workers, "runs": len(specs), "seconds": seconds, "seed_batches": batched})
+            log(f"attnbench scaling: {workers} worker(s): {seconds:.1f} s")
     for r in results:
-        r["speedup"] = base / r["seconds"]
-        log(f"| {r['workers']} | {r['runs']} | {r['seconds']:.1f} s | {60 * r['runs'] / r['seconds']:.1f} | {r['speedup']:.2f}x |")
+        r["speedup"] = next(b for b in results if b["seeds"] == r["seeds"])["seconds"] / r["seconds"]
+        r["time_ratio"] = r["seconds"] / next(b for b in results if b["workers"] == r["workers"])["seconds"]
+    seeds_column = len(seed_counts) > 1
+    log(f"\n| {'seeds | ' if seeds_column else ''}workers | runs | wall time | runs/min | speed-up vs {worker_counts[0]} worker(s) |"
+        + (f" time vs {seed_counts[0]} seed(s) |" if seeds_column else ""))
+    log("|" + "---:|" * (6 + 2 * seeds_column - 1))
+    for r in results:
+        log(f"| {str(r['seeds']) + ' | ' if seeds_column else ''}{r['workers']} | {r['runs']} | {r['seconds']:.1f} s | "
+            f"{60 * r['runs'] / r['seconds']:.1f} | {r['speedup']:.2f}x |" + (f" {r['time_ratio']:.2f}x |" if seeds_column else ""))
     if failures:
         log(f"attnbench scaling: {len(failures)} run(s) failed ({sorted(set(failures))}); the timings include them")
     return results

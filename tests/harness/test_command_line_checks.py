@@ -43,6 +43,8 @@ CPU_ONLY = [
     (_bench("--devices", "2"), "bench --devices N is now --workers N"),
     (["scaling", "--workers", "1,2,4"], "--workers 4: this machine has 2 CPU cores and no GPU; at most 2 CPU workers"),
     (["scaling", "--workers", "1,two"], "--workers takes comma-separated integers, e.g. 1,2; got '1,two'"),
+    (["scaling", "--seeds", "1,twenty"], "--seeds takes comma-separated integers, e.g. 1,20; got '1,twenty'"),
+    (["scaling", "--seeds", "0,20"], "--seeds 0,20: every seed count must be at least 1"),
     (["run", "cora", "softmax", "--strategy", "ddp", "--devices", "3"],
      "--devices 3: this machine has 2 CPU cores and no GPU; DDP on CPU runs one process per device, so at most --devices 2"),
     (_tune("--strategy", "ddp", "--devices", "16"), "so at most --devices 2 (one per core)"),

@@ -19,6 +19,23 @@ def test_scaling_runs_every_worker_count_on_the_whole_plan(shared_data, tmp_path
     assert "| 2 | 2 |" in out and "speed-up vs 1" in out
 
 
+@pytest.mark.slow  # starts three executors: about a minute of process start-up
+def test_scaling_compares_seed_counts_at_the_same_workers_with_seeds_batched_as_bench_does(shared_data, tmp_path, capsys):
+    suite = tmp_path / "tiny.yaml"
+    suite.write_text("name: tiny\ntasks: [cora]\nvariants: [softmax]\nseeds: 1\nparams: {max_epochs: 2, patience: 2}\n")
+    results = measure_scaling(str(suite), [1], seeds=[1, 3], data_root=str(shared_data))
+    assert [(r["seeds"], r["runs"], r["seed_batches"]) for r in results] == [(1, 1, 0), (3, 3, 1)]
+    assert results[0]["time_ratio"] == 1.0 and results[1]["time_ratio"] == pytest.approx(results[1]["seconds"] / results[0]["seconds"])
+    assert "time vs 1 seed(s)" in capsys.readouterr().out
+    lone = measure_scaling(str(suite), [1], seeds=[3], seed_batch=False, data_root=str(shared_data))
+    assert lone[0]["seed_batches"] == 0 and lone[0]["runs"] == 3
+
+
 def test_scaling_rejects_bad_worker_counts():
     with pytest.raises(ValueError, match="positive"):
         measure_scaling("quick", [0, 2])
+
+
+def test_scaling_rejects_bad_seed_counts():
+    with pytest.raises(ValueError, match="seed counts"):
+        measure_scaling("quick", [1], seeds=[0, 20])
