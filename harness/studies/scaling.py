@@ -37,7 +37,10 @@ def measure_scaling(suite_name: str, worker_counts: Sequence[int], *, variant_fi
     base_suite = load_suite(suite_name)
     plans = {}
     for count in seed_counts:
-        suite = base_suite if count is None else dataclasses.replace(base_suite, seeds=tuple(range(count)))
+        # A count replaces every task's seeds, those a task sets for itself included (paper-gat's CiteSeer
+        # has 36): the comparison is between seed counts, so no task may keep its own.
+        suite = base_suite if count is None else dataclasses.replace(
+            base_suite, seeds=tuple(range(count)), tasks=tuple(dataclasses.replace(t, seeds=None) for t in base_suite.tasks))
         specs = plan(suite, data_root, variant_filter).specs
         if not specs:
             raise ValueError(f"suite {suite.name} plans no runs for variants {variant_filter!r}")

@@ -39,3 +39,17 @@ def test_scaling_rejects_bad_worker_counts():
 def test_scaling_rejects_bad_seed_counts():
     with pytest.raises(ValueError, match="seed counts"):
         measure_scaling("quick", [1], seeds=[0, 20])
+
+
+def test_a_seed_count_replaces_the_seeds_a_task_sets_for_itself(shared_data, tmp_path, monkeypatch):
+    """paper-gat's CiteSeer has 36 seeds of its own; `--seeds 1,20` must run 1 and 20 there too."""
+    from harness.studies import scaling
+
+    suite = tmp_path / "own.yaml"
+    suite.write_text("name: own\ntasks: [cora, {name: citeseer, seeds: 5}]\nvariants: [softmax]\nseeds: 2\n")
+    ran = []
+    monkeypatch.setattr(scaling.LocalExecutor, "run", lambda self, items, on_result: ran.append(sorted((s.task, s.seed) for item in items for s in (item if isinstance(item, list) else [item]))))
+    results = measure_scaling(str(suite), [1], seeds=[1, 3], data_root=str(shared_data))
+    assert [r["runs"] for r in results] == [2, 6]
+    assert ran[1] == [("citeseer", 0), ("cora", 0)]
+    assert ran[2] == sorted([("citeseer", s) for s in range(3)] + [("cora", s) for s in range(3)])
