@@ -73,12 +73,16 @@ def measure_scaling(suite_name: str, worker_counts: Sequence[int], *, variant_fi
         r["speedup"] = next(b for b in results if b["seeds"] == r["seeds"])["seconds"] / r["seconds"]
         r["time_ratio"] = r["seconds"] / next(b for b in results if b["workers"] == r["workers"])["seconds"]
     seeds_column = len(seed_counts) > 1
-    log(f"\n| {'seeds | ' if seeds_column else ''}workers | runs | wall time | runs/min | speed-up vs {worker_counts[0]} worker(s) |"
-        + (f" time vs {seed_counts[0]} seed(s) |" if seeds_column else ""))
-    log("|" + "---:|" * (6 + 2 * seeds_column - 1))
+    header = ["workers", "runs", "wall time", "runs/min", f"speed-up vs {worker_counts[0]} worker(s)"]
+    if seeds_column:
+        header = ["seeds", *header, f"time vs {seed_counts[0]} seed(s)"]
+    log("\n| " + " | ".join(header) + " |")
+    log("|" + "---:|" * len(header))
     for r in results:
-        log(f"| {str(r['seeds']) + ' | ' if seeds_column else ''}{r['workers']} | {r['runs']} | {r['seconds']:.1f} s | "
-            f"{60 * r['runs'] / r['seconds']:.1f} | {r['speedup']:.2f}x |" + (f" {r['time_ratio']:.2f}x |" if seeds_column else ""))
+        cells = [r["workers"], r["runs"], f"{r['seconds']:.1f} s", f"{60 * r['runs'] / r['seconds']:.1f}", f"{r['speedup']:.2f}x"]
+        if seeds_column:
+            cells = [r["seeds"], *cells, f"{r['time_ratio']:.2f}x"]
+        log("| " + " | ".join(str(c) for c in cells) + " |")
     if failures:
         log(f"attnbench scaling: {len(failures)} run(s) failed ({sorted(set(failures))}); the timings include them")
     return results
