@@ -74,6 +74,23 @@ class NoiseStream:
         return self._generator
 
 
+def attention_weights(kernel: nn.Module, h: Tensor, att_src: Tensor, att_dst: Tensor, groups: SegmentGroups,
+                      negative_slope: float, trace: Trace | None, generator: torch.Generator | None) -> Tensor:
+    """One layer's edge weights [E, H] from its node features h [N, H, D], by `kernel` over GAT's edge logits.
+    The seed-batched host calls it once per seed, so each seed's graph from h to the weights is its lone run's
+    op for op (gat_seed_batch.py says why that matters)."""
+    # GAT's score halves a_dst·h_i and a_src·h_j are coordinate sums of these query and key
+    # vectors; handing them (not h twice) to the kernel gives variants that compare or align
+    # queries with keys two distinct point clouds.
+    queries, keys = h * att_dst, h * att_src
+    logits = F.leaky_relu(groups.per_key(keys.sum(-1)) + groups.per_query(queries.sum(-1)), negative_slope)
+    kernel.noise_generator = generator
+    result = kernel.normalize(logits, groups, q=queries, k=keys)
+    if trace is not None:
+        trace.append((kernel, result))
+    return result.weights
+
+
 class GATLayer(nn.Module):
     def __init__(
         self,
@@ -106,16 +123,8 @@ class GATLayer(nn.Module):
             x = x.to_dense()
         h = torch.sparse.mm(x, self.weight) if x.is_sparse else x @ self.weight
         h = h.view(-1, self.heads, self.out_dim)
-        # GAT's score halves a_dst·h_i and a_src·h_j are coordinate sums of these query and key
-        # vectors; handing them (not h twice) to the kernel gives variants that compare or align
-        # queries with keys two distinct point clouds.
-        queries, keys = h * self.att_dst, h * self.att_src
-        logits = F.leaky_relu(groups.per_key(keys.sum(-1)) + groups.per_query(queries.sum(-1)), self.negative_slope)
-        self.kernel.noise_generator = generator
-        result = self.kernel.normalize(logits, groups, q=queries, k=keys)
-        if trace is not None:
-            trace.append((self.kernel, result))
-        weights = dropout(result.weights, self.attn_dropout, self.training, generator)
+        weights = attention_weights(self.kernel, h, self.att_src, self.att_dst, groups, self.negative_slope, trace, generator)
+        weights = dropout(weights, self.attn_dropout, self.training, generator)
         out = groups.aggregate(weights, h)
         out = out.reshape(-1, self.heads * self.out_dim) if self.concat else out.mean(dim=1)
         return out + self.bias

@@ -4,12 +4,15 @@ The mechanism (README, DESIGN notes "Seed batching"), chosen by measuring on Cor
 - host parameters are stacked from S GATs, each built exactly as its lone run builds it (so each seed's
   initial parameters are its lone run's, bit for bit);
 - the host maths runs once for all seeds: the first layer's sparse product as ONE block-diagonal sparse
-  product ([S·N, S·F] x [S·F, H·D]), the second layer's as a batched matmul, and the edge logits, the
-  aggregation and the ELU with the seeds folded into the head axis ([E, S·H]), which SegmentGroups'
-  per-edge maths treats like any other heads;
-- each seed's own kernel module normalises its own slice of the logits: always correct whatever the variant
-  (learned parameters, networks, solvers, noise), at the cost of S kernel calls. A variant's file never sees
-  the seed axis.
+  product ([S·N, S·F] x [S·F, H·D]), the second layer's as a batched matmul, and the aggregation and the
+  ELU with the seeds folded into the head axis ([E, S·H]), which SegmentGroups' per-edge maths treats like
+  any other heads;
+- from each seed's h to its edge weights, the lone layer's own code runs per seed (gat.attention_weights:
+  queries, keys, edge logits, the seed's own kernel module): always correct whatever the variant (learned
+  parameters, networks, solvers, noise), at the cost of S kernel calls, and each seed's gradients are its
+  lone run's bit for bit. Batched over seeds, the logits' backward summed the output layer's att_src/att_dst
+  gradients in another order (1e-12 off after one step, enough for bam-weibull's seeds to leave their lone
+  runs' trajectories by epoch 23-92). A variant's file never sees the seed axis.
 Folding seeds into the heads of ONE kernel call would save those calls only for parameter-free, noise-free
 kernels; the per-step time of the batch is dominated by the host's work (measured: harness/studies/perf.py
 --seed-batch), so the one path serves every variant.
@@ -28,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import SegmentGroups
-from .gat import GAT, dropout_mask
+from .gat import GAT, attention_weights, dropout_mask
 
 HOST_PARAMETERS = ("weight", "att_src", "att_dst", "bias")
 """A GATLayer's own parameters; its kernel's stay in the kernel module."""
@@ -74,21 +77,18 @@ class SeedBatchedGAT(nn.Module):
             else:
                 h = torch.bmm(seed_dropout(x, self.dropout, self.training, gens), p["weight"])
             h = h.view(self.seeds, -1, heads, out_dim)  # [S, N, H, D]
-            queries, keys = h * p["att_dst"], h * p["att_src"]
             num_nodes = h.shape[1]
-            fold = lambda t: t.permute(1, 0, 2).reshape(num_nodes, self.seeds * heads)  # noqa: E731 - [S,N,H] -> [N,S·H]
-            logits = F.leaky_relu(groups.per_key(fold(keys.sum(-1))) + groups.per_query(fold(queries.sum(-1))), slope)
-            weights = []
-            # split/unbind, not indexing per seed: an indexed slice's backward writes a zero tensor of the
-            # whole batch per seed (S^2 work), split's concatenates once.
-            for s, (kernel, seed_logits, q, k) in enumerate(zip(self.kernels[i], logits.split(heads, dim=1), queries.unbind(0), keys.unbind(0))):
-                kernel.noise_generator = gens[s]
-                result = kernel.normalize(seed_logits, groups, q=q, k=k)
-                if traces is not None:
-                    traces[s].append((kernel, result))
-                weights.append(result.weights)
-            weights = seed_dropout(torch.stack(weights), attn_dropout, self.training, gens)  # [S, E, H]
-            folded_h = h.permute(1, 0, 2, 3).reshape(num_nodes, self.seeds * heads, out_dim)
+            # unbind, not indexing per seed: an indexed slice's backward writes a zero tensor of the whole
+            # batch per seed (S^2 work), unbind's stacks once.
+            seed_h = h.unbind(0)
+            per_seed = zip(self.kernels[i], seed_h, p["att_src"].unbind(0), p["att_dst"].unbind(0))
+            weights = torch.stack([
+                attention_weights(kernel, hs, att_src, att_dst, groups, slope, traces[s] if traces is not None else None, gens[s])
+                for s, (kernel, hs, att_src, att_dst) in enumerate(per_seed)])
+            weights = seed_dropout(weights, attn_dropout, self.training, gens)  # [S, E, H]
+            # Stacked from the per-seed views, not permuted from h: each seed's h then has the lone run's three
+            # consumers (queries, keys, aggregation), so its gradient is summed in the lone run's order.
+            folded_h = torch.stack(seed_h, dim=1).reshape(num_nodes, self.seeds * heads, out_dim)
             out = groups.aggregate(weights.permute(1, 0, 2).reshape(-1, self.seeds * heads), folded_h).view(num_nodes, self.seeds, heads, out_dim).transpose(0, 1)
             out = out.reshape(self.seeds, num_nodes, heads * out_dim) if concat else out.mean(dim=2)
             x = out + p["bias"].unsqueeze(1)

@@ -172,6 +172,53 @@ def test_first_epoch_losses_equal_the_lone_runs(data_root, variant):
         assert losses[seed] == pytest.approx(lone, rel=1e-5)
 
 
+def training_step_gradients(model, graph, groups, traces, generators=None):
+    """One training forward and backward of a lone GAT (traces: one list) or a seed batch (one list per seed)."""
+    from modules.lit.attention_terms import trace_aux_loss
+
+    train = graph.train_mask.nonzero().squeeze(1)
+    model.train()
+    logits = model(graph.x, groups, traces, generators) if generators is not None else model(graph.x, groups, traces[0]).unsqueeze(0)
+    losses = []
+    for seed_logits, trace in zip(logits, traces):
+        aux, _ = trace_aux_loss(trace, 0, 0)
+        loss = torch.nn.functional.cross_entropy(seed_logits[train], graph.y[train])
+        losses.append(loss if aux is None else loss + aux)
+    torch.stack(losses).sum().backward()
+    return losses
+
+
+@pytest.mark.parametrize("variant", list_attentions())
+def test_every_seeds_gradients_are_its_lone_runs_bit_for_bit(data_root, variant):
+    """The cause of batched and lone runs parting ways: a gradient one rounding off grows over epochs. bam-weibull's
+    batched seeds left their lone runs at epochs 23-92 when the batch summed the output layer's att_src/att_dst
+    gradients over [S, N, 7] at once, and the align variants' gradients were summed in another order when each
+    seed's h had other consumers than its lone run's; both are 1e-12 off after one step, so only equality finds them."""
+    from modules.hosts.gat import graph_groups
+
+    seeds = [0, 1]
+    _, _, built = lone_built(seeds, data_root, variant)
+    graph = built[0][0]
+    graph.setup()
+    graph = graph.graph
+    groups = graph_groups(graph.edge_index, graph.num_nodes)
+    modules = [m for _, m in built]
+    batched = SeedBatchedGAT([m.model for m in modules])
+    traces = [[] for _ in seeds]
+    batch_losses = training_step_gradients(batched, graph, groups, traces, [m.model.noise.on(torch.device("cpu")) for m in modules])
+    for position, seed in enumerate(seeds):
+        _, _, again = lone_built([seed], data_root, variant)
+        lone = again[0][1].model
+        (lone_loss,) = training_step_gradients(lone, graph, groups, [[]])
+        assert torch.equal(batch_losses[position], lone_loss)
+        for i, layer in enumerate(lone.layers):
+            for name, stacked in batched.layer_parameters(i).items():
+                assert torch.equal(stacked.grad[position], getattr(layer, name).grad), (seed, i, name)
+            for (name, batch_param), lone_param in zip(batched.kernels[i][position].named_parameters(), layer.kernel.parameters()):
+                assert (batch_param.grad is None) == (lone_param.grad is None), (seed, i, name)
+                assert batch_param.grad is None or torch.equal(batch_param.grad, lone_param.grad), (seed, i, name)
+
+
 def test_the_validation_values_gats_rule_compares_are_the_lone_runs_exactly(data_root, monkeypatch):
     """GAT's rule counts ties as reaching the best, so a val/loss one rounding away from the lone run's keeps another
     epoch: the batch reports it as the lone run does (per seed, through MeanMetric), equal bit for bit while the
@@ -199,8 +246,8 @@ def test_records_and_keys_are_the_lone_runs_with_the_batch_in_execution(data_roo
         assert record.execution["seed_batch"] == 2 and lone.execution is None
         assert record.metrics.keys() == lone.metrics.keys() and record.epochs == lone.epochs == 3
         assert record.best_epoch == lone.best_epoch
-        # equal up to floating-point reassociation: at most one test node of 1000 may flip
-        assert abs(record.metrics["test/acc"]["value"] - lone.metrics["test/acc"]["value"]) <= 1e-3
+        # each seed's training is its lone run's bit for bit (its gradients are: the test above)
+        assert record.metrics == lone.metrics
 
 
 @pytest.mark.parametrize("variant", list_attentions())
