@@ -444,6 +444,8 @@ def _run_seeds(args, params, attention) -> int:
     seeds = parse_seeds(args.seed_list)
     jobs = [(args.task, {"name": args.variant, **attention}, seed, params) for seed in seeds]
     specs = _plan_command_line_runs(args, jobs, {"command": "run"}).specs
+    if args.dry_run:
+        return _print_seeds_config(args, specs)
     store = RecordStore(args.runs_dir)
     todo = [s for s in specs if args.force or not store.finished(s.key)]
     why = seed_batch_problem(specs[0])
@@ -458,6 +460,36 @@ def _run_seeds(args, params, attention) -> int:
         for record in run_item(worker, [s.to_dict() for s in item], lambda r: print(json.dumps(r.summary(), default=str), flush=True)):
             failed += record.status is not Status.OK
     return 1 if failed else 0
+
+
+def _print_seeds_config(args, specs) -> int:
+    """`run --seeds ... --dry-run`: the first seed's resolved configuration (every seed shares it but the seed),
+    then each seed's key and status, as one YAML document; reads the store without creating it."""
+    import yaml
+
+    from harness.report.run_config import resolved_run
+    from harness.results.store import runs_dir
+    from harness.run.seed_batch import seed_batch_problem
+
+    from harness.report.run_config import _read_record
+    from harness.results.store import UnreadableRecord
+
+    def finished(key: str) -> bool:  # as RecordStore.finished, without the folder it makes
+        path = runs_dir(args.runs_dir) / "records" / f"{key}.json"
+        try:
+            return path.is_file() and _read_record(path).is_final(False)
+        except UnreadableRecord:
+            return False
+
+    status = {s.seed: "finished" if not args.force and finished(s.key) else "to run" for s in specs}
+    todo = sum(1 for value in status.values() if value == "to run")
+    why = seed_batch_problem(specs[0])
+    how = "each alone" if not args.seed_batch or why or todo < 2 else "as one seed batch"
+    print(resolved_run(specs[0], args.runs_dir, args.force), end="")
+    print(yaml.safe_dump({"seeds": {s.seed: {"key": s.key, "status": status[s.seed]} for s in specs},
+                          "would run": f"{todo} of {len(specs)} seeds {how}" + (f" ({why})" if why and args.seed_batch else "")},
+                         sort_keys=False), end="")
+    return 0
 
 
 def cmd_bench(args) -> int:
