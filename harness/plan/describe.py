@@ -78,7 +78,12 @@ def describe_task(name: str) -> tuple[str, list[ParameterInfo]]:
     metrics = ", ".join(m.name for m in task.metrics)
     batching = ("seeds: several seeds of one configuration train as one seed-batched model (bench, run --seeds; "
                 "--no-seed-batch runs each alone)" if task.seed_batching is None else f"seeds: one process per seed ({task.seed_batching})")
-    return f"task {name} ({type(task).__name__}, version {task.version}); metrics: {metrics}\n{batching}", rows
+    from modules.registry import keyed_version
+    from modules.tasks import Task
+
+    # the version run keys record: a plugin task's own plus its source hash, so that an edit shows here
+    version = keyed_version(type(task), Task)
+    return f"task {name} ({type(task).__name__}, version {version}); metrics: {metrics}\n{batching}", rows
 
 
 def describe_variant(name: str) -> tuple[str, list[ParameterInfo]]:
@@ -98,7 +103,7 @@ def describe_variant(name: str) -> tuple[str, list[ParameterInfo]]:
         # Named as `--set` and a suite file spell it, so that what describe shows can be pasted as it is.
         rows.append(ParameterInfo(f"{SET_PREFIX}{f.name}", type_text, range_text,
                                   _grouped({site: c[f.name] for site, c in per_site.items()}), doc))
-    return f"variant {name}: {entry.summary} ({entry.cls.__name__}, version {entry.cls.version})", rows
+    return f"variant {name}: {entry.summary} ({entry.cls.__name__}, version {entry.version})", rows
 
 
 SET_PREFIX = "attention."

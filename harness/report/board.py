@@ -86,6 +86,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
     conflicts = conflicts or {}
     records = {key: r if isinstance(r, Record) else Record.from_dict(r) for key, r in records.items()}
     specs = sorted(the_plan.specs, key=lambda s: (s.task, s.display, s.seed, s.key))
+    specs, superseded = current_versions(specs, records)
     task_order = [t.name for t in suite.tasks]
     tasks = sorted({s.task for s in specs}, key=lambda name: (task_order.index(name) if name in task_order else len(task_order), name))
     found = [records[s.key] for s in specs if s.key in records]
@@ -157,7 +158,75 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         "hardware_classes": [{"label": label, "records": len(by_label[label])} for label in labels],
         **_reproducibility(specs, executions),
         **problems,
+        **({"superseded": superseded} if superseded else {}),
     }
+
+
+def _finished_at(record: Record | None) -> str:
+    return (record.finished or record.started or "") if record is not None else ""
+
+
+def _newest(entries, version_of: Callable[[Any], str], records: Mapping[str, Record]) -> str:
+    """The version whose latest record finished last: the code as it is now, for a board that cannot ask the
+    registries (a plugin not loaded, a record of a colleague's). Ties (no records at all) go to the greater
+    version string, so the choice never depends on the order of the specs."""
+    latest: dict[str, str] = {}
+    for spec in entries:
+        version = version_of(spec)
+        latest[version] = max(latest.get(version, ""), _finished_at(records.get(spec.key)))
+    return max(latest, key=lambda version: (latest[version], version))
+
+
+def current_versions(specs: list, records: Mapping[str, Record]) -> tuple[list, list[dict[str, Any]]]:
+    """(the specs of each table's current versions, the superseded records counted per version). A row is one
+    variant at one keyed version: records of an edited plugin's old source (or of a built-in before its version
+    was bumped) are other experiments, and pooled with the new ones they would count as extra seeds of it (the
+    same seeds twice, which also shrinks every p-value). A suite's plan holds one version of everything, so only
+    a board of whatever a runs folder holds (records_plan.py) meets several: a table keeps its task's newest
+    version, then each variant's newest, newest meaning the version whose latest record finished last."""
+    by_task: dict[str, list] = defaultdict(list)
+    for spec in specs:
+        by_task[spec.task].append(spec)
+    kept, dropped = [], Counter()
+    for task, entries in by_task.items():
+        task_now = _newest(entries, lambda s: s.task_version, records)
+        for spec in entries:
+            if spec.task_version != task_now:
+                dropped[(task, "task", task, spec.task_version, task_now)] += spec.key in records
+        entries = [s for s in entries if s.task_version == task_now]
+        by_variant: dict[str, list] = defaultdict(list)
+        for spec in entries:
+            by_variant[spec.variant].append(spec)
+        for variant, runs in by_variant.items():
+            now = _newest(runs, lambda s: s.variant_version, records)
+            for spec in runs:
+                if spec.variant_version == now:
+                    kept.append(spec)
+                else:
+                    dropped[(task, "variant", variant, spec.variant_version, now)] += spec.key in records
+    superseded = [{"table": table, "of": of, "name": name, "version": version, "current": now, "records": n}
+                  for (table, of, name, version, now), n in sorted(dropped.items()) if n]
+    kept_ids = {id(s) for s in kept}  # specs hold dicts: not hashable
+    return [s for s in specs if id(s) in kept_ids], superseded
+
+
+def versions_sentence(table: Mapping[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str | None:
+    """The keyed versions a table's rows count (a plugin's as `version+source.<hash>`, as `attnbench describe`
+    shows it); None for a board made before tables had versions."""
+    found = table.get("versions")
+    if not found:
+        return None
+    variants = ", ".join(f"{code(name)} {' and '.join(versions)}" for name, versions in found["variants"].items())
+    return (f"Versions (each row counts only records of its variant's version): task {' and '.join(found['task'])}; "
+            f"{variants}.")
+
+
+def superseded_lines(board: dict[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> list[str]:
+    """"3 records of an earlier version of `tempered` (...), not counted", one line per superseded version."""
+    return [f"{s['records']} record{'s' if s['records'] != 1 else ''} of an earlier version of "
+            f"{'the task' if s['of'] == 'task' else code(s['name'])}, not counted (table {s['table']}: version "
+            f"{code(s['version'])}; the table counts version {code(s['current'])})"
+            for s in board.get("superseded", [])]
 
 
 def _reproducibility(specs, executions: Mapping[str, Iterable[Record]]) -> dict[str, Any]:
@@ -312,6 +381,9 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
     tuning = {s.display: _plain(s.extra["tuning"]) for s in task_specs if s.extra.get("tuning")}
     return {
         "task": task_name,
+        "versions": {"task": sorted({s.task_version for s in task_specs}),
+                     "variants": {variant: sorted({s.variant_version for s in task_specs if s.variant == variant})
+                                  for variant in sorted({s.variant for s in task_specs})}},
         "primary": primary,
         "higher_is_better": metrics[0]["higher_is_better"],
         "metrics": metrics,
@@ -584,6 +656,7 @@ def problem_lines(board: dict[str, Any]) -> list[str]:
     """One line per unreadable record file and per run with conflicting records; none on a board without them."""
     lines = [f"Unreadable record (not counted as missing; repair the file or delete it and re-run): {why}"
              for why in board.get("unreadable", {}).values()]
+    lines += superseded_lines(board)
     lines += [f"Conflict: run {key} has a different record in {', '.join(copies)}; the board shows the store's "
               "own record until the wrong copy is deleted" for key, copies in board.get("conflicts", {}).items()]
     return lines

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from harness.report.format import format_duration, format_p, resolution_sentence
-from harness.report.board import epoch_cap_sentence, problem_lines, reproducibility_line, row_settings_sentence
+from harness.report.board import epoch_cap_sentence, problem_lines, reproducibility_line, row_settings_sentence, versions_sentence
 
 MARKS = {"better": "▲", "worse": "▼"}
 CHANCE_TESTS = {"binomial": "binomial test of the correct count against the trivial baseline",
@@ -275,6 +275,9 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
             parts.append(f"<li><code>{_e(label)}</code>: {sum(trials.values())} trials ({_e(detail)}), "
                          f"{_e(format_duration(tuning.get('seconds')))} of training</li>\n")
         parts.append("</ul>\n")
+    versions = versions_sentence(task, lambda text: f"<code>{_e(text)}</code>")
+    if versions:
+        parts.append(f"<p class=\"generated\">{versions}</p>\n")
     parts.append(_plots(task, board["alpha"], plot_ids))
     return "".join(parts)
 
