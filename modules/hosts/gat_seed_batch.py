@@ -1,25 +1,26 @@
-"""S seeds of one GAT configuration as one model with a leading seed axis on every host parameter.
+"""S seeds of one GAT configuration trained as one model: two hosts, one per kind of device.
 
-The mechanism (README, DESIGN notes "Seed batching"), chosen by measuring on Cora at one thread:
-- host parameters are stacked from S GATs, each built exactly as its lone run builds it (so each seed's
-  initial parameters are its lone run's, bit for bit);
-- the host maths runs once for all seeds: the first layer's sparse product as ONE block-diagonal sparse
-  product ([S·N, S·F] x [S·F, H·D]), the second layer's as a batched matmul, the ELU on [S, N, H·D], and on
-  a GPU the aggregation with the seeds folded into the head axis ([E, S·H]), which SegmentGroups' per-edge
-  maths treats like any other heads (on CPU it runs seed by seed, where its messages stay in cache);
-- from each seed's h to its edge weights, the lone layer's own code runs per seed (gat.attention_weights:
-  queries, keys, edge logits, the seed's own kernel module): always correct whatever the variant (learned
-  parameters, networks, solvers, noise), at the cost of S kernel calls, and each seed's gradients are its
-  lone run's bit for bit. Batched over seeds, the logits' backward summed the output layer's att_src/att_dst
-  gradients in another order (1e-12 off after one step, enough for bam-weibull's seeds to leave their lone
-  runs' trajectories by epoch 23-92). A variant's file never sees the seed axis.
-Folding seeds into the heads of ONE kernel call would save those calls only for parameter-free, noise-free
-kernels; the per-step time of the batch is dominated by the host's work (measured: harness/studies/perf.py
---seed-batch), so the one path serves every variant.
+On CPU, `LockstepGATs`: the seeds' own lone GATs, each called with its lone run's code on its own parameters,
+optimised by one optimiser over all of them. Every operation a seed's numbers go through, its gradient sums and
+Adam's elementwise update included, is then the same kernel on the same shapes as its lone run's, so a batched
+seed trains bit for bit as its lone run on any CPU, by construction rather than by the luck of a kernel choice.
+Stacked parameters were tried first (one `bmm` for the second layer, one block-diagonal sparse product for the
+first, one ELU over [S, N, H·D]): on an AMD EPYC the sums happened to round as the lone run's, on an Intel Xeon
+the second layer's weight gradient from `bmm`'s backward was 2e-10 off `mm`'s (issue 38), and elementwise
+kernels with a scalar tail (ELU's expm1, Adam's fused multiply-adds) round the tail differently from the vector
+body, which a stacked tensor moves. What the batch still saves on CPU is the per-run cost around the step: one
+process, one data load, one loop and one validation pass for S seeds (measured: README, "What limits it on CPU").
 
-Each seed draws its dropout masks and its kernel's noise from its own generator, in the lone run's order
-(input dropout, kernel noise, attention dropout, per layer), so seed s's masks are those of its lone run
-whatever other seeds share the batch.
+On a GPU, `SeedBatchedGAT`: the host parameters stacked along a new first axis, so the host maths runs once for
+all seeds (the first layer's sparse product as one block-diagonal product, the second as `bmm`, the aggregation
+with the seeds folded into the head axis), which is where a GPU's gain comes from: per-seed launches are what a
+Cora step is made of there. Its seeds equal their lone runs to float tolerance, not bit for bit (tested on CPU).
+
+In both, from each seed's h to its edge weights the lone layer's own code runs per seed (gat.attention_weights:
+queries, keys, edge logits, the seed's own kernel module), so a variant's file never sees the seed axis, and
+each seed draws its dropout masks and its kernel's noise from its own generator in the lone run's order (input
+dropout, kernel noise, attention dropout, per layer): seed s's masks are its lone run's whatever other seeds
+share the batch.
 """
 
 from __future__ import annotations
@@ -44,14 +45,6 @@ def seed_dropout(x: Tensor, p: float, training: bool, generators: Sequence[torch
         return x
     keep = torch.stack([dropout_mask(x[s], p, g) for s, g in enumerate(generators)])
     return x * keep
-
-
-def seeds_aggregated_together(seeds: int, device: torch.device) -> int:
-    """On CPU one seed at a time: a seed's per-edge messages [E, H, D] (3.4 MB in Cora's first layer) stay in
-    cache as a lone run's do, while folded over 20 seeds they are 68 MB streamed through memory (measured, a
-    20-seed step: 1.18-1.22 s against 1.69-1.76 s folded, beside two other jobs). A GPU takes every seed in
-    one set of kernel launches. Either way each seed's sums are its lone run's, element for element."""
-    return seeds if device.type != "cpu" else 1
 
 
 class SeedBatchedGAT(nn.Module):
@@ -94,9 +87,7 @@ class SeedBatchedGAT(nn.Module):
                 dropout(attention_weights(kernel, hs, att_src, att_dst, groups, slope, traces[s] if traces is not None else None, gens[s]),
                         attn_dropout, self.training, gens[s])
                 for s, (kernel, hs, att_src, att_dst) in enumerate(per_seed)]
-            together = seeds_aggregated_together(self.seeds, h.device)
-            out = torch.cat([self._aggregate(groups, weights[lo:lo + together], seed_h[lo:lo + together])
-                             for lo in range(0, self.seeds, together)], dim=1)
+            out = self._aggregate(groups, weights, seed_h)
             out = out.view(num_nodes, self.seeds, heads, out_dim).transpose(0, 1)
             out = out.reshape(self.seeds, num_nodes, heads * out_dim) if concat else out.mean(dim=2)
             x = out + p["bias"].unsqueeze(1)
@@ -140,17 +131,68 @@ class SeedBatchedGAT(nn.Module):
     def host_snapshot(self, s: int) -> list[Tensor]:
         return [p[s].detach().clone() for p in self.host]
 
-    def keep(self, seeds: Sequence[int]) -> dict[int, nn.Parameter]:
+    def keep(self, seeds: Sequence[int]) -> dict[int, tuple[nn.Parameter, Tensor | None]]:
         """Drop every seed not in `seeds` (stopped or failed: compute is not spent on them, and nothing can
-        change their parameters). Returns {id(old parameter): new parameter} for the optimiser's state."""
+        change their parameters). Returns {id(old parameter): (new parameter, the rows of the old one it keeps)}
+        for the optimiser's state."""
         index = torch.as_tensor(list(seeds), device=self.host[0].device)
         moved = {}
         new = nn.ParameterList()
         for p in self.host:
             q = nn.Parameter(p.detach().index_select(0, index).clone())
-            moved[id(p)] = q
+            moved[id(p)] = (q, index)
             new.append(q)
         self.host = new
         self.kernels = nn.ModuleList(nn.ModuleList(layer[s] for s in seeds) for layer in self.kernels)
         self.seeds = len(seeds)
         return moved
+
+
+class LockstepGATs(nn.Module):
+    """The CPU seed batch: the seeds' lone GATs side by side, each run by its own `GAT.forward` (module
+    docstring: why this, and not stacked parameters, is what keeps a seed bit for bit its lone run on any CPU).
+    It offers `SeedBatchedGAT`'s interface, so the seed-batch loop does not know which host it trains."""
+
+    def __init__(self, models: Sequence[GAT]):
+        super().__init__()
+        self.models = nn.ModuleList(models)
+        self.seeds = len(models)
+
+    @property
+    def kernels(self) -> list[list[nn.Module]]:
+        return [[m.layers[i].kernel for m in self.models] for i in range(len(self.models[0].layers))]
+
+    def layer_parameters(self, i: int) -> dict[str, list[Tensor]]:
+        return {name: [getattr(m.layers[i], name) for m in self.models] for name in HOST_PARAMETERS}
+
+    def forward(self, x: Tensor, groups: SegmentGroups, traces: list[list] | None = None,
+                generators: Sequence[torch.Generator | None] | None = None) -> Tensor:
+        """Class logits [S, N, C]. In training each lone model draws from its own noise stream, the generator the
+        caller passes as generators[s] (checked: a batch drawing another seed's masks is a defect)."""
+        if generators is not None and self.training:
+            for model, generator in zip(self.models, generators):
+                if generator is not None and model.noise.on(generator.device) is not generator:
+                    raise ValueError("a seed's noise must come from its own model's stream")
+        return torch.stack([model(x, groups, traces[s] if traces is not None else None) for s, model in enumerate(self.models)])
+
+    def write_into(self, s: int, model: GAT, host: Sequence[Tensor] | None = None) -> None:
+        source = list(host) if host is not None else self.host_snapshot(s)
+        with torch.no_grad():
+            for i, layer in enumerate(model.layers):
+                for j, name in enumerate(HOST_PARAMETERS):
+                    getattr(layer, name).copy_(source[i * len(HOST_PARAMETERS) + j])
+
+    def host_snapshot(self, s: int) -> list[Tensor]:
+        return [getattr(layer, name).detach().clone() for layer in self.models[s].layers for name in HOST_PARAMETERS]
+
+    def keep(self, seeds: Sequence[int]) -> dict[int, tuple[nn.Parameter, Tensor | None]]:
+        """Drop the models not in `seeds`; the kept ones carry their parameters (and so their optimiser state) whole."""
+        self.models = nn.ModuleList(self.models[s] for s in seeds)
+        self.seeds = len(seeds)
+        return {id(p): (p, None) for m in self.models for layer in m.layers for p in (getattr(layer, n) for n in HOST_PARAMETERS)}
+
+
+def seed_batch_host(models: Sequence[GAT], device: torch.device) -> nn.Module:
+    """The seed batch's host for `device`: stacked parameters where the batching pays (a GPU), the lone models
+    in lockstep where bit-identity with lone runs is the point and stacking would break it (a CPU)."""
+    return SeedBatchedGAT(models) if device.type != "cpu" else LockstepGATs(models)

@@ -8,7 +8,8 @@ weights are loaded into it, so its test runs through the lone run's own `test_st
 Equal to the lone loop step for step: one full-graph step per epoch, then validation, then the seed's
 stopping rule (modules/tasks/stopping.py) decides whether this epoch's weights are its best and whether
 it stops. The loss is the sum of the seeds' own losses, so each seed's gradient is its lone gradient, and
-Adam (elementwise, L2 included) over the stacked parameters is S Adams.
+Adam (elementwise, L2 included) over the seeds' parameters is S Adams: on CPU over each seed's own tensors, as
+its lone run's (bit for bit), on a GPU over the stacked ones (modules/hosts/gat_seed_batch.py says why).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
 from ..hosts.gat import graph_groups
-from ..hosts.gat_seed_batch import SeedBatchedGAT
+from ..hosts.gat_seed_batch import seed_batch_host
 from .attention_terms import trace_aux_loss
 from .node_classification import NodeClassificationModule
 from .optimization import parameter_groups
@@ -56,7 +57,7 @@ class _Batch(nn.Module):
     """The optimised module: the stacked host and the kernels, so that `parameter_groups` finds the kernels'
     parameters by their class exactly as it does in a lone module."""
 
-    def __init__(self, model: SeedBatchedGAT):
+    def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
@@ -66,8 +67,8 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
     """Train `modules` (seed s: modules[s], its stopping rule rules[s], its noise generators[s]) together;
     `on_finished` gets each seed's outcome as soon as it stops, fails or reaches max_epochs."""
     first = modules[0]
-    batch = _Batch(SeedBatchedGAT([m.model for m in modules]))
     device = graph.x.device
+    batch = _Batch(seed_batch_host([m.model for m in modules], device))
     batch.to(device)
     groups = graph_groups(graph.edge_index, graph.num_nodes)
     train_nodes = graph.train_mask.nonzero().squeeze(1)
@@ -163,9 +164,9 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
         if len(survivors) < len(active):
             state = {id(p): optimizer.state[p] for group in optimizer.param_groups for p in group["params"] if p in optimizer.state}
             moved = batch.model.keep(survivors)
-            for old_id, new in moved.items():
+            for old_id, (new, rows) in moved.items():
                 if old_id in state:
-                    index = torch.as_tensor(survivors, device=new.device)
-                    state[id(new)] = {k: (v.index_select(0, index).clone() if v.dim() > 0 else v) for k, v in state.pop(old_id).items()}
+                    old = state.pop(old_id)
+                    state[id(new)] = old if rows is None else {k: (v.index_select(0, rows).clone() if v.dim() > 0 else v) for k, v in old.items()}
             optimizer = optimizer_for(batch, state)
             active = [active[p] for p in survivors]
