@@ -11,6 +11,7 @@ from harness.plan.planner import plan, seed_batches
 from harness.plan.spec import RunSpec
 from harness.plan.suite import load_suite
 from harness.provenance import git_commit
+from harness.report.board import is_fraction_metric
 from harness.report.format import format_duration
 from harness.report.leaderboard import EmptySelection, write_boards
 from harness.report.summary import results_table
@@ -18,6 +19,46 @@ from harness.results.record import Status
 from harness.results.store import RecordStore, runs_dir
 from harness.run.job_array import SubmititOptions, submit_runs
 from harness.run.worker_pool import LocalExecutor, WorkerOptions, log
+
+
+COMMITTED_RECORDS = Path(__file__).resolve().parents[1] / "leaderboards"
+"""The committed store (leaderboards/records/), whose records the committed boards are made from."""
+
+
+def compare_with_committed(the_plan, store: RecordStore, committed: Path) -> str | None:
+    """Per variant, how this bench's records of the planned keys compare with the committed records of the same keys:
+    how many give the identical primary metric, the largest difference, and the hardware classes on each side.
+    Same CPU class: expect identical (CPU runs are deterministic); another class: last-bit differences, which some
+    variants' training amplifies (README, "Reproducibility across CPUs"). None when there is nothing to compare."""
+    if not (committed / "records").is_dir() or store.root.resolve() == (committed / "records").resolve():
+        return None
+    theirs = RecordStore.__new__(RecordStore)  # read-only: RecordStore() would make the folder
+    theirs.root = committed / "records"
+    rows: dict[str, dict[str, Any]] = {}
+    for spec in the_plan.specs:
+        mine, committed_record = store.read(spec.key), theirs.read(spec.key)
+        if mine is None or committed_record is None or mine.status is not Status.OK or committed_record.status is not Status.OK:
+            continue
+        metric = next(iter(committed_record.metrics), None)
+        u = (mine.metrics.get(metric) or {}).get("value") if metric else None
+        v = (committed_record.metrics.get(metric) or {}).get("value") if metric else None
+        if u is None or v is None:
+            continue
+        row = rows.setdefault(spec.display, {"metric": metric, "keys": 0, "identical": 0, "max": 0.0, "mine": set(), "theirs": set()})
+        row["keys"] += 1
+        row["identical"] += float(u) == float(v)
+        row["max"] = max(row["max"], abs(float(u) - float(v)))
+        row["mine"].add(mine.hardware_label or "unknown hardware")
+        row["theirs"].add(committed_record.hardware_label or "unknown hardware")
+    if not rows:
+        return None
+    lines = [f"attnbench: your records against the committed ones ({committed / 'records'}), primary metric of the same keys:"]
+    for name, row in sorted(rows.items()):
+        scale = 100.0 if is_fraction_metric(row["metric"]) else 1.0
+        lines.append(f"  {name:<22} {row['metric']}: identical in {row['identical']} of {row['keys']}, max |Δ| {row['max'] * scale:.3g}"
+                     f"{' points' if scale == 100.0 else ''}  (yours: {', '.join(sorted(row['mine']))}; committed: {', '.join(sorted(row['theirs']))})")
+    lines.append("  `attnbench results compare <runs> leaderboards` compares every metric; README: \"Reproducibility across CPUs\"")
+    return "\n".join(lines)
 
 
 class Progress:
@@ -59,7 +100,7 @@ def run_suite(
     plugin_files: Sequence[str] = (),
     retry_failed: bool = False,
     variant_filter: str | None = None,
-    leaderboard_dir: str | Path | None = "leaderboards",
+    leaderboard_dir: str | Path | None = None,
     tuned_params_dir: str | Path | None = None,
     launcher: str = "workers",
     submitit_options: SubmititOptions | None = None,
@@ -69,7 +110,10 @@ def run_suite(
     seed_batch: bool = True,
 ) -> dict[str, int]:
     """launcher "workers": processes on this machine; "slurm"/"local": a submitit job array (needs
-    `submitit_options`, see harness/run/job_array.py). Planning and the data check are the same for all."""
+    `submitit_options`, see harness/run/job_array.py). Planning and the data check are the same for all.
+    The board goes to `leaderboard_dir`, by default `<runs>/leaderboard/`: beside the records it is made of,
+    never over the committed boards (leaderboards/), which change only through `make leaderboard` from the
+    committed records; a bench then prints how its records compare with the committed ones."""
     suite = load_suite(suite_name)
     the_plan = plan(suite, data_root, variant_filter, tuned_dir=tuned_params_dir, precision=precision)
     for pair in the_plan.untuned:
@@ -102,7 +146,7 @@ def run_suite(
         if not outcome.waited:
             tuned = f" --params tuned --params-dir {tuned_params_dir}" if tuned_params_dir else ""
             log(f"attnbench: not waiting; once the jobs finish, write the leaderboard with `attnbench leaderboard --suite {suite_name} "
-                f"--runs-dir {store.root.parent} --out {leaderboard_dir or 'leaderboards'}{tuned}`")
+                f"--runs-dir {store.root.parent} --out {leaderboard_dir or store.root.parent / 'leaderboard'}{tuned}`")
             return {"planned": len(the_plan.specs), "ran": 0, "failed": 0, "submitted": len(todo)}
         progress.done, progress.failed = outcome.ran, outcome.failed
         log(f"attnbench: suite {suite.name}: ran {progress.done} runs in {format_duration(time.perf_counter() - progress.start)}, {progress.failed} failed"
@@ -131,7 +175,9 @@ def run_suite(
     selection = store.read_many({s.key for s in the_plan.specs})
     failed_in_selection = sum(1 for r in selection.values() if r.status is Status.FAILED)
     log(f"attnbench: suite {suite.name}: results\n" + results_table(the_plan, selection))
-    if leaderboard_dir is not None:
-        paths = write_boards(the_plan, store, leaderboard_dir, force=force_board)
-        log("attnbench: leaderboard written to " + ", ".join(str(p) for p in paths))
+    paths = write_boards(the_plan, store, leaderboard_dir or store.root.parent / "leaderboard", force=force_board)
+    log("attnbench: leaderboard written to " + ", ".join(str(p) for p in paths))
+    comparison = compare_with_committed(the_plan, store, COMMITTED_RECORDS)
+    if comparison:
+        log(comparison)
     return {"planned": len(the_plan.specs), "ran": progress.done, "failed": progress.failed, "failed_in_selection": failed_in_selection}

@@ -142,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="K workers share each GPU (small launch-bound runs such as Cora; default: 1)")
     p.add_argument("--retry-failed", action="store_true", help="run failed runs again instead of keeping their records")
     p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching these comma-separated globs, e.g. 'softmax,bam-*'")
-    p.add_argument("--leaderboard-dir", default="leaderboards")
+    p.add_argument("--leaderboard-dir", default=None,
+                   help="where the board of your runs goes (default: <runs-dir>/leaderboard; the committed boards in leaderboards/ "
+                        "change only through `make leaderboard`, from the committed records)")
     p.add_argument("--params", choices=["default", "tuned"], default="default",
                    help="tuned: also run each variant with its tuned parameters (from --params-dir), as its own row")
     p.add_argument("--params-dir", default="leaderboards/params")
