@@ -14,6 +14,10 @@ it twice stores it once:
   The board uses the earliest finished copy (`chosen_execution`) and reports how well the copies agree.
 - `records/conflicts/<key>.<digest>.json`: a genuine conflict (a different spec under the key, a finished copy
   against a failed or died one). The board counts the run as a conflict until someone deletes the wrong copy.
+- `records/retracted/<key>.<digest>.json`: an execution shown wrong by a later fix of the code path that made it
+  (`retract`), kept with the reason but no longer a result: the key is run again (or another execution of it takes
+  its place), and importing the same copy again is refused ("retracted"). README, DESIGN notes: "When a fix
+  changes results under an unchanged key".
 Each copy is written atomically like a record, so a killed import leaves either the copy or nothing."""
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
-from harness.results.record import Record
+from harness.results.record import Record, utc_now
 
 
 def runs_dir(explicit: str | os.PathLike | None = None) -> Path:
@@ -91,6 +95,10 @@ class RecordStore:
     def executions_dir(self) -> Path:
         return self.root / "executions"
 
+    @property
+    def retracted_dir(self) -> Path:
+        return self.root / "retracted"
+
     def path(self, key: str) -> Path:
         return self.root / f"{key}.json"
 
@@ -101,11 +109,14 @@ class RecordStore:
         return self._write_atomically(record, self.path(record.key))
 
     def _write_atomically(self, record: Record, target: Path) -> Path:
+        return self._write_text_atomically(record_json(record), target)
+
+    def _write_text_atomically(self, text: str, target: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{record.key}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "w") as fh:
-                fh.write(record_json(record))
+                fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, target)
@@ -172,11 +183,39 @@ class RecordStore:
                 print(f"attnbench: warning: ignoring unreadable execution copy {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return found
 
+    def is_retracted(self, record: Record) -> bool:
+        return (self.retracted_dir / f"{record.key}.{record_digest(record)}.json").exists()
+
+    def retracted(self) -> list[dict[str, Any]]:
+        """Every retracted execution: {"reason", "retracted" (when), "record"}, in file order."""
+        return [json.loads(path.read_text()) for path in sorted(self.retracted_dir.glob("*.json"))]
+
+    def retract(self, key: str, reason: str) -> Record | None:
+        """Move the key's record aside as retracted, with `reason`, and put the earliest finished of its other
+        executions (if any) in its place; returns that successor, or None when the key is now unrun (so `bench`
+        runs it again). Why a fix retracts instead of deleting: the wrong number stays on file with why it was
+        wrong, and an old export of it cannot come back through an import."""
+        record = self.read_checked(key)
+        if record is None:
+            raise KeyError(f"no record of {key} in {self.root}")
+        entry = {"reason": reason, "retracted": utc_now(), "record": record.to_dict()}
+        self._write_text_atomically(json.dumps(entry, indent=1, sort_keys=True, default=str), self.retracted_dir / f"{key}.{record_digest(record)}.json")
+        others = [(path, Record.from_dict(json.loads(path.read_text()))) for path in sorted(self.executions_dir.glob(f"{key}.*.json"))]
+        if not others:
+            self.path(key).unlink()
+            return None
+        successor = chosen_execution([r for _, r in others])
+        self.write(successor)  # replaces the retracted record in one rename: the key is never seen unrun meanwhile
+        next(path for path, r in others if r is successor).unlink()
+        return successor
+
     def import_record(self, record: Record) -> str:
         """Merge one record from another store: "added" (a new key), "same" (an identical record, or the same
         execution copy, is already here), "execution" (another execution of the same experiment, kept beside the
         store's record) or "conflict" (kept as a conflicting copy); see the module docstring. An unreadable file
         under the key is never overwritten either: what arrives for it is a conflict."""
+        if self.is_retracted(record):
+            return "retracted"
         try:
             present = self.read_checked(record.key)
         except UnreadableRecord:
