@@ -241,11 +241,16 @@ def _reproducibility(specs, executions: Mapping[str, Iterable[Record]]) -> dict[
     copies_count: Counter = Counter()
     classes: Counter = Counter()
     metrics: dict[str, dict[str, Any]] = {}
+    row_of = {s.key: s.display for s in specs}
+    per_row: dict[str, dict[str, int]] = {}
     for key in keys:
         copies = list(executions[key])
         copies_count[len(copies)] += 1
         classes.update(hardware_label(c) for c in copies)
         shown = chosen_execution(copies)
+        row = per_row.setdefault(row_of[key], {"keys": 0, "differ": 0})
+        row["keys"] += 1
+        differs = False
         for name, cell in sorted((shown.metrics or {}).items()):
             value = cell.get("value")
             others = [(c.metrics or {}).get(name, {}).get("value") for c in copies if c is not shown]
@@ -256,11 +261,17 @@ def _reproducibility(specs, executions: Mapping[str, Iterable[Record]]) -> dict[
             differences = [abs(float(v) - float(value)) for v in others]
             entry["identical"] += all(d == 0 for d in differences)
             entry["max_abs_diff"] = max([entry["max_abs_diff"], *differences])
+            differs = differs or any(d != 0 for d in differences)
+        row["differ"] += differs
+    # Which rows differ, by name: on one CPU class a difference is a determinism bug; across classes it is the
+    # last-bit rounding of another CPU, which some variants' training amplifies into other epochs kept (README,
+    # "Reproducibility across CPUs") and a reader should see which ones.
+    differing = [{"variant": name, **row} for name, row in sorted(per_row.items()) if row["differ"]]
     return {"reproducibility": {"keys": len(keys), "executions": dict(sorted(copies_count.items())), "classes": dict(sorted(classes.items())),
-                                "metrics": list(metrics.values())}}
+                                "metrics": list(metrics.values()), "differing_rows": differing}}
 
 
-def reproducibility_line(board: dict[str, Any]) -> str | None:
+def reproducibility_line(board: dict[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str | None:
     """"37 keys ran on 2 executions: test/acc identical in 35, max |Δ| 0.2 points; ..."; None without such keys."""
     found = board.get("reproducibility")
     if not found:
@@ -272,8 +283,17 @@ def reproducibility_line(board: dict[str, Any]) -> str | None:
         scale, unit = (100.0, " points") if m["percent"] else (1.0, "")
         parts.append(f"{m['metric']} identical in {m['identical']} of {m['keys']}, max |Δ| {m['max_abs_diff'] * scale:.3g}{unit}")
     classes = ", ".join(f"{label}: {n}" for label, n in found["classes"].items())
-    return (f"Reproducibility: {found['keys']} key{'s' if found['keys'] != 1 else ''} ran on {executions} executions "
+    line = (f"Reproducibility: {found['keys']} key{'s' if found['keys'] != 1 else ''} ran on {executions} executions "
             f"({classes}; the board shows the earliest finished): {'; '.join(parts) or 'no shared metric'}")
+    differing = found.get("differing_rows")
+    if differing:
+        across = "across hardware classes: last-bit rounding that these rows' training amplifies" if len(found["classes"]) > 1 else \
+            "on one hardware class: not deterministic"
+        line += (". Keys whose executions differ, by row (" + across + "): "
+                 + ", ".join(f"{code(r['variant'])} {r['differ']} of {r['keys']}" for r in differing) + "; every other row identical")
+    elif parts:
+        line += ". Every row identical"
+    return line
 
 
 def _row_settings(suite) -> dict[str, Any]:

@@ -124,7 +124,7 @@ def _header(board: dict[str, Any]) -> str:
     classes = [f"{c['label']}: {c['records']} record{'s' if c['records'] != 1 else ''}" for c in board.get("hardware_classes", [])]
     if len(classes) > 1:  # one class is named in the group's heading already
         parts.append(f"<li>Hardware classes (one ranking; cost per class): {_e('; '.join(classes))}</li>\n")
-    line = reproducibility_line(board)
+    line = reproducibility_line(board, code=str)  # escaped as a whole below: names plain, not in backticks
     if line:
         parts.append(f"<li>{_e(line)}</li>\n")
     parts.append(f"<li>Commit(s): {_codes(board['commits'])}; runs finished {_range(board['finished_range'])}</li>\n")

@@ -148,6 +148,12 @@ def test_a_key_run_on_two_machines_is_two_executions_not_a_conflict(tmp_path, ca
     assert (f"- Reproducibility: 3 keys ran on 2 executions (CPU AMD EPYC (1 thread/run): 3, CPU AMD EPYC (2 threads/run): 3; "
             "the board shows the earliest finished): "
             f"test/acc identical in 1 of 3, max |Δ| {delta:.3g} points") in md
+    # the rows whose executions differ are named, so a reader sees which variants do not reproduce bit for bit
+    differing = sorted({earlier.display, later.display})
+    counts = {name: sum(1 for s in (earlier, same, later) if s.display == name) for name in {s.display for s in (earlier, same, later)}}
+    named = ", ".join(f"`{name}` {sum(1 for s in (earlier, later) if s.display == name)} of {counts[name]}" for name in differing)
+    assert (f"Keys whose executions differ, by row (across hardware classes: last-bit rounding that these rows' training "
+            f"amplifies): {named}") in md
     assert "Reproducibility: 3 keys" in (out / "safety.html").read_text()
     # the other executions' machine is a hardware class of its own: listed, with its cost apart from the original's
     assert "- Hardware: CPU AMD EPYC (1 thread/run): 6 records; CPU AMD EPYC (2 threads/run): 3 records" in md
