@@ -244,6 +244,15 @@ def build_parser() -> argparse.ArgumentParser:
                                          "exit 0 when every shared value is identical, 3 when some differ, 4 when they share no finished key, 1 on an unreadable record")
     q.add_argument("a", metavar="A", help="a store (runs folder) or an export file")
     q.add_argument("b", metavar="B", help="a store (runs folder) or an export file")
+    q = verbs.add_parser("retract", help="set aside records that a fix showed wrong (made by a since-fixed code path): kept with the reason in "
+                                         "records/retracted/, never shown or imported again; the key runs again, or its next execution takes its place")
+    q.add_argument("keys", nargs="*", metavar="KEY", help="run keys to retract (or select them with the options below)")
+    q.add_argument("--because", required=True, metavar="TEXT", help="why these records are wrong, and which commit fixed it")
+    q.add_argument("--made-at", metavar="COMMIT", help="select the records made at this commit (a prefix of Record.commit)")
+    q.add_argument("--suite", dest="retract_suite", metavar="NAME", help="select the records planned by this suite")
+    q.add_argument("--seed-batched", action="store_true", help="select only records trained in a seed batch")
+    q.add_argument("--dry-run", action="store_true", help="list what would be retracted; change nothing")
+    q.add_argument("--runs-dir", default=None, help="the store (default: $ATTNBENCH_RUNS or runs; the committed records: leaderboards)")
     return parser
 
 
@@ -719,6 +728,8 @@ def cmd_results(args) -> int:
 
     if args.results_command == "compare":
         return _compare_results(args)
+    if args.results_command == "retract":
+        return _retract_results(args)
     if args.results_command == "export":
         transfer = export_records(RecordStore(args.runs_dir), args.out)
         summary = f"exported {transfer.counts['record']} record(s)" + (
@@ -731,12 +742,50 @@ def cmd_results(args) -> int:
         transfer = import_records(args.sources, store)
         print(f"attnbench results: into {store.root}: {transfer.counts['added']} added, {transfer.counts['same']} already there, "
               f"{transfer.counts['execution']} other execution(s), {transfer.counts['conflict']} conflict(s)"
+              + (f", {transfer.counts['retracted']} retracted before (not imported: see {store.retracted_dir})" if transfer.counts["retracted"] else "")
               + (f"; other executions of a key kept in {store.executions_dir} (the boards rank one per key and report how the copies agree)"
                  if transfer.counts["execution"] else "")
               + (f"; conflicts kept in {store.conflicts_dir} (the boards show them)" if transfer.counts["conflict"] else ""))
     for problem in transfer.problems:
         print(f"attnbench results: error: unreadable record {problem}", file=sys.stderr)
     return 1 if transfer.problems else 0
+
+
+def _retract_results(args) -> int:
+    """Exit 2 when nothing is selected (a selector that matches nothing is more likely a typo than a wish)."""
+    from harness.results.store import RecordStore, runs_dir
+
+    if not (runs_dir(args.runs_dir) / "records").is_dir():
+        print(f"attnbench: error: {runs_dir(args.runs_dir) / 'records'} does not exist; point --runs-dir at a store", file=sys.stderr)
+        return 2
+    if not (args.keys or args.made_at or args.retract_suite or args.seed_batched):
+        print("attnbench: error: results retract needs KEYs or a selector (--made-at, --suite, --seed-batched)", file=sys.stderr)
+        return 2
+    store = RecordStore(args.runs_dir)
+    chosen = []
+    for record in store:
+        spec = record.spec or {}
+        if ((not args.keys or record.key in args.keys)
+                and (not args.made_at or (record.commit or "").startswith(args.made_at))
+                and (not args.retract_suite or (spec.get("extra") or {}).get("suite") == args.retract_suite)
+                and (not args.seed_batched or (record.execution or {}).get("seed_batch"))):
+            chosen.append(record)
+    unknown = set(args.keys) - {path.stem for path in store.root.glob("*.json")}
+    if unknown:
+        print(f"attnbench: error: no record of {', '.join(sorted(unknown))} in {store.root}", file=sys.stderr)
+        return 2
+    if not chosen:
+        print(f"attnbench: error: no record in {store.root} matches the selection; nothing retracted", file=sys.stderr)
+        return 2
+    for record in chosen:
+        spec = record.spec or {}
+        what = f"{record.key} {spec.get('task')} {spec.get('label') or spec.get('variant')} seed {spec.get('seed')} (commit {(record.commit or '?')[:12]})"
+        if args.dry_run:
+            print(f"would retract {what}")
+            continue
+        successor = store.retract(record.key, args.because)
+        print(f"retracted {what}; " + (f"its execution finished {successor.finished} takes its place" if successor else "the key runs again on the next bench"))
+    return 0
 
 
 def _compare_results(args) -> int:

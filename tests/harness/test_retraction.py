@@ -46,3 +46,25 @@ def test_the_earliest_remaining_execution_takes_a_retracted_records_place(tmp_pa
 def test_retracting_a_key_without_a_record_says_so(tmp_path):
     with pytest.raises(KeyError, match="no record"):
         RecordStore(tmp_path).retract("0" * 20, "nothing there")
+
+
+def test_the_command_retracts_a_suites_seed_batched_records_made_at_a_commit(tmp_path, capsys):
+    from harness.cli import main
+
+    store = RecordStore(tmp_path)
+    keep, wrong = execution(0.82, "2026-11-24T10:00:00+00:00"), execution(0.83, "2026-11-24T11:00:00+00:00")
+    spec = make_spec("cora", "softmax", 1, {"max_epochs": 2}, extra={"suite": "quick"})
+    wrong = Record.ok(spec, {"test/acc": {"value": 0.83, "higher_is_better": True}}, commit="9be3fb955697",
+                      execution={"seed_batch": 3, "seeds": [0, 1, 2]})
+    store.write(keep)
+    store.write(wrong)
+    argv = ["results", "retract", "--runs-dir", str(tmp_path), "--because", "seed batch before 1742054"]
+    assert main([*argv, "--made-at", "9be3fb9", "--suite", "quick", "--seed-batched", "--dry-run"]) == 0
+    assert f"would retract {wrong.key}" in capsys.readouterr().out and store.finished(wrong.key)
+    assert main([*argv, "--made-at", "9be3fb9", "--suite", "quick", "--seed-batched"]) == 0
+    assert not store.finished(wrong.key) and store.finished(keep.key)
+    assert main([*argv, "--made-at", "9be3fb9"]) == 2  # nothing left to select: refused, not silently done
+    assert "matches the selection" in capsys.readouterr().err
+    assert main([*argv, "0" * 20]) == 2
+    assert main(["results", "import", str(tmp_path), "--into", str(tmp_path / "other")]) == 0
+    assert RecordStore(tmp_path / "other").read(wrong.key) is None  # a retracted record is never exported
