@@ -103,6 +103,18 @@ def is_environment_fault_message(error: str | None) -> bool:
     return bool(error) and error.split(":", 1)[0].strip() in (*ENVIRONMENT_FAULT_TYPES, "FileNotFoundError")
 
 
+def data_root_problem(root: str | os.PathLike | None, given_by: str) -> str | None:
+    """Why `root` cannot be a data root (None when it can): a folder that is not there is a typo in the path, and
+    a task's own check would instead list every file it misses in it and suggest what the path's source can do."""
+    if root is None:
+        return None
+    path = Path(root).expanduser()
+    if path.is_dir():
+        return None
+    what = "is a file, not a folder" if path.exists() else "folder does not exist"
+    return f"data root {path} ({given_by}): {what}; point {given_by} at the folder that holds planetoid/, glue/, ..."
+
+
 def data_root(explicit: str | os.PathLike | None = None) -> Path | None:
     """The local data root: an explicit setting, else $ATTNBENCH_DATA, else None (download when online)."""
     value = explicit if explicit is not None else os.environ.get(DATA_ENV)

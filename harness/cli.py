@@ -126,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-seed-batch", dest="seed_batch", action="store_false", help="with --seeds: run each seed alone")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task parameter, or attention.KEY=VALUE for the variant")
     p.add_argument("--force", action="store_true", help="run again even if a record for this exact run exists")
+    p.add_argument("--params", choices=["default", "tuned"], default="default",
+                   help="tuned: run the variant with its tuned parameters from --params-dir, as `bench --params tuned` "
+                        "does (--set values still win)")
+    p.add_argument("--params-dir", default="leaderboards/params",
+                   help="where --params tuned reads them (default: leaderboards/params; your own: <runs-dir>/params)")
     p.add_argument("--dry-run", "--print-config", dest="dry_run", action="store_true",
                    help="print the resolved configuration (task parameters, the attention config at each of the task's "
                         "sites, the key, whether it already finished) and exit; writes nothing")
@@ -389,6 +394,8 @@ def cmd_run(args) -> int:
     from harness.results.store import RecordStore
 
     params, attention = parse_sets(args.set)
+    if args.params == "tuned":
+        params, attention = _tuned_values(args, params, attention)
     if args.seed_list is not None:
         return _run_seeds(args, params, attention)
     if not args.plugin and not args.force and not args.dry_run:
@@ -426,14 +433,38 @@ def cmd_run(args) -> int:
     return 0 if record.status is Status.OK else 1
 
 
+def _tuned_values(args, params: dict, attention: dict) -> tuple[dict, dict]:
+    """`run --params tuned`: the promoted (or --params-dir's) best options and task parameters of this task and
+    variant, under the command line's own --set values."""
+    from harness.plan.tuned import load_tuned
+
+    tuned = load_tuned(args.task, args.variant, args.params_dir)
+    if tuned is None:
+        from harness.studies.tune import variant_knobs
+
+        if not variant_knobs(args.variant):  # `tune` refuses it, so no hint may send the user there
+            raise ValueError(f"{args.variant} has no options of its own, so it has no tuned parameters; leave out --params tuned")
+        raise ValueError(f"no tuned parameters of {args.task} x {args.variant} in {args.params_dir}: run `attnbench tune "
+                         f"{args.task} {args.variant}` (its result is in <runs-dir>/params: --params-dir runs/params, or --promote it)")
+    print(f"attnbench: tuned parameters from {args.params_dir}: "
+          + ", ".join(f"attention.{k}={v}" for k, v in sorted(tuned["attention"].items()))
+          + "".join(f", {k}={v}" for k, v in sorted((tuned.get("params") or {}).items())), flush=True)
+    return {**(tuned.get("params") or {}), **params}, {**tuned["attention"], **attention}
+
+
 def parse_seeds(text: str) -> list[int]:
     """'0-19' or '0,3,5' or '0-4,9' -> the seeds, in order, each once."""
     seeds: list[int] = []
     try:
         for part in text.split(","):
             first, _, last = part.strip().partition("-")
-            seeds.extend(range(int(first), int(last or first) + 1))
-    except ValueError:
+            first, last = int(first), int(last or first)
+            if last < first:
+                raise ValueError(f"--seeds {text!r}: the range {part.strip()} ends before it starts; write {last}-{first}")
+            seeds.extend(range(first, last + 1))
+    except ValueError as exc:
+        if str(exc).startswith("--seeds"):
+            raise
         raise ValueError(f"--seeds {text!r}: expected a range or list of seeds such as 0-19 or 0,3,5") from None
     if not seeds or min(seeds) < 0:
         raise ValueError(f"--seeds {text!r}: expected non-negative seeds such as 0-19")
@@ -446,7 +477,7 @@ def _run_seeds(args, params, attention) -> int:
     from harness.plan.planner import seed_batches
     from harness.results.record import Status
     from harness.results.store import RecordStore
-    from harness.run.seed_batch import seed_batch_problem
+    from harness.run.seed_batch import progress_lines, seed_batch_problem
     from harness.run.worker import RunWorker, WorkerSettings, run_item
     import torch
 
@@ -467,9 +498,12 @@ def _run_seeds(args, params, attention) -> int:
     worker = RunWorker(WorkerSettings(str(store.root.parent), args.data_root, args.cache_dir, (), threads=torch.get_num_threads(),
                                       execution={"launcher": "run"}))
     failed = 0
-    for item in seed_batches(todo, 1, enabled=args.seed_batch):
-        for record in run_item(worker, [s.to_dict() for s in item], lambda r: print(json.dumps(r.summary(), default=str), flush=True)):
-            failed += record.status is not Status.OK
+    with progress_lines():
+        for item in seed_batches(todo, 1, enabled=args.seed_batch):
+            # one line per seed, which its summary alone does not name
+            for record in run_item(worker, [s.to_dict() for s in item],
+                                   lambda r: print(json.dumps({"seed": (r.spec or {}).get("seed"), **r.summary()}, default=str), flush=True)):
+                failed += record.status is not Status.OK
     return 1 if failed else 0
 
 
@@ -673,15 +707,31 @@ def cmd_leaderboard(args) -> int:
     tuned = args.params_dir if args.params == "tuned" else None
     refused = 0
     written = []
+    # RecordStore makes its folder; a refused board must leave none behind, or the next `results compare` on a
+    # mistyped folder finds an empty store there instead of saying it does not exist
+    no_store = not (runs_dir(args.runs_dir) / "records").is_dir()
     if args.suite is None and not args.claims:  # --claims alone renders only the claims page
         if tuned:
             raise ValueError("--params tuned lists a suite's tuned rows: name the --suite (a board of records shows the tuned runs it holds anyway)")
+        if no_store:
+            print(f"attnbench: error: {runs_dir(args.runs_dir) / 'records'} does not exist; no board written. Point --runs-dir "
+                  f"at a folder with records/ (the committed records: --runs-dir leaderboards)", file=sys.stderr)
+            return 2
         try:
             written.append(write_records_board(runs=args.runs_dir, out_dir=args.out, data_root=args.data_root, force=args.force))
         except (BoardWouldShrink, NothingRecorded) as exc:
             print(f"attnbench: error: {exc}", file=sys.stderr)
             refused += 1
     for suite in args.suite or []:
+        if no_store and not args.allow_empty:
+            if args.skip_unrecorded:
+                print(f"attnbench leaderboard: {suite}: no record of its runs in {runs_dir(args.runs_dir) / 'records'}; board left as it is")
+            else:
+                print(f"attnbench: error: {runs_dir(args.runs_dir) / 'records'} does not exist, so it holds no record of suite {suite}; "
+                      f"no board written. Point --runs-dir at the folder its runs went to (the committed records: --runs-dir "
+                      f"leaderboards), or pass --allow-empty to write a board of missing runs", file=sys.stderr)
+                refused += 1
+            continue
         # One suite's refusal does not stop the others: each board is written or kept on its own merits.
         try:
             paths = write_leaderboard(suite, runs=args.runs_dir, out_dir=args.out or "leaderboards", data_root=args.data_root,
@@ -858,6 +908,11 @@ def check_counts(args) -> str | None:
     for dest, message in RENAMED.items():
         if getattr(args, dest, None) is not None:
             return message
+    if getattr(args, "seed_list", None) is not None:
+        try:
+            parse_seeds(args.seed_list)
+        except ValueError as exc:
+            return str(exc)
     bounds = {"seed": 0, "seeds": 1, "trials": 1, "repeats": 1, "shards": 1, "num_nodes": 1, "threads": 1}
     for name, least in bounds.items():
         value = getattr(args, name, None)
@@ -968,12 +1023,17 @@ def run_command(argv: Sequence[str] | None = None) -> int:
             from harness.run.runner import use_logger
 
             use_logger(args.logger, runs_dir(getattr(args, "runs_dir", None)) / "logs")
+        from datamodules.paths import DATA_ENV, data_root_problem, default_data_root
+
+        problem = None
         if getattr(args, "data_root", None):
             args.data_root = os.path.abspath(args.data_root)
+            problem = data_root_problem(args.data_root, "--data-root")
         elif hasattr(args, "data_root"):
-            from datamodules.paths import default_data_root
-
             args.data_root = default_data_root()
+            problem = data_root_problem(args.data_root, f"${DATA_ENV}")
+        if problem:
+            raise MissingDataError(problem)
         handler = {"list": cmd_list, "describe": cmd_describe, "check": cmd_check, "run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "claims": cmd_claims, "results": cmd_results, "perf": cmd_perf,
                    "probe": cmd_probe, "tune": cmd_tune,
                    "scaling": cmd_scaling}[args.command]

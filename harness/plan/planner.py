@@ -108,7 +108,8 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
                 continue
             tuned = load_tuned(task.name, variant.name, tuned_dir)
             if tuned is None:
-                untuned.append(f"{task.name} x {variant.label or variant.name}")
+                if _has_knobs(variant.name):  # `tune` refuses a variant without knobs: no hint may send it there
+                    untuned.append(f"{task.name} x {variant.label or variant.name}")
                 continue
             mismatch = budget_mismatch(tuned, params_of_task(task.name, params))
             if mismatch:
@@ -129,6 +130,12 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
             specs += tuned_specs
     return Plan(suite, specs, skipped, untuned, missing, metrics, tuned_as_defaults=tuned_as_defaults, tuned_budget=tuned_budget, task_params={t: p for t, p in task_params.items() if t in metrics},
                 data_root=data_root)
+
+
+def _has_knobs(variant: str) -> bool:
+    from harness.studies.tune import variant_knobs
+
+    return bool(variant_knobs(variant))
 
 
 def params_of_task(task: str, params: Mapping[str, Any]) -> dict[str, Any]:

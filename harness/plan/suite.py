@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
-from modules.registry import UnknownNameError
+from modules.registry import UnknownNameError, unknown_name_message
 
 if TYPE_CHECKING:
     from harness.plan.spec import ResolvedAttention
@@ -79,6 +79,24 @@ class Suite:
         return f"{len(self.seeds)} seeds{f' ({own})' if own else ''}"
 
 
+def did_you_mean(word: Any, choices) -> str:
+    """" Did you mean 'x'?" for a misspelt key or name in a suite file; "" when nothing is close."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=2, cutoff=0.6)
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _keys_hint(unknown, allowed) -> str:
+    return "".join(did_you_mean(key, allowed) for key in sorted(map(str, unknown)))
+
+
+def _value_error(exc: ValueError) -> str:
+    """A misspelt option or parameter key (modules.validation.ConfigError lists the known ones) with the closest."""
+    known = getattr(exc, "known", ())
+    return f"{exc}.{did_you_mean(exc.key, known)}" if known and did_you_mean(exc.key, known) else str(exc)
+
+
 def list_suites() -> list[str]:
     return sorted(p.stem for p in BUILTIN_SUITES.glob("*.yaml"))
 
@@ -90,6 +108,11 @@ def suite_path(name_or_path: str) -> Path:
     builtin = BUILTIN_SUITES / f"{name_or_path}.yaml"
     if builtin.is_file():
         return builtin
+    if candidate.suffix in (".yaml", ".yml") or len(candidate.parts) > 1:
+        # a path, not a name: the built-in names are no help, where the file was looked for is
+        where = candidate.expanduser().resolve()
+        raise SuiteError(f"no suite file {where}" + (" (it is a folder)" if where.is_dir() else "")
+                         + f"; built-in suites: {', '.join(list_suites())}")
     import difflib
 
     close = difflib.get_close_matches(name_or_path, list_suites(), n=3, cutoff=0.5)
@@ -115,13 +138,18 @@ def load_suite(name_or_path: str) -> Suite:
         raise SuiteError(f"{where} must be a mapping with keys tasks, variants, seeds (see harness/plan/suite.py)")
     unknown = set(data) - TOP_LEVEL_KEYS
     if unknown:
-        raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; allowed keys are {sorted(TOP_LEVEL_KEYS)}")
+        raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; allowed keys are {sorted(TOP_LEVEL_KEYS)}."
+                         f"{_keys_hint(unknown, TOP_LEVEL_KEYS)}")
     for required in ("tasks", "variants", "seeds"):
         if required not in data:
             raise SuiteError(f"{where}: missing {required!r}")
 
     tasks = tuple(_task_entry(t, f"{where}: tasks[{i}]") for i, t in enumerate(_as_list(data["tasks"], f"{where}: tasks")))
     excluded = set(_as_list(data.get("exclude_variants", []), f"{where}: exclude_variants"))
+    registered = list_attentions()
+    for name in sorted(excluded - set(registered), key=str):
+        # a misspelt exclusion would otherwise silently keep the variant it meant
+        raise SuiteError(f"{where}: exclude_variants: {unknown_name_message('attention variant', name, registered)}")
     # "all" (alone, or as an item of the list) is every registered variant at its defaults, plugins included;
     # other items add rows, e.g. one variant again at a paper's setting under its own label.
     entries = ["all"] if data["variants"] == "all" else _as_list(data["variants"], f"{where}: variants")
@@ -142,7 +170,7 @@ def load_suite(name_or_path: str) -> Suite:
         try:
             get_task(task.name).params({**params, **task.params})
         except ValueError as exc:
-            raise SuiteError(f"{where}: params (for task {task.name}): {exc}") from exc
+            raise SuiteError(f"{where}: params (for task {task.name}): {_value_error(exc)}") from exc
     labels = [v.label or v.name for v in variants]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
@@ -181,7 +209,8 @@ def _task_entry(item: Any, where: str) -> TaskEntry:
         raise SuiteError(f"{where} must be a task name or a mapping with 'name' (and optional 'params', 'optional', 'seeds')")
     unknown = set(item) - {"name", "params", "optional", "seeds"}
     if unknown:
-        raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; a task entry has name, params, optional, seeds")
+        raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; a task entry has name, params, optional, seeds."
+                         f"{_keys_hint(unknown, ('name', 'params', 'optional', 'seeds'))}")
     seeds = _seeds(item["seeds"], f"{where}: seeds") if "seeds" in item else None
     from modules.tasks import get_task
 
@@ -191,7 +220,7 @@ def _task_entry(item: Any, where: str) -> TaskEntry:
     except UnknownNameError as exc:
         raise SuiteError(f"{where}: {exc}") from exc
     except ValueError as exc:
-        raise SuiteError(f"{where}: {exc}") from exc
+        raise SuiteError(f"{where}: {_value_error(exc)}") from exc
     return TaskEntry(item["name"], dict(item.get("params") or {}), bool(item.get("optional", False)), seeds)
 
 
@@ -208,7 +237,7 @@ def _variant_entry(item: Any, where: str) -> VariantEntry:
     try:
         resolved = resolve_attention({"name": name, **item})
     except (UnknownNameError, ValueError, TypeError) as exc:
-        raise SuiteError(f"{where}: {exc}") from exc
+        raise SuiteError(f"{where}: {_value_error(exc) if isinstance(exc, ValueError) else exc}") from exc
     return VariantEntry(name, item, label, resolved)
 
 

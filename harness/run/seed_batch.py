@@ -8,6 +8,8 @@ finished seeds and the next bench re-runs only the others.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import time
 import traceback
@@ -22,6 +24,78 @@ from harness.plan.planner import configuration, seed_batch_problem as planned_pr
 from harness.plan.spec import RunSpec
 from harness.results.record import Record, utc_now
 from harness.run.runner import LOGGER_ENV, PeakMemory, is_device_failure, quiet_lightning, release_device_memory, run_context, test_outcome
+
+
+_progress_out: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar("seed_batch_progress", default=None)
+
+
+@contextlib.contextmanager
+def progress_lines(out: Callable[[str], None] = lambda line: print(line, flush=True)):
+    """Within it, a seed batch reports every epoch through `out` (`run --seeds`, whose user otherwise waits for the
+    first seed to stop in silence); bench's workers do not, since their runs report one line each as they end."""
+    token = _progress_out.set(out)
+    try:
+        yield
+    finally:
+        _progress_out.reset(token)
+
+
+class _Progress:
+    """One line per epoch once every seed that trained in it has reported: the seeds still training after it, each
+    seed's best monitored value so far, the time per epoch and an upper bound on the time left (every seed running
+    to max_epochs at the current speed; early stopping and a shrinking batch only make it shorter)."""
+
+    def __init__(self, specs: Sequence[RunSpec], monitor, max_epochs: int, out: Callable[[str], None]):
+        self.seeds = [s.seed for s in specs]
+        self.monitor, self.max_epochs, self.out = monitor, max_epochs, out
+        self.training = set(range(len(specs)))
+        self.reported: set[int] = set()
+        self.gone: set[int] = set()  # stopped by their rule, diverged or failed in this epoch
+        self.best: dict[int, float] = {}
+        self.epochs, self.t0 = 0, time.perf_counter()
+
+    def rule(self, index: int, rule):
+        progress = self
+
+        class Observed:
+            def __getattr__(self, name):
+                return getattr(rule, name)
+
+            def update(self, metrics):
+                decision = rule.update(metrics)
+                progress.updated(index, metrics, decision.stop)
+                return decision
+
+        return Observed()
+
+    def updated(self, index: int, metrics, stop: bool) -> None:
+        value = metrics.get(self.monitor.name)
+        if value is not None and value == value:  # NaN never counts as a best
+            old = self.best.get(index)
+            better = old is None or (value > old if self.monitor.higher_is_better else value < old)
+            self.best[index] = float(value) if better else old
+        self.reported.add(index)
+        if stop or self.epochs + 1 >= self.max_epochs:
+            self.gone.add(index)
+        self._maybe_print()
+
+    def finished(self, index: int) -> None:
+        self.gone.add(index)
+        self._maybe_print()
+
+    def _maybe_print(self) -> None:
+        if not self.training or not self.training <= self.reported | self.gone:
+            return
+        from harness.report.format import format_duration
+
+        self.epochs += 1
+        self.training -= self.gone
+        per_epoch = (time.perf_counter() - self.t0) / self.epochs
+        left = f"at most {format_duration(per_epoch * (self.max_epochs - self.epochs))} left" if self.training else "done"
+        bests = " ".join(f"{self.seeds[i]}:{self.best[i]:.4f}" for i in sorted(self.best))
+        self.out(f"attnbench: seed batch epoch {self.epochs}/{self.max_epochs}: {len(self.training)} of {len(self.seeds)} seeds "
+                 f"still training; best {self.monitor.name} by seed {bests or '-'}; {format_duration(per_epoch)}/epoch, {left}")
+        self.reported, self.gone = set(), set()
 
 
 def seed_batch_problem(spec: RunSpec) -> str | None:
@@ -79,8 +153,14 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
             datamodule = datamodule or dm
             modules.append(module.to(device))
         rules = [task.stopping_rule(params) for _ in specs]  # each seed's own, the one its lone run stops by
+        out = _progress_out.get()
+        progress = _Progress(specs, task.monitor, params.max_epochs, out) if out else None
+        if progress:
+            rules = [progress.rule(index, rule) for index, rule in enumerate(rules)]
 
         def finished(outcome) -> None:
+            if progress:
+                progress.finished(outcome.index)
             spec = specs[outcome.index]
             history = _compact(outcome.history, params.max_epochs)
             fields = measured(outcome.epochs, outcome.fit_time_s, history, outcome.batch_epoch_s)
@@ -96,6 +176,10 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
             except Exception as exc:  # noqa: BLE001 - this seed's failure is its record, the batch goes on
                 record(outcome.index, Record.failed(spec, f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=8)[-4000:], **fields))
                 return
+            # the mechanism diagnostics' last train and validation values beside the test pass's test/attn/*
+            from harness.run.callbacks import final_diagnostics
+
+            result["diagnostics"] = {**final_diagnostics(outcome.history), **result["diagnostics"]}
             record(outcome.index, Record.ok(spec, **result, **{**fields, "wall_time_s": time.perf_counter() - t0}))
             outcome.module.cpu()  # tested: its memory is no longer the batch's
 

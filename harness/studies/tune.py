@@ -144,6 +144,16 @@ def require_a_search_space(variant: str, tune_optimizer: bool) -> None:
                          "weight_decay, or tune a variant with options (`attnbench describe VARIANT`)")
 
 
+def distinct(value: float, earlier: list[float], least: int = 4) -> str:
+    """`value` with `least` decimals, or as many more as it takes to read differently from every earlier trial's
+    different value: three α that all read val/loss=1.9448 look like one result printed three times."""
+    for digits in range(least, 17):
+        text = f"{value:.{digits}f}"
+        if all(other == value or f"{other:.{digits}f}" != text for other in earlier):
+            return text
+    return repr(value)
+
+
 def dashboard_command(storage: str) -> str:
     """How to open a storage with optuna-dashboard (a journal file is opened by its path)."""
     target = storage.removeprefix("journal:") if storage.startswith("journal:") else storage
@@ -214,6 +224,8 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
         taken = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
         return sum(1 for t in taken if before is None or t.number < before) >= trials
 
+    seen: dict[str, list[float]] = {}  # each metric's values in this process's trials, for `distinct`
+
     def objective(trial) -> float:
         if budget_taken(before=trial.number):
             # Two processes asked for a trial at the same moment and the other one got the last place: this
@@ -231,7 +243,9 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
         distributed.broadcast(spec.to_dict())
         value, metrics = fit_for_validation(spec, trial=trial, data_root=data_root, cache_dir=cache_dir, distribution=distribution)
         trial.set_user_attr(VALIDATION_ATTR, metrics)
-        shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
+        shown = ", ".join(f"{k}={distinct(v, seen.setdefault(k, []))}" for k, v in sorted(metrics.items()))
+        for k, v in metrics.items():
+            seen[k].append(v)
         log(f"attnbench tune: {name} trial {trial.number}: {shown} {config}")
         return value
 

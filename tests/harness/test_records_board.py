@@ -68,8 +68,12 @@ def test_an_unreadable_record_is_counted_and_exits_1(tmp_path, capsys):
 
 def test_an_empty_runs_folder_is_refused_naming_it(tmp_path, capsys):
     assert main(["leaderboard", "--runs-dir", str(tmp_path / "nothing")]) == 2
-    assert f"{tmp_path / 'nothing' / 'records'} holds no record" in capsys.readouterr().err
-    assert not (tmp_path / "nothing" / "leaderboard.md").exists()
+    assert f"{tmp_path / 'nothing' / 'records'} does not exist; no board written" in capsys.readouterr().err
+    assert not (tmp_path / "nothing").exists()
+    (tmp_path / "empty" / "records").mkdir(parents=True)
+    assert main(["leaderboard", "--runs-dir", str(tmp_path / "empty")]) == 2
+    assert f"{tmp_path / 'empty' / 'records'} holds no record" in capsys.readouterr().err
+    assert not (tmp_path / "empty" / "leaderboard.md").exists()
 
 
 def test_the_committed_records_render_without_a_suite(tmp_path):
