@@ -15,7 +15,7 @@ from modules.tasks import Metric, TrivialBaseline, get_task
 
 from harness.plan.spec import RunSpec, make_spec, resolve_attention
 from harness.plan.suite import Suite, SuiteError
-from harness.plan.tuned import budget_mismatch, load_tuned
+from harness.plan.tuned import DEFAULT_ROOT, budget_mismatch, load_tuned
 
 
 @dataclass
@@ -75,6 +75,10 @@ def _check_tasks(tasks: Mapping[str, tuple[Mapping[str, Any], bool]], data_root:
     return skipped, missing
 
 
+COMMITTED_PARAMS = Path(__file__).resolve().parents[2] / DEFAULT_ROOT
+"""leaderboards/params of this checkout, whatever the working directory: a suite's `tuned` rows are the committed ones."""
+
+
 def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None = None, tuned_dir: str | Path | None = None,
          precision: str = "32") -> Plan:
     """Every (task, variant, seed) of the suite as RunSpecs; optional tasks without data are skipped.
@@ -104,9 +108,11 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
                 except (ValueError, TypeError) as exc:
                     raise SuiteError(f"{where}: {exc}") from exc
                 specs.append(spec)
-            if tuned_dir is None:
+            # a variant the suite lists as `tuned` reads the committed parameters unless another folder is given
+            root = tuned_dir if tuned_dir is not None else (COMMITTED_PARAMS if variant.name in suite.tuned and not variant.label else None)
+            if root is None:
                 continue
-            tuned = load_tuned(task.name, variant.name, tuned_dir)
+            tuned = load_tuned(task.name, variant.name, root)
             if tuned is None:
                 if _has_knobs(variant.name):  # `tune` refuses a variant without knobs: no hint may send it there
                     untuned.append(f"{task.name} x {variant.label or variant.name}")

@@ -11,6 +11,10 @@ variants: all               # or a list: names, or {name, label, attention: {<op
                             #   (`attention.<option>: value` is the same; `attnbench describe VARIANT` lists them)
 seeds: 3                    # or an explicit list [0, 1, 2]
 params: {max_epochs: 300}   # task parameters for every task (per-task params override them)
+tuned: [bam-weibull]        # these variants also run as "<name> (tuned)" rows, from the committed tuned parameters
+seed_history:               # the seed counts as declared, oldest first: when a count grew and why (the claims board
+  - {seeds: 3, declared: 2026-11-22, why: "..."}                   # judges on the first declared seeds too)
+  - {task: citeseer, seeds: 32, declared: 2026-11-24, why: "..."}
 ```
 """
 
@@ -31,7 +35,8 @@ if TYPE_CHECKING:
 # load_suite, so that `suite_path` answers a mistyped suite name at once (`attnbench bench --suite quik`).
 
 BUILTIN_SUITES = Path(__file__).parents[1] / "suites"
-TOP_LEVEL_KEYS = {"name", "description", "tasks", "variants", "exclude_variants", "seeds", "params"}
+TOP_LEVEL_KEYS = {"name", "description", "tasks", "variants", "exclude_variants", "seeds", "params", "tuned", "seed_history"}
+SEED_HISTORY_KEYS = {"seeds", "task", "declared", "commit", "why"}
 
 
 class SuiteError(ValueError):
@@ -66,6 +71,12 @@ class Suite:
     variants: tuple[VariantEntry, ...]
     seeds: tuple[int, ...]
     params: Mapping[str, Any]
+    tuned: tuple[str, ...] = ()
+    """Variants that also run with their committed tuned parameters (leaderboards/params), as "<name> (tuned)" rows:
+    the suite, not a command-line flag, says which rows its board and its claims stand on."""
+    seed_history: tuple[Mapping[str, Any], ...] = ()
+    """The seed counts as they were declared, oldest first ({seeds, task?, declared, commit?, why}); the last entry
+    of the suite and of each task is what the suite runs now."""
 
     def seeds_of(self, task: TaskEntry) -> tuple[int, ...]:
         return task.seeds if task.seeds is not None else self.seeds
@@ -175,6 +186,11 @@ def load_suite(name_or_path: str) -> Suite:
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
         raise SuiteError(f"{where}: variants {duplicates} appear more than once; give each configuration its own `label`")
+    tuned = tuple(_as_list(data.get("tuned", []), f"{where}: tuned"))
+    for name in tuned:
+        if name not in {v.name for v in variants}:
+            raise SuiteError(f"{where}: tuned: {name!r} is not one of the suite's variants.{did_you_mean(name, [v.name for v in variants])}")
+    history = _seed_history(data.get("seed_history", []), where, seeds, tasks)
     return Suite(
         name=str(data.get("name") or path.stem),
         path=path,
@@ -183,7 +199,34 @@ def load_suite(name_or_path: str) -> Suite:
         variants=variants,
         seeds=seeds,
         params=params,
+        tuned=tuned,
+        seed_history=history,
     )
+
+
+def _seed_history(value: Any, where: str, seeds: tuple[int, ...], tasks: tuple[TaskEntry, ...]) -> tuple[Mapping[str, Any], ...]:
+    """The declared seed counts, checked against what the suite runs: a history whose last count is not the running
+    one would date a verdict's seeds wrongly."""
+    entries = _as_list(value, f"{where}: seed_history")
+    names = {t.name: t for t in tasks}
+    for i, entry in enumerate(entries):
+        at = f"{where}: seed_history[{i}]"
+        if not isinstance(entry, dict) or not {"seeds", "declared", "why"} <= set(entry):
+            raise SuiteError(f"{at} must be a mapping with seeds, declared (a date) and why (and optional task, commit)")
+        unknown = set(entry) - SEED_HISTORY_KEYS
+        if unknown:
+            raise SuiteError(f"{at}: unknown key(s) {sorted(unknown)}; allowed: {sorted(SEED_HISTORY_KEYS)}.{_keys_hint(unknown, SEED_HISTORY_KEYS)}")
+        if not isinstance(entry["seeds"], int) or isinstance(entry["seeds"], bool) or entry["seeds"] < 1:
+            raise SuiteError(f"{at}: seeds must be a positive count, got {entry['seeds']!r}")
+        if "task" in entry and entry["task"] not in names:
+            raise SuiteError(f"{at}: task {entry['task']!r} is not one of the suite's tasks.{did_you_mean(entry['task'], names)}")
+    for task in (None, *names):
+        mine = [e["seeds"] for e in entries if e.get("task") == task]
+        running = len(seeds) if task is None or names[task].seeds is None else len(names[task].seeds)
+        if mine and mine[-1] != running:
+            raise SuiteError(f"{where}: seed_history: the last count declared for {task or 'the suite'} is {mine[-1]}, but it runs "
+                             f"{running} seeds; add an entry saying when and why the count changed")
+    return tuple(dict(entry) for entry in entries)
 
 
 def _as_list(value: Any, where: str) -> list:
