@@ -22,7 +22,7 @@ def plans(shared_data):
     from harness.plan.planner import plan
     from harness.plan.suite import load_suite
 
-    return {suite: plan(load_suite(suite), str(shared_data)) for suite in ("paper-gat", "glue-paper", "vl-paper")}
+    return {suite: plan(load_suite(suite), str(shared_data)) for suite in ("paper-gat", "glue-minilm", "vl-paper")}
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_the_committed_claims_file_covers_issue_26(claims):
     assert (by_id["aa-gat-citeseer-ct"]["baseline"]["mean"], by_id["aa-gat-citeseer-ct"]["method"]["mean"]) == (72.50, 73.49)
     assert by_id["aa-gat-cora-gan"]["measured_by"] == {"suite": "paper-gat", "task": "cora", "variant": "align-gan", "metric": "test/acc", "scale": 100}
     assert claims["papers"]["aa"]["setting"]["paper"] == 0.01
-    assert all(c.get("not_here") for c in claims["claims"] if c.get("measured_by", {}).get("suite") in ("glue-paper", "vl-paper"))
+    assert all(c.get("not_here") for c in claims["claims"] if c.get("measured_by", {}).get("suite") in ("glue-minilm", "vl-paper"))
 
 
 def _write(tmp_path, data) -> Path:
