@@ -163,8 +163,9 @@ and keep a 300-epoch record near 4 KB (per-epoch series made Cora records ~15 KB
 
 
 class History(Callback):
-    """Per-epoch learning curves for the record: train loss and aux losses (means over the epoch's batches),
-    every validation metric, and the epoch's wall time (its validation included)."""
+    """Per-epoch learning curves for the record: train loss, aux losses and mechanism diagnostics (`diag/<name>`,
+    modules/attention/kernel.py MechanismDiagnostic) as means over the epoch's batches, every validation metric
+    (`val/diag/<name>` among them), and the epoch's wall time (its validation included)."""
 
     def __init__(self) -> None:
         self.epochs: list[dict[str, float]] = []
@@ -182,7 +183,7 @@ class History(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         for name, value in trainer.callback_metrics.items():
-            if (name == "train/loss" or name.startswith("aux/")) and value.numel() == 1:
+            if (name == "train/loss" or name.startswith(("aux/", "diag/"))) and value.numel() == 1:
                 # kept as tensors until the epoch ends: a float() per step would sync the GPU every step
                 self._train.setdefault(name, []).append(value.detach())
 
@@ -196,6 +197,10 @@ class History(Callback):
         row.update(self._val)
         row["epoch_s"] = time.perf_counter() - self._start
         self.epochs.append(row)
+
+    def final_diagnostics(self) -> dict[str, float]:
+        """The last epoch's value of each mechanism diagnostic curve, for `Record.diagnostics`."""
+        return final_diagnostics(self.epochs)
 
     def compact(self) -> dict[str, list] | None:
         """{"epoch": [last epoch of each block, 1-based], <series>: [block means, None where never logged]},
@@ -214,3 +219,14 @@ class History(Callback):
                 values = [row[name] for row in rows if name in row and math.isfinite(row[name])]
                 history[name].append(float(f"{sum(values) / len(values):.4g}") if values else None)
         return history
+
+
+def final_diagnostics(rows: list[dict[str, float]]) -> dict[str, float]:
+    """{"diag/<name>": last finite train value, "val/diag/<name>": last finite validation value} over per-epoch
+    history rows (a lone run's History or a seed batch's rows)."""
+    final: dict[str, float] = {}
+    for row in rows:
+        for name, value in row.items():
+            if name.startswith(("diag/", "val/diag/")) and math.isfinite(value):
+                final[name] = float(value)
+    return final

@@ -250,6 +250,8 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
     )
     if "error" in outcome:
         return Record.failed(spec, **outcome, **measured)
+    # The mechanism diagnostics' last train and validation values beside the test pass's test/attn/*.
+    outcome["diagnostics"] = {**history.final_diagnostics(), **outcome["diagnostics"]}
     return Record.ok(spec, **outcome, **measured)
 
 

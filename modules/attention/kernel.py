@@ -37,6 +37,68 @@ class FusedAttention:
     """Additive logits bias broadcastable to [B, H, Lq, Lk] (e.g. a log prior), or None."""
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
     """Aux losses that do not need the weights (alignment's regulariser), returned with the output."""
+    diagnostics: dict[str, Tensor] = field(default_factory=dict)
+    """Detached diagnostics that do not need the weights (the query/key distance), returned with the output."""
+
+
+MECHANISM_RULES = ("max>", "final>", "final<", "moved", "below-baseline")
+
+
+@dataclass(frozen=True)
+class MechanismDiagnostic:
+    """A quantity that shows a variant's idea at work ("is the mechanism on?"), and how to read it.
+
+    The kernel puts its value into `AttentionResult.diagnostics` under `name` (a detached scalar) whenever
+    mechanism diagnostics are on, in training as in evaluation; the LightningModules keep it per epoch in the
+    record's history as `diag/<name>` (mean over the epoch's training steps) and `val/diag/<name>` (the
+    validation pass), and its last values in `Record.diagnostics`. modules/attention/mechanism.py applies
+    the rules; the claims board calls it before it gives a negative verdict."""
+
+    name: str
+    meaning: str
+    """One line: what the number is."""
+    rule: str | None = None
+    """How `mechanism_active` reads the curve (None: shown, not a rule):
+    'max>': the train curve exceeds `threshold` at some point of training;
+    'final>' / 'final<': its last train value is above / below `threshold`;
+    'moved': its last train value differs from its first by more than `threshold`, relative to the first;
+    'below-baseline': its last validation value is below `threshold` x the same diagnostic of the `baseline`
+    variant's record at the same task and seed."""
+    threshold: float | None = None
+    why: str = ""
+    """Why this threshold: what an inactive mechanism would give, and the margin over it."""
+    baseline: str | None = None
+    """'below-baseline' only: the variant whose record this one is compared with (softmax)."""
+    loss_share: str | None = None
+    """Set when the host, not the kernel, computes the value: the weighted share of this aux loss term in the
+    loss (the weighted term over task loss + weighted aux terms); the kernel does not report it."""
+
+    def __post_init__(self):
+        if self.rule is not None and self.rule not in MECHANISM_RULES:
+            raise ValueError(f"MechanismDiagnostic {self.name!r}: rule must be one of {MECHANISM_RULES}, got {self.rule!r}")
+        if self.rule is not None and self.threshold is None:
+            raise ValueError(f"MechanismDiagnostic {self.name!r}: a rule needs a threshold")
+        if (self.rule == "below-baseline") != (self.baseline is not None):
+            raise ValueError(f"MechanismDiagnostic {self.name!r}: a baseline goes with rule 'below-baseline' only")
+
+
+_mechanism_diagnostics_on = True
+
+
+@contextmanager
+def mechanism_diagnostics(enabled: bool) -> Iterator[None]:
+    """Mechanism diagnostics on or off in this process (on by default). Off, kernels skip them: a test runs
+    the same fit both ways to show that they change no training number."""
+    global _mechanism_diagnostics_on
+    previous, _mechanism_diagnostics_on = _mechanism_diagnostics_on, enabled
+    try:
+        yield
+    finally:
+        _mechanism_diagnostics_on = previous
+
+
+def mechanism_diagnostics_on() -> bool:
+    return _mechanism_diagnostics_on
 
 
 HOSTS = ("graph", "text", "vision-language", "any")
@@ -145,6 +207,30 @@ class AttentionKernel(nn.Module):
     trains with the host's parameters, as the authors' codes train them; so the safe default is none. An
     attribute that is None or a buffer (a knob the config fixed) is skipped."""
 
+    mechanism: ClassVar[tuple[MechanismDiagnostic, ...]] = ()
+    """The diagnostics that show this variant's idea at work (MechanismDiagnostic says how they are kept and read).
+    A plugin declares its own the same way and reports them from `normalize` when `measures(name)`."""
+    mechanism_rule: ClassVar[str] = "any"
+    """'any': the mechanism is active when any ruled diagnostic says so; 'all': when every one does."""
+
+    def measures(self, name: str) -> bool:
+        """Whether to compute the declared diagnostic `name` in this call (in training too: it is a curve)."""
+        return _mechanism_diagnostics_on and any(d.name == name and d.loss_share is None for d in self.mechanism)
+
+    undecayed: ClassVar[tuple[str, ...]] = ()
+    """Names of the kernel's sub-network attributes that train at the host's rate but without its weight decay
+    (modules/lit/optimization.py): an adversary whose loss reaches it scaled by a small λ, which the host's L2
+    would otherwise outweigh (align-gan's discriminator, README "align-gan")."""
+
+    def undecayed_parameters(self) -> list[nn.Parameter]:
+        """The trainable parameters of the sub-networks `undecayed` names."""
+        found = []
+        for name in self.undecayed:
+            sub = getattr(self, name, None)
+            if isinstance(sub, nn.Module):
+                found.extend(p for p in sub.parameters() if p.requires_grad)
+        return found
+
     def scalar_knob_parameters(self) -> list[nn.Parameter]:
         """The trainable parameters `scalar_knobs` names."""
         knobs = (getattr(self, name, None) for name in self.scalar_knobs)
@@ -197,7 +283,7 @@ class AttentionKernel(nn.Module):
             if fused is not None:
                 out = groups.fused_attention(fused.q, fused.k, v, bias=fused.bias, scale=fused.scale,
                                              dropout_p=dropout_p if self.training else 0.0)
-                return out, AttentionResult(None, fused.aux_losses)
+                return out, AttentionResult(None, fused.aux_losses, fused.diagnostics)
         logits = self.score(q, k, groups, scale=scale)
         values = {"v": v} if self.needs_values else {}
         result = self.normalize(logits, groups, q=q, k=k, **values)
@@ -224,12 +310,97 @@ def per_head(x: Tensor, like: Tensor) -> Tensor:
 
 
 def standard_diagnostics(weights: Tensor, groups: Groups, kernel: nn.Module | None = None) -> dict[str, Tensor]:
-    """Entropy and support of the weights; skipped while `kernel` trains, where nobody reads them and
-    they would cost a sizeable share of a small graph's training step (measured on Cora)."""
-    if kernel is not None and kernel.training:
+    """Entropy and support of the weights, and `support_fraction` where the kernel declares it; while `kernel`
+    trains only what its mechanism declares: the rest nobody reads there, and it would cost a sizeable
+    share of a small graph's training step (measured on Cora)."""
+    measures = getattr(kernel, "measures", None)
+    wanted = {"entropy", "support"} if kernel is None or not kernel.training else set()
+    if measures is not None:
+        wanted |= {name for name in ("entropy", "support", "support_fraction") if measures(name)}
+    if not wanted:
         return {}
+    out = {}
     with torch.no_grad():
-        return {"entropy": groups.entropy(weights).detach(), "support": groups.support(weights).detach()}
+        if "entropy" in wanted:
+            out["entropy"] = groups.entropy(weights).detach()
+        if "support" in wanted:
+            out["support"] = groups.support(weights).detach()
+        if "support_fraction" in wanted:
+            nonzero = groups.reduce((weights > 0).to(weights.dtype), "sum")
+            size = groups.reduce(groups.zero_invalid(torch.ones_like(weights)), "sum").clamp_min(1)
+            out["support_fraction"] = groups.mean_over_queries(nonzero / size).detach()
+    return out
+
+
+QK_PROJECTIONS = 32
+"""Directions of the sliced distance: enough for a stable mean over head_dim 8-64 (its spread over re-drawn
+directions was under 5% of its value on Cora's GAT, measured)."""
+_QK_QUANTILES = 64
+_QK_SEED = 0x51CE
+_projections: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}
+
+
+def _fixed_directions(dim: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """[dim, QK_PROJECTIONS] unit directions from a private generator seeded by a constant: the same in every
+    run, and no draw from the run's generators (its training numbers stay as they were)."""
+    key = (dim, device, dtype)
+    if key not in _projections:
+        directions = torch.randn(dim, QK_PROJECTIONS, generator=torch.Generator().manual_seed(_QK_SEED), dtype=torch.float64)
+        _projections[key] = F.normalize(directions, dim=0).to(device=device, dtype=dtype)
+    return _projections[key]
+
+
+def _quantiles(values: Tensor, valid: Tensor | None) -> Tensor:
+    """values [C, n, P] -> [C, QUANTILES, P]: each cloud's empirical quantiles at the mid-levels (i + 1/2)/M,
+    over its valid points. Invariant to repeating every point (a copied graph in a batch) and to padding."""
+    n = values.shape[1]
+    if valid is None:
+        count = torch.full((values.shape[0], 1, 1), n, device=values.device)
+    else:
+        values = values.masked_fill(~valid.unsqueeze(-1), float("inf"))
+        count = valid.sum(-1).view(-1, 1, 1)
+    ordered = values.sort(dim=1).values
+    levels = (torch.arange(_QK_QUANTILES, device=values.device, dtype=torch.float64) + 0.5) / _QK_QUANTILES
+    index = (levels.view(1, -1, 1) * count).floor().long().clamp(max=n - 1).clamp(min=0)
+    return ordered.gather(1, index.expand(-1, -1, values.shape[-1]))
+
+
+def qk_distance(q: Tensor, k: Tensor, groups: Groups) -> Tensor:
+    """Relative sliced Wasserstein-1 distance between the query and the key point clouds of each head (and
+    each sample on dense groups), averaged: over fixed directions θ, the mean gap between the quantiles of
+    <q, θ> and of <k, θ>, divided by the spread (std) of the two pooled. Scale-free, so runs and variants
+    compare; 0 for identical distributions, ~1.1 for two unit Gaussians two standard deviations apart.
+    The same measure for every variant at a self-attention site, softmax included, so that the alignment
+    variants' distance can be read against softmax's at the same seed."""
+    with torch.no_grad():
+        q, k, q_valid, k_valid = groups.query_and_key_sets(q.detach(), k.detach())
+        dtype = torch.promote_types(q.dtype, torch.float32)  # bf16 quantiles would be coarser than the gaps they measure
+        directions = _fixed_directions(q.shape[-1], q.device, dtype)
+        pq, pk = q.to(dtype) @ directions, k.to(dtype) @ directions  # [C, n, P]
+        gap = (_quantiles(pq, q_valid) - _quantiles(pk, k_valid)).abs().mean(1)  # [C, P]
+        both = torch.cat([pq, pk], 1)
+        if q_valid is None and k_valid is None:
+            spread = both.std(1, correction=0)
+            has_points = torch.ones(both.shape[0], dtype=torch.bool, device=both.device)
+        else:
+            qv = q_valid if q_valid is not None else torch.ones(pq.shape[:2], dtype=torch.bool, device=pq.device)
+            kv = k_valid if k_valid is not None else torch.ones(pk.shape[:2], dtype=torch.bool, device=pk.device)
+            valid = torch.cat([qv, kv], 1).unsqueeze(-1).to(both.dtype)
+            count = valid.sum(1).clamp_min(1)
+            mean = (both * valid).sum(1) / count
+            spread = (((both - mean.unsqueeze(1)) ** 2 * valid).sum(1) / count).sqrt()
+            has_points = (qv.any(-1) & kv.any(-1))
+        relative = gap / spread.clamp_min(1e-12)  # [C, P]
+        per_cloud = relative.mean(-1)
+        return (torch.where(has_points, per_cloud, 0.0).sum() / has_points.sum().clamp_min(1)).detach()
+
+
+def qk_diagnostics(kernel: "AttentionKernel", q: Tensor, k: Tensor, groups: Groups) -> dict[str, Tensor]:
+    """{"qk_distance": ...} where the kernel measures it and sits at a self-attention site (queries and keys of
+    the same items, where aligning them means something)."""
+    if not kernel.measures("qk_distance") or kernel.site.role != "self":
+        return {}
+    return {"qk_distance": qk_distance(q, k, groups)}
 
 
 @contextmanager

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..attention import AttentionKernel, AttentionResult
+from ..attention.kernel import mechanism_diagnostics_on
 
 
 class DivergedError(FloatingPointError):
@@ -55,6 +56,38 @@ def diagnostics(trace: Sequence[tuple[AttentionKernel, AttentionResult]]) -> dic
             logs[f"attn/l{i}/{name}"] = value
             per_name[name].append(value)
     logs.update({f"attn/{k}": torch.stack(v).mean() for k, v in per_name.items()})
+    return logs
+
+
+def mechanism_logs(trace: Sequence[tuple[AttentionKernel, AttentionResult]], task_loss: Tensor, step: int,
+                   epoch: int = 0) -> dict[str, Tensor]:
+    """The kernels' declared mechanism diagnostics (AttentionKernel.mechanism) as "diag/<name>": each the mean over
+    the calls that report it, and each declared loss share, w·term / (task loss + Σ w·terms), with the terms
+    averaged over calls and weighted as `weighted_aux_loss` weighs them. All detached, nothing read on the host:
+    a module logs them, History keeps them per epoch. The hosts prefix "val/" for the validation pass."""
+    if not trace or not mechanism_diagnostics_on():
+        return {}
+    per_name: dict[str, list[Tensor]] = defaultdict(list)
+    shares: dict[str, str] = {}
+    for kernel, result in trace:
+        for declared in getattr(kernel, "mechanism", ()):
+            if declared.loss_share is not None:
+                shares[declared.name] = declared.loss_share
+            elif declared.name in result.diagnostics:
+                per_name[declared.name].append(result.diagnostics[declared.name].float())
+    logs = {f"diag/{name}": torch.stack(values).mean() for name, values in per_name.items()}
+    if shares:
+        with torch.no_grad():
+            weighted: dict[str, list[Tensor]] = defaultdict(list)
+            for kernel, result in trace:
+                weights = kernel.loss_weights(step, epoch)
+                for name, value in result.aux_losses.items():
+                    weighted[name].append(weights.get(name, 0.0) * value.detach().float())
+            terms = {name: torch.stack(values).mean() for name, values in weighted.items()}
+            total = task_loss.detach().float() + sum(terms.values())
+            for name, term in shares.items():
+                if term in terms:
+                    logs[f"diag/{name}"] = terms[term] / total
     return logs
 
 

@@ -12,7 +12,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 from datamodules.evaluation import distributed_kwargs
 
 from ..hosts.gat import GAT, graph_groups
-from .attention_terms import DivergenceWatch, diagnostics, trace_aux_loss
+from .attention_terms import DivergenceWatch, diagnostics, mechanism_logs, trace_aux_loss
 from .example_mean import ExampleMean
 from .optimization import parameter_groups
 
@@ -46,13 +46,13 @@ class NodeClassificationModule(L.LightningModule):
     def training_step(self, graph, batch_idx):
         logits, trace = self._forward(graph)
         nodes = self._nodes("train", graph.train_mask)
-        loss = F.cross_entropy(logits[nodes], graph.y[nodes])
+        task_loss = F.cross_entropy(logits[nodes], graph.y[nodes])
         aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
-        if aux is not None:
-            loss = loss + aux
+        loss = task_loss if aux is None else task_loss + aux
         self._divergence.update(loss, self, batch_idx)
         self.log("train/loss", loss, batch_size=1)
-        self.log_dict({**aux_logs, **diagnostics(trace)}, batch_size=1)
+        self.log_dict({**aux_logs, **diagnostics(trace), **mechanism_logs(trace, task_loss, self.global_step, self.current_epoch)},
+                      batch_size=1)
         return loss
 
     def _nodes(self, split: str, mask: Tensor) -> Tensor:
@@ -71,6 +71,8 @@ class NodeClassificationModule(L.LightningModule):
         if split == "val":
             self.val_loss.update(loss, len(nodes))
             self.log("val/loss", self.val_loss)
+            logs = mechanism_logs(trace, loss, self.global_step, self.current_epoch)
+            self.log_dict({f"val/{k}": v for k, v in logs.items()}, batch_size=1)
         else:  # tests run on one process (harness/run/distributed.py)
             self.log(f"{split}/loss", loss, batch_size=len(nodes), sync_dist=True)
         self.log_dict(metrics, batch_size=len(nodes))

@@ -26,7 +26,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from ..hosts.gat import graph_groups
 from ..hosts.gat_seed_batch import seed_batch_host
-from .attention_terms import trace_aux_loss
+from .attention_terms import mechanism_logs, trace_aux_loss
 from .node_classification import NodeClassificationModule
 from .optimization import parameter_groups
 
@@ -111,12 +111,12 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
         logits = batch.model(graph.x, groups, traces, [generators[s] for s in active])
         losses, rows = [], []
         for position, s in enumerate(active):
-            loss = F.cross_entropy(logits[position][train_nodes], y_train)
+            task_loss = F.cross_entropy(logits[position][train_nodes], y_train)
             aux, aux_logs = trace_aux_loss(traces[position], epoch, epoch)
-            if aux is not None:
-                loss = loss + aux
+            loss = task_loss if aux is None else task_loss + aux
             losses.append(loss)
-            rows.append({name: value.detach() for name, value in aux_logs.items()})
+            logs = {**aux_logs, **mechanism_logs(traces[position], task_loss, epoch, epoch)}
+            rows.append({name: value.detach() for name, value in logs.items()})
         stacked = torch.stack(losses)
         finite = torch.isfinite(stacked.detach()).tolist()  # one host read per epoch for every seed
         optimizer.zero_grad(set_to_none=True)
@@ -127,14 +127,25 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
 
         batch.eval()
         with torch.no_grad():
-            logits = batch.model(graph.x, groups)
+            val_traces: list[list] = [[] for _ in active]  # the validation pass's diagnostics, as the lone run logs them
+            logits = batch.model(graph.x, groups, val_traces)
             val_logits = logits[:, val_nodes]
             # per seed and through torchmetrics' MeanMetric weighted by the node count, as the lone run's val/loss
             # is made: a mean over [S, n] at once rounds differently, and GAT's rule, which counts ties as
             # reaching the best, would then keep other epochs than the lone run
             val_loss = torch.stack([_as_logged(F.cross_entropy(seed_logits, y_val), len(val_nodes)) for seed_logits in val_logits])
             val_acc = (val_logits.argmax(-1) == y_val).float().mean(1)
-            values = torch.stack([stacked.detach(), val_loss, val_acc]).tolist()
+            for position in range(len(active)):
+                logs = mechanism_logs(val_traces[position], val_loss[position], epoch, epoch)
+                rows[position].update({f"val/{name}": value for name, value in logs.items()})
+            names = [sorted(row) for row in rows]
+            curves = [rows[p][n].float() for p in range(len(active)) for n in names[p]]
+            # the losses, accuracies and every seed's curves in the epoch's one host read
+            read = torch.cat([torch.stack([stacked.detach(), val_loss, val_acc]).flatten().float(),
+                              torch.stack(curves) if curves else stacked.new_zeros(0)]).tolist()
+            values = [read[i * len(active):(i + 1) * len(active)] for i in range(3)]
+        read = iter(read[3 * len(active):])
+        rows = [{n: next(read) for n in names[p]} for p in range(len(active))]
         epoch_s = time.perf_counter() - start
 
         survivors = []
@@ -147,7 +158,7 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
                 finish(s, position, f"DivergedError: training loss became non-finite ({values[0][position]}) at epoch {epoch}; the run diverged")
                 continue
             metrics = {"val/loss": values[1][position], "val/acc": values[2][position]}
-            outcome.history.append({"train/loss": values[0][position], **{k: float(v) for k, v in rows[position].items()},
+            outcome.history.append({"train/loss": values[0][position], **rows[position],
                                     **metrics, "epoch_s": epoch_s})
             decision = rules[s].update(metrics)
             if decision.save:

@@ -61,6 +61,7 @@ def parameter_groups(
     if kernel_lr_scale <= 0:
         raise ValueError(f"kernel_lr_scale must be > 0, got {kernel_lr_scale}")
     knob_ids = {id(p) for p in kernel_scalar_knobs(module)}
+    undecayed_ids = {id(p) for sub in module.modules() if isinstance(sub, AttentionKernel) for p in sub.undecayed_parameters()}
     decay, no_decay, knobs = [], [], []
     seen: set[int] = set()
     for param in module.parameters():
@@ -69,7 +70,7 @@ def parameter_groups(
         seen.add(id(param))
         if id(param) in knob_ids:
             knobs.append(param)
-        elif decay_vectors or param.dim() >= 2:
+        elif (decay_vectors or param.dim() >= 2) and id(param) not in undecayed_ids:
             decay.append(param)
         else:
             no_decay.append(param)

@@ -44,7 +44,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..groups import Groups
-from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, FusedAttention, HeadShape, standard_diagnostics
+from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, FusedAttention, HeadShape, MechanismDiagnostic,
+                      qk_diagnostics, standard_diagnostics)
 from ..registry import register_attention
 
 # ---- shared pieces -------------------------------------------------------------------------------------
@@ -327,6 +328,15 @@ class AlignmentAttention(AttentionKernel):
     them) and Sinkhorn starts on the keys' support (1 let zero-mass padded keys into its first step)."""
     softmax_limit: ClassVar[dict[str, Any]] = {"weight": 0.0}
     config: AlignmentConfig
+    mechanism = (MechanismDiagnostic(
+        "qk_distance", "relative sliced Wasserstein-1 distance between the query and key clouds per head (softmax reports it too)",
+        rule="below-baseline", threshold=0.8, baseline="softmax",
+        why="the regulariser's goal is a smaller query/key distance than the same host reaches without it; 0.8x "
+            "softmax's at the same seed is a gap well beyond the measure's spread over its fixed directions (<5%)"),)
+
+    def mechanism_diagnostics(self, q: Tensor, k: Tensor, groups: Groups) -> dict[str, Tensor]:
+        """The declared diagnostics this call reports (qk_distance; subclasses add their own)."""
+        return qk_diagnostics(self, q, k, groups) if self.regularised else {}
 
     @property
     def regularised(self) -> bool:
@@ -339,12 +349,13 @@ class AlignmentAttention(AttentionKernel):
 
     def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
         weights = groups.softmax(logits)
-        return AttentionResult(weights, self.aux_losses(q, k, groups), standard_diagnostics(weights, groups, self))
+        diagnostics = {**standard_diagnostics(weights, groups, self), **self.mechanism_diagnostics(q, k, groups)}
+        return AttentionResult(weights, self.aux_losses(q, k, groups), diagnostics)
 
     def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention:
         # The weights are exactly softmax's, so the output can come from the fused kernel; only the
         # regulariser, which needs q and k alone, is computed here.
-        return FusedAttention(q, k, scale, aux_losses=self.aux_losses(q, k, groups))
+        return FusedAttention(q, k, scale, aux_losses=self.aux_losses(q, k, groups), diagnostics=self.mechanism_diagnostics(q, k, groups))
 
     def point_clouds(self, q: Tensor, k: Tensor, groups: Groups) -> PointClouds:
         """Queries and keys as per-(sample, head) point clouds, padding excluded, capped at max_points."""
@@ -370,10 +381,35 @@ class GANAlignmentAttention(AlignmentAttention):
     """Softmax attention + adversarial query/key alignment (highway discriminator, gradient reversal)."""
 
     Config = GANAlignmentConfig
+    version: ClassVar[str] = "4"
+    """4: the discriminator trains without the host's weight decay. Its loss reaches it scaled by λ / layers
+    (0.01 on Cora's GAT), where GAT's L2 (5e-4, inside Adam) outweighed it 10-100x: the discriminator's weights
+    shrank towards 0, its output went constant, and its loss sat at ln 2 from the first epochs (README, "align-gan
+    on graphs"). The authors' AdamW has no weight decay by default (HF TrainingArguments: 0.0)."""
+    undecayed: ClassVar[tuple[str, ...]] = ("discriminator",)
+    mechanism = AlignmentAttention.mechanism + (MechanismDiagnostic(
+        "disc_acc", "the discriminator's balanced accuracy (keys vs queries) over every valid query and key point",
+        rule="max>", threshold=0.55,
+        why="a discriminator that learns nothing scores 0.5 (a constant output classifies half of two equal clouds "
+            "right); on a full graph's clouds (Cora: 2708 points x 8 heads each) its sampling spread is well under "
+            "0.01, so 0.55 at some point of training means it did tell keys from queries"),)
 
     def __init__(self, config: GANAlignmentConfig, shape: HeadShape):
         super().__init__(config, shape)
         self.discriminator = highway_mlp(shape.head_dim, config.hidden, 1)
+
+    def mechanism_diagnostics(self, q: Tensor, k: Tensor, groups: Groups) -> dict[str, Tensor]:
+        out = super().mechanism_diagnostics(q, k, groups)
+        if self.regularised and self.measures("disc_acc"):
+            with torch.no_grad():
+                # Every point, not the loss's subsample: no draw from the run's generator, and a steadier curve.
+                cq, ck, q_valid, k_valid = groups.query_and_key_sets(q.detach(), k.detach())
+                logits = self.discriminator(torch.cat([cq, ck], dim=-2)).squeeze(-1)
+                query_logits, key_logits = logits.split([cq.shape[-2], ck.shape[-2]], dim=-1)
+                key_right = _masked_mean((key_logits > 0).to(logits.dtype), k_valid)
+                query_right = _masked_mean((query_logits <= 0).to(logits.dtype), q_valid)
+                out["disc_acc"] = (0.5 * (key_right + query_right)).detach()
+        return out
 
     def alignment_loss(self, clouds: PointClouds) -> Tensor:
         if self.config.detach_queries:

@@ -36,7 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from ..groups import Groups
-from ..kernel import AttentionConfig, AttentionKernel, AttentionResult, HeadShape, full_precision, standard_diagnostics, per_head
+from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, HeadShape, MechanismDiagnostic, full_precision,
+                      standard_diagnostics, per_head)
 from ..registry import register_attention
 
 SEGMENT_SOLVERS = ("newton", "pad")
@@ -196,6 +197,12 @@ class EntmaxAttention(AttentionKernel):
 
     Config = EntmaxConfig
     scalar_knobs = ("alpha_logit",)
+    mechanism = (
+        MechanismDiagnostic(
+            "support_fraction", "mean fraction of each query's keys with non-zero weight", rule="final<", threshold=0.95,
+            why="softmax gives every key weight (1.0); at least 5% of the weights exactly zero is sparsity at work"),
+        MechanismDiagnostic("alpha", "α of the entmax map, mean over heads (fixed for entmax15 and sparsemax)"),
+    )
     """The learned α per head."""
     softmax_limit = {"alpha": 1.0001}
     """α → 1: p_i ∝ [1 + (α-1)(z_i - τ')]_+^{1/(α-1)} → exp(z_i - τ'), a relative error of about
@@ -239,8 +246,8 @@ class EntmaxAttention(AttentionKernel):
         # the scores are float32 at least; the values (for the aggregation) are in q's dtype
         weights = weights.to(q.dtype if q is not None else logits.dtype)
         diagnostics = standard_diagnostics(weights, groups, self)
-        if self.alpha_logit is not None:
-            diagnostics["alpha"] = alpha.detach().mean()
+        if (self.alpha_logit is not None and not self.training) or self.measures("alpha"):
+            diagnostics["alpha"] = alpha.detach().mean() if isinstance(alpha, Tensor) else weights.new_tensor(float(alpha))
         return AttentionResult(weights, diagnostics=diagnostics)
 
     def _partial_sort_size(self, num_keys: int) -> int | None:

@@ -58,6 +58,7 @@ from ..kernel import (
     AttentionResult,
     FusedAttention,
     HeadShape,
+    MechanismDiagnostic,
     full_precision,
     per_head,
     standard_diagnostics,
@@ -153,6 +154,17 @@ class FenchelAttention(AttentionKernel):
     scalar_knobs = ("log_alpha", "degree_weight")
     """The reliability α and the degree prior's coupling; the position-bias table is a sub-network (host rate)."""
     softmax_limit: ClassVar[dict[str, Any]] = {"prior": "uniform", "alpha": 1.0, "learn_alpha": False}
+    mechanism = (
+        MechanismDiagnostic(
+            "prior_tv", "mean total-variation distance between softmax(α·logits + log u) and the prior-free "
+            "softmax(α·logits)", rule="final>", threshold=0.01,
+            why="the preference prior starts uniform (distance 0); a prior that moves under 1% of each query's "
+                "weight has not learned a preference"),
+        MechanismDiagnostic(
+            "alpha", "the reliability α, mean over heads", rule="moved", threshold=0.05,
+            why="α starts at its configured value; a learned α that moved by under 5% of it changed the "
+                "logits' sharpness by as little (a fixed α never moves: the prior alone then decides)"),
+    )
 
     def __init__(self, config: FenchelConfig, shape: HeadShape):
         super().__init__(config, shape)
@@ -211,9 +223,9 @@ class FenchelAttention(AttentionKernel):
 
     def prior_diagnostics(self, bias: Tensor | None, logits: Tensor, groups: Groups) -> dict[str, Tensor]:
         if self.training:
-            return {}
+            return self._prior_mechanism(bias, logits, groups)
         with torch.no_grad():
-            out = {"alpha": self.alpha().mean().detach()}
+            out = {"alpha": self.alpha().mean().detach(), **self._prior_mechanism(bias, logits, groups)}
             if bias is None:
                 out["prior_std"] = torch.zeros((), dtype=logits.dtype, device=logits.device)
             else:
@@ -221,6 +233,20 @@ class FenchelAttention(AttentionKernel):
                 centred = bias - groups.mean(bias)
                 out["prior_std"] = groups.mean_over_queries(groups.reduce(centred * centred, "mean").sqrt()).detach()
             return out
+
+    def _prior_mechanism(self, bias: Tensor | None, logits: Tensor, groups: Groups) -> dict[str, Tensor]:
+        out = {}
+        with torch.no_grad():
+            if self.measures("alpha"):
+                out["alpha"] = self.alpha().mean().detach()
+            if self.measures("prior_tv"):
+                if bias is None:
+                    out["prior_tv"] = torch.zeros((), dtype=logits.dtype, device=logits.device)
+                else:
+                    tempered = logits if self.fixed_alpha == 1.0 else logits * per_head(self.alpha(), logits).to(logits.dtype)
+                    gap = (groups.softmax(tempered + bias) - groups.softmax(tempered)).abs()
+                    out["prior_tv"] = (0.5 * groups.mean_over_queries(groups.reduce(groups.zero_invalid(gap), "sum"))).detach()
+        return out
 
     # ---- the kernel ------------------------------------------------------------------------------
     def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:

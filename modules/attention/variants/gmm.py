@@ -63,6 +63,7 @@ from ..kernel import (
     HeadShape,
     full_precision,
     per_head,
+    MechanismDiagnostic,
     standard_diagnostics,
 )
 from ..registry import register_attention
@@ -131,6 +132,8 @@ class GaussianMixtureAttention(AttentionKernel):
     version = "2"
     """2: adaptation (γ, η) and the diagnostics sum over valid queries only (1 counted padded query rows)."""
     scalar_knobs = ("log_alpha", "log_beta", "coupling", "offset")
+    # Shown, not ruled: a precision that stays put still leaves a Gaussian kernel, unlike softmax's score.
+    mechanism = (MechanismDiagnostic("alpha", "the query precision α, mean over heads"),)
     """Precisions α and β, the prior coupling and the key offset."""
     needs_values = True
     softmax_limit = {
@@ -292,9 +295,9 @@ class GaussianMixtureAttention(AttentionKernel):
             weights, step = self._value_iterations(joint, weights, groups, v)
             if not self.training:
                 diagnostics["em_step"] = step.detach()
-        if not self.training:
+        if not self.training or self.measures("alpha"):
             diagnostics["alpha"] = self.alpha.detach().mean()
-            if self.coupling is not None:
+            if self.coupling is not None and not self.training:
                 diagnostics["prior_coupling"] = self.coupling.detach().mean()
         diagnostics.update(standard_diagnostics(weights, groups, self))
         return AttentionResult(weights, diagnostics=diagnostics)

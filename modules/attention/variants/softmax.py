@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..groups import Groups
-from ..kernel import AttentionKernel, AttentionResult, FusedAttention, standard_diagnostics
+from ..kernel import AttentionKernel, AttentionResult, FusedAttention, MechanismDiagnostic, qk_diagnostics, standard_diagnostics
 from ..registry import register_attention
 
 
@@ -13,10 +13,13 @@ from ..registry import register_attention
 class SoftmaxAttention(AttentionKernel):
     """Softmax over scaled dot products (SDPA on dense groups, segment softmax on graphs)."""
 
+    # No mechanism of its own: its query/key distance is the reference the alignment variants are read against.
+    mechanism = (MechanismDiagnostic("qk_distance", "relative sliced Wasserstein-1 distance between the query and key clouds per head"),)
+
     def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
         weights = groups.softmax(logits)
-        return AttentionResult(weights, diagnostics=standard_diagnostics(weights, groups, self))
+        return AttentionResult(weights, diagnostics={**standard_diagnostics(weights, groups, self), **qk_diagnostics(self, q, k, groups)})
 
     def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention:
         # The fused kernel never materialises the [B, H, Lq, Lk] weights.
-        return FusedAttention(q, k, scale)
+        return FusedAttention(q, k, scale, diagnostics=qk_diagnostics(self, q, k, groups))

@@ -1,0 +1,110 @@
+"""Mechanism diagnostics (issue 35): every variant declares them, they are kept as train and validation curves and
+final values in the record, and they change no training number (same draws, same losses, same metrics)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.plan.spec import make_spec
+from harness.results.record import Status
+from harness.run.runner import execute
+from harness.run.seed_batch import execute_batch
+from modules.attention import attention_entry, list_attentions
+from modules.attention.contract import make_problem, segment_weights, kernel_for
+from modules.attention.kernel import MechanismDiagnostic, mechanism_diagnostics
+
+VARIANTS = list_attentions()
+COMPARED = ("softmax", "align-gan", "bam-weibull")
+TRAINING_NUMBERS = ("train/loss", "val/loss", "val/acc")
+
+
+@pytest.fixture
+def data_root():
+    root = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    if not (root / "planetoid").exists():
+        pytest.skip("needs the Planetoid data under ../shared/data")
+    return str(root)
+
+
+@pytest.fixture
+def full_history(monkeypatch):
+    """Per-epoch rows instead of the compacted curves, so that every epoch's numbers are compared."""
+    from harness.run import callbacks, seed_batch
+
+    monkeypatch.setattr(callbacks.History, "compact", lambda self: list(self.epochs))
+    monkeypatch.setattr(seed_batch, "_compact", lambda rows, max_epochs: list(rows))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_variant_declares_well_formed_diagnostics_and_reports_them(name):
+    cls = attention_entry(name).cls
+    assert cls.mechanism, f"{name} declares no mechanism diagnostic"
+    assert all(isinstance(d, MechanismDiagnostic) and d.meaning for d in cls.mechanism)
+    assert cls.mechanism_rule in ("any", "all")
+    assert len({d.name for d in cls.mechanism}) == len(cls.mechanism)
+    p = make_problem()
+    kernel = kernel_for(name)
+    for mode in (True, False):
+        result = segment_weights(kernel.train(mode), p)
+        # graph site: self-attention; the host computes loss shares, the kernel the rest
+        reported = {d.name for d in cls.mechanism if d.loss_share is None and (mode or d.name != "sample_tv")}
+        assert reported <= set(result.diagnostics), f"{name} ({'train' if mode else 'eval'}) missed {reported - set(result.diagnostics)}"
+    with mechanism_diagnostics(False):
+        result = segment_weights(kernel.train(), p)
+    assert not {d.name for d in cls.mechanism if d.name != "sample_tv"} & set(result.diagnostics), "off must skip them in training"
+
+
+def test_qk_distance_is_zero_for_equal_clouds_and_grows_with_their_gap():
+    from modules.attention import SegmentGroups
+    from modules.attention.kernel import qk_distance
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(500, 2, 8, generator=g)
+    groups = SegmentGroups(torch.arange(500), torch.arange(500), 500)
+    assert float(qk_distance(x, x, groups)) == 0.0
+    near, far = (float(qk_distance(x, x + shift, groups)) for shift in (0.2, 2.0))
+    assert 0 < near < far
+    # scale-free: the same clouds at another scale are as far apart
+    assert float(qk_distance(10 * x, 10 * (x + 2.0), groups)) == pytest.approx(far, rel=1e-5)
+
+
+def _numbers(record):
+    return record.metrics, [{k: row[k] for k in TRAINING_NUMBERS if k in row} for row in record.history]
+
+
+@pytest.mark.parametrize("variant", COMPARED)
+def test_a_lone_run_is_the_same_with_diagnostics_on_and_off(data_root, full_history, variant):
+    spec = make_spec("cora", variant, 0, {"max_epochs": 3})
+    on = execute(spec, data_root=data_root)
+    with mechanism_diagnostics(False):
+        off = execute(spec, data_root=data_root)
+    assert on.status is Status.OK and off.status is Status.OK, (on.error, off.error)
+    assert _numbers(on) == _numbers(off)
+    assert on.best_epoch == off.best_epoch
+    declared = [d for d in attention_entry(variant).cls.mechanism if d.name != "sample_tv"]
+    for d in declared:
+        assert all(f"diag/{d.name}" in row and f"val/diag/{d.name}" in row for row in on.history), d.name
+        assert f"diag/{d.name}" in on.diagnostics and f"val/diag/{d.name}" in on.diagnostics
+    assert not any(k.startswith("diag/") for row in off.history for k in row)
+
+
+@pytest.mark.parametrize("variant", COMPARED)
+def test_a_seed_batch_is_the_same_with_diagnostics_on_and_off(data_root, full_history, variant):
+    specs = [make_spec("cora", variant, seed, {"max_epochs": 3}) for seed in (0, 1)]
+    on = execute_batch(specs, data_root=data_root, on_record=lambda r: None)
+    with mechanism_diagnostics(False):
+        off = execute_batch(specs, data_root=data_root, on_record=lambda r: None)
+    for a, b in zip(on, off):
+        assert a.status is Status.OK and b.status is Status.OK, (a.error, b.error)
+        assert _numbers(a) == _numbers(b)
+        assert any(k.startswith("val/diag/") for k in a.diagnostics)
+    # and a batched seed's curves are its lone run's (train curves bit for bit; the validation pass is the same maths)
+    lone = execute(specs[0], data_root=data_root)
+    for row, lone_row in zip(on[0].history, lone.history):
+        for name in (k for k in lone_row if k.startswith("diag/")):
+            assert row[name] == pytest.approx(lone_row[name], rel=1e-6), name
+        for name in (k for k in lone_row if k.startswith("val/diag/")):
+            assert row[name] == pytest.approx(lone_row[name], rel=1e-5), name
