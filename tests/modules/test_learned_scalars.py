@@ -144,6 +144,11 @@ def test_kernel_subnetworks_train_at_the_hosts_rate_with_its_weight_decay(varian
     host_ids = {id(p) for name in ("host", "host_no_decay") if name in groups for p in groups[name]["params"]}
     assert subnet <= host_ids
     assert all(groups[name]["lr"] == 0.005 for name in ("host", "host_no_decay") if name in groups)
+    # a sub-network the kernel declares undecayed (align-gan's discriminator, version 4) takes no weight decay
+    undecayed = {id(p) for m in model.modules() if hasattr(m, "undecayed_parameters") for p in m.undecayed_parameters()}
+    if subnet <= undecayed:
+        assert subnet <= {id(p) for p in groups["host_no_decay"]["params"]}
+        return
     # weight decay by the host's rule: GAT's L2 on every weight, the BERT recipe on matrices only
     matrices = {id(p) for n, p in model.named_parameters() if id(p) in subnet and p.dim() >= 2}
     assert matrices and matrices <= {id(p) for p in groups["host"]["params"]}
