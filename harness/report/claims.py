@@ -19,24 +19,39 @@ from typing import Any, Mapping
 
 import yaml
 
-from harness.report.stats import ALPHA, CONFIDENCE, POWER, detectable_difference, summarize
+from harness.report.stats import ALPHA, CONFIDENCE, POWER, detectable_difference, holm, paired_p, summarize
 from harness.results.record import Record, Status
 
 CLAIMS_FILE = Path(__file__).resolve().parents[1] / "claims.yaml"
 BASELINE = "softmax"
 KINDS = ("baseline", "gain", "direction", "structural")
-REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN_HERE, NOT_RUN_YET = ("reproduced", "contradicted", "inconclusive",
-                                                                     "not run here", "not run yet")
+REPRODUCED, NOT_REPRODUCED, OPPOSITE, INCONCLUSIVE, NOT_JUDGED, NOT_RUN_HERE, NOT_RUN_YET = (
+    "reproduced", "not reproduced", "opposite effect", "inconclusive", "not judged", "not run here", "not run yet")
+NEGATIVE = (NOT_REPRODUCED, OPPOSITE)
+"""Verdicts that say a paper's claim does not hold here: given only where the variant's mechanism was shown active."""
+CONFIG_SOURCES = ("paper", "tuned", "default")
+"""Where a claim's configuration comes from: the paper's stated hyperparameters, Optuna on validation data with the
+same budget for every variant, or attnbench's default (shown, never the basis of a verdict)."""
 VERDICT_RULE = (
     f"Our Δ is the mean paired difference of the variant from `softmax` over the seeds both finished, with its "
-    f"{CONFIDENCE:.0%} CI (paired t; per claim, not corrected for the number of claims). **reproduced**: the CI excludes 0, with the paper's sign. **contradicted**: the CI "
-    "excludes the paper's Δ, or shows a significant effect of the opposite sign. **inconclusive**: the CI holds both 0 and "
-    "the paper's Δ; the resolution says how large a difference these seeds could have seen. **not run here**: no record "
-    "can be made on this machine, for the reason given. **not run yet: k of n seeds**: the suite runs here but its "
-    "records are incomplete (the numbers shown are interim); once the suite's common seeds (those every task runs) are "
-    "all recorded, a task that plans more gets its verdict, marked *interim: k of n seeds* until the rest are in. A claim with a sign but no number (*direction*) has no Δ to "
-    "exclude: it is reproduced or contradicted by the sign of a CI that excludes 0, else inconclusive. A paper's own "
-    "softmax number (*baseline*) is reproduced when our softmax mean's CI holds it, contradicted when it excludes it.")
+    f"{CONFIDENCE:.0%} CI (paired t). A significant effect must also survive the multiplicity of its family: the Holm "
+    "correction over every variant compared with `softmax` on the same task and metric, as the suite's leaderboard applies it "
+    f"(corrected p < {ALPHA:g}). **reproduced**: the effect has the paper's sign and is significant after correction. "
+    "**opposite effect**: the effect has the other sign and is significant after correction. **not reproduced**: the CI "
+    "excludes the paper's Δ on the side of a smaller effect. **inconclusive**: neither; the resolution says how large a "
+    "difference these seeds could have seen. Both negative verdicts are given only when the variant's mechanism "
+    "diagnostics show it was active in these runs (modules/attention/mechanism.py states each rule); otherwise the row is "
+    "**inconclusive: mechanism inactive** (or: no mechanism evidence in the records), with the figure. **not judged**: "
+    "the row runs attnbench's default configuration, neither the paper's stated one nor one tuned on validation data, "
+    "so its numbers are shown but carry no verdict. *in this setup*: our `softmax` differs from the paper's baseline by "
+    "more than its CI, so the verdict speaks for our baseline. A claim with a sign but no number (*direction*) is "
+    "reproduced or an opposite effect by the sign of a corrected-significant effect, else inconclusive. A paper's own "
+    "softmax number (*baseline*) is reproduced when our softmax mean's CI holds it, not reproduced when it excludes it. "
+    "**not run here**: no record can be made on this machine, for the reason given. **not run yet: k of n seeds**: the "
+    "suite runs here but its records are incomplete; once the suite's common seeds are all recorded, a task that plans "
+    "more gets its verdict, marked *interim* until the rest are in. Where a task's seed count grew after its first "
+    "records existed (the suite's seed history says when and why), the verdict on the first declared seeds is computed "
+    "too, and a verdict that differs is marked as resting on the seeds added later.")
 RESOLUTION_RULE = (f"Resolution: the smallest true difference a two-sided paired t-test at α = 0.05 detects with "
                    f"{POWER:.0%} power at this n, given the paired spread observed (the boards' notion, for this one pair of rows).")
 
@@ -47,9 +62,15 @@ _FIELDS = {
     "direction": {"table": str, "task": str, "host": str, "metric": str, "sign": int, "claim": str},
     "structural": {"claim": str, "evidence": list},
 }
-_OPTIONAL = {"note": str, "not_here": str, "measured_by": dict}
+_OPTIONAL = {"note": str, "not_here": str, "measured_by": dict, "config": dict, "proxy": dict}
+_PROXY_FIELDS = {"suite": str, "host": str}
+_PROXY_OPTIONAL = {"not_here": str}
 _VALUE_FIELDS = {"name": str, "mean": float}
-_VALUE_OPTIONAL = {"sd": float, "runs": int}
+_VALUE_OPTIONAL = {"sd": float, "runs": int, "from": str}
+"""`from`: the id of the paper (under `papers`) whose number this is, when it is not the claim's own paper's run: the
+paper's Δ then compares its method with another paper's published number."""
+_CONFIG_FIELDS = {"source": str}
+_CONFIG_OPTIONAL = {"note": str}
 _MEASURED_FIELDS = {"suite": str, "task": str, "variant": str, "metric": str, "scale": float}
 _PAPER_FIELDS = {"title": str, "source": str}
 _PAPER_OPTIONAL = {"authors": str, "venue": str, "note": str, "setting": dict}
@@ -104,6 +125,9 @@ def load_claims(path: str | Path = CLAIMS_FILE, repo: str | Path | None = None) 
         for name in ("value", "baseline", "method"):
             if name in claim:
                 _check(claim[name], _VALUE_FIELDS, _VALUE_OPTIONAL, f"{label}: field `{name}`")
+                if claim[name].get("from", claim["paper"]) not in papers:
+                    raise ClaimsError(f"{label}: field `{name}.from` names {claim[name]['from']!r}, not a paper under `papers`; "
+                                      "name the paper whose published number it is")
         if kind == "direction" and claim["sign"] not in (-1, 1):
             raise ClaimsError(f"{label}: field `sign` must be 1 (improves) or -1 (hurts), got {claim['sign']!r}")
         if kind == "structural":
@@ -112,13 +136,38 @@ def load_claims(path: str | Path = CLAIMS_FILE, repo: str | Path | None = None) 
         elif "measured_by" in claim:
             measured = claim["measured_by"]
             _check(measured, _MEASURED_FIELDS, {}, f"{label}: field `measured_by`")
+            if "config" not in claim:
+                raise ClaimsError(f"{label}: field `config` is missing; say where the measured configuration comes from: "
+                                  f"{{source: paper | tuned | default, note: ...}}")
+            _check(claim["config"], _CONFIG_FIELDS, _CONFIG_OPTIONAL, f"{label}: field `config`")
+            if claim["config"]["source"] not in CONFIG_SOURCES:
+                raise ClaimsError(f"{label}: field `config.source` must be one of {', '.join(CONFIG_SOURCES)}, got {claim['config']['source']!r}")
             if measured["suite"] not in suites:
                 raise ClaimsError(f"{label}: field `measured_by.suite` names {measured['suite']!r}, not a built-in suite "
                                   f"({', '.join(suites)}); name the suite that measures the claim")
         elif "not_here" not in claim:
             raise ClaimsError(f"{label}: neither `measured_by` (suite, task, variant, metric, scale) nor `not_here` (why no "
                               "suite can measure it here); give one")
-    return {"papers": papers, "claims": list(data["claims"])}
+        if "proxy" in claim:
+            _check(claim["proxy"], _PROXY_FIELDS, _PROXY_OPTIONAL, f"{label}: field `proxy`")
+            if "measured_by" not in claim or claim["proxy"]["suite"] not in suites:
+                raise ClaimsError(f"{label}: field `proxy` needs the claim's `measured_by` and a built-in suite, got {claim['proxy']['suite']!r}")
+    return {"papers": papers, "claims": [row for claim in data["claims"] for row in (claim, *_proxy_rows(claim))]}
+
+
+def _proxy_rows(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A claim measured again on another setup (the papers' GLUE claims on MiniLM-L6 instead of ALBERT-base) gets its
+    own row, `<id>-proxy`, judged on its own records: a proxy is never pooled with the paper's setup."""
+    proxy = claim.get("proxy")
+    if not proxy:
+        return []
+    row = {k: v for k, v in claim.items() if k not in ("proxy", "note", "not_here")}
+    row.update(id=f"{claim['id']}-proxy", host=proxy["host"], proxy_of=claim["id"],
+               measured_by={**claim["measured_by"], "suite": proxy["suite"]},
+               note=f"A proxy for `{claim['id']}` on another backbone ({proxy['host']}, suite `{proxy['suite']}`): not the paper's setup, never pooled with it.")
+    if proxy.get("not_here"):
+        row["not_here"] = proxy["not_here"]
+    return [row]
 
 
 def _check(mapping: Any, required: Mapping[str, type], optional: Mapping[str, type], label: str) -> None:
@@ -171,7 +220,8 @@ def _suite_names() -> list[str]:
 
 
 def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_root: str | None) -> dict[str, Any]:
-    """Plan each suite a claim names once, load its records from the store `runs`, and measure every claim."""
+    """Plan each suite a claim names once, load its records from the store `runs`, and measure every claim. A suite's
+    tuned rows are the ones it lists (`tuned`), from the committed tuned parameters."""
     from harness.plan.planner import plan
     from harness.plan.suite import load_suite
     from harness.results.store import RecordStore, runs_dir
@@ -188,23 +238,16 @@ def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_
 def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records: Mapping[str, Mapping[str, Record]]) -> dict[str, Any]:
     """The claims board: per claim its paper's numbers, our measurement and the verdict (JSON-serialisable)."""
     rows = []
-    boards: dict[str, dict[str, Any]] = {}
     for claim in claims["claims"]:
         measured = claim.get("measured_by")
         paper = claims["papers"][claim["paper"]]
-        row = {"claim": claim, "setting": None}
+        row = {"claim": claim, "setting": None, "config": (claim.get("config") or {}).get("source")}
         if claim["kind"] == "structural":
             row.update(verdict="structural", reason=None)
         elif measured is None:
             row.update(verdict=NOT_RUN_HERE, reason=claim["not_here"])
         else:
             row.update(_measure(claim, plans[measured["suite"]], records[measured["suite"]]))
-            measure = row.get("measure") or {}
-            excludes_zero = measure.get("ci_low") is not None and (measure["ci_low"] > 0 or measure["ci_high"] < 0)
-            if row["verdict"] in (REPRODUCED, CONTRADICTED) and excludes_zero and claim["kind"] != "baseline":
-                if measured["suite"] not in boards:
-                    boards[measured["suite"]] = _board_of(plans[measured["suite"]], records[measured["suite"]])
-                row.update(_multiplicity(measured, boards[measured["suite"]]))
             if paper.get("setting") and row.get("attention"):
                 setting = paper["setting"]
                 row["setting"] = {"name": setting["name"], "paper": setting["paper"], "ours": row["attention"].get(setting["name"])}
@@ -215,11 +258,21 @@ def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records:
 def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record]) -> dict[str, Any]:
     measured = claim["measured_by"]
     task, variant = measured["task"], measured["variant"]
+    source = claim["config"]["source"]
     if task in the_plan.skipped_tasks or task in the_plan.missing_data:
         reason = claim.get("not_here") or f"the suite's task `{task}` was skipped: its data is not in the data root"
         return {"verdict": NOT_RUN_HERE, "reason": reason}
-    own = _specs(the_plan, task, variant)
+    pair = f"{task} x {variant}"
+    kept_defaults = source == "tuned" and pair in the_plan.tuned_as_defaults  # the tuning chose the defaults: one row
+    own = _specs(the_plan, task, variant, tuned=source == "tuned" and not kept_defaults)
     base = _specs(the_plan, task, BASELINE)
+    if source == "tuned":
+        budget = next((entry.split(": ", 1)[1] for entry in the_plan.tuned_budget if entry.startswith(pair + ":")), None)
+        if budget or (not own and base):
+            why = (f"the committed tuned parameters of `{variant}` on `{task}` were {budget}: not this suite's budget" if budget else
+                   f"no tuned parameters of `{variant}` on `{task}` are committed yet")
+            return {"verdict": NOT_RUN_YET, "reason": f"{why} (`attnbench tune {task} {variant}` at the suite's budget with --promote, "
+                                                      f"then `make bench SUITE={measured['suite']}`)"}
     if not own or not base:
         missing = variant if not own else BASELINE
         return {"verdict": NOT_RUN_HERE, "reason": claim.get("not_here") or f"suite `{measured['suite']}` does not plan `{missing}` on `{task}`"}
@@ -234,6 +287,13 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record]) 
     result: dict[str, Any] = {"attention": dict(own[0].attention), "planned": len(seeds), "recorded": len(recorded),
                               "failed": sum(1 for s in own + base if s.key in records and records[s.key].status is not Status.OK),
                               "softmax": summarize(list(softmax.values()))}
+    if source == "tuned":
+        from harness.plan.tuned import DEFAULT_ROOT, load_tuned
+
+        tuned = load_tuned(task, variant, DEFAULT_ROOT) or {}
+        trials = (tuned.get("tuning") or {}).get("trials") or {}
+        result["tuning"] = {"trials": sum(trials.values()) if isinstance(trials, dict) else trials,
+                            "metric": (tuned.get("validation") or {}).get("metric"), "kept_defaults": kept_defaults}
     if claim["kind"] == "baseline":
         result["measure"] = summarize(list(softmax.values()))
     else:
@@ -245,47 +305,100 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record]) 
     paper_base = claim.get("baseline") or claim.get("value")
     low, high = result["softmax"]["ci_low"], result["softmax"]["ci_high"]
     if paper_base and claim["kind"] != "baseline" and low is not None and not low <= paper_base["mean"] <= high:
-        result["baseline_note"] = (f"Our `softmax` {result['softmax']['mean']:.2f} [{low:.2f}, {high:.2f}] differs from the paper's "
-                                   f"baseline {paper_base['mean']:.2f} by more than its CI")
+        result["baselines_differ"] = True
+        result["baseline_note"] = (f"Baselines: the paper's {paper_base['mean']:.2f} ({paper_base['name']}); ours, `softmax`, "
+                                   f"{result['softmax']['mean']:.2f} [{low:.2f}, {high:.2f}], which excludes it: the verdict is for this setup")
     progress = f"{len(recorded)} of {len(seeds)} seeds"
     common = set(the_plan.suite.seeds) & set(seeds) or set(seeds)
     if not common <= set(recorded):
         result.update(verdict=NOT_RUN_YET, reason=progress)
-    else:
-        # a task with more seeds than the suite's common ones (paper-gat's CiteSeer) adds them to resolve more:
-        # the seeds it has are the first ones, chosen by number, not by outcome, so their verdict stands meanwhile
-        result.update(verdict_for(claim, result["measure"]), reason=None)
-        if len(recorded) < len(seeds):
-            result["interim"] = progress
+        return result
+    if source == "default":
+        result.update(verdict=NOT_JUDGED, reason="attnbench's default configuration, neither the paper's nor tuned on validation data")
+        return result
+    family = _family(the_plan, records, task, measured["metric"])
+    mechanism = _mechanism(own[0].variant, [records.get(s.key) for s in own], [records.get(s.key) for s in base]) if claim["kind"] != "baseline" else None
+    if mechanism is not None:
+        result["mechanism"] = {"active": mechanism[0], "evidence": mechanism[1]}
+    result.update(verdict_for(claim, result["measure"], family.get(own[0].display), mechanism, result.get("baselines_differ", False)), reason=None)
+    if len(recorded) < len(seeds):
+        # a task with more seeds than the suite's common ones adds them to resolve more: the seeds it has are the
+        # first ones, chosen by number, not by outcome, so their verdict stands meanwhile
+        result["interim"] = progress
+    first = _first_declared_seeds(the_plan.suite, task)
+    if claim["kind"] != "baseline" and first and set(first) < set(recorded):
+        subset = sorted(set(first) & set(ours) & set(softmax))
+        measure = summarize([ours[seed] - softmax[seed] for seed in subset])
+        family_first = _family(the_plan, records, task, measured["metric"], seeds=set(first))
+        on_first = verdict_for(claim, measure, family_first.get(own[0].display), mechanism, result.get("baselines_differ", False))
+        result["first_seeds"] = {"seeds": len(subset), "measure": measure, **on_first}
+        if on_first["verdict"] != result["verdict"]:
+            result["rests_on_added_seeds"] = True
     return result
 
 
-def _board_of(the_plan, records: Mapping[str, Record]) -> dict[str, Any]:
-    from harness.report.board import build_board
-
-    return build_board(the_plan.suite, the_plan, records)
-
-
-def _multiplicity(measured: Mapping[str, Any], board: Mapping[str, Any]) -> dict[str, Any]:
-    """A verdict that rests on a CI excluding 0 is one test; the suite's board tests every variant of the
-    table against softmax and Holm-corrects them. Where the corrected p is not below α the row says so:
-    among a table's many comparisons one borderline interval is weak evidence."""
-    def comparison(row: Mapping[str, Any]) -> Mapping[str, Any]:
-        return row["metrics"].get(measured["metric"], {}).get("vs_baseline") or {}
-
-    for table in (t for group in board["groups"] for t in group["tasks"] if t["task"] == measured["task"]):
-        tested = [row for row in table["rows"] if comparison(row).get("p_holm") is not None]
-        for row in tested:
-            compared = comparison(row)
-            if row["variant"] == measured["variant"] and compared["p_holm"] >= ALPHA:
-                return {"multiplicity_note": f"{compared['p_holm']:.3f} once the board's {len(tested)} comparisons with `softmax` on this table "
-                                             f"are Holm-corrected (uncorrected p {compared['p']:.3f}): weak evidence either way"}
-    return {}
+def _first_declared_seeds(suite, task: str) -> list[int] | None:
+    """The seeds `task` had when its suite first declared its seed counts, when the count grew since (the suite's
+    `seed_history`); None when it never grew."""
+    history = getattr(suite, "seed_history", None) or []
+    counts = [entry["seeds"] for entry in history if entry.get("task") in (None, task)]
+    return list(range(counts[0])) if len(counts) > 1 and counts[0] < counts[-1] else None
 
 
-def _specs(the_plan, task: str, label: str) -> list:
-    """The default-parameters row `label` of `task` (tuned rows re-run other parameters: not the paper's setup)."""
-    return sorted((s for s in the_plan.specs if s.task == task and s.display == label and not s.extra.get("tuning")), key=lambda s: (s.seed, s.key))
+def _family(the_plan, records: Mapping[str, Record], task: str, metric: str, seeds: set[int] | None = None) -> dict[str, dict[str, Any]]:
+    """Per row of the task's table: its paired p against `softmax` over the seeds both finished (within `seeds`), and
+    that p Holm-corrected over every row compared, which is the family the suite's leaderboard corrects (board._compare),
+    restricted to other seeds when the verdict on the first declared seeds is asked."""
+    by_row: dict[str, dict[int, float]] = {}
+    for spec in the_plan.specs:
+        if spec.task != task or (seeds is not None and spec.seed not in seeds):
+            continue
+        record = records.get(spec.key)
+        if record is None or record.status is not Status.OK or metric not in (record.metrics or {}):
+            continue
+        value = record.metrics[metric].get("value")
+        if value is not None and math.isfinite(float(value)):
+            by_row.setdefault(spec.display, {})[spec.seed] = float(value)
+    base = by_row.get(BASELINE, {})
+    tests, found = {}, {}
+    for label, values in by_row.items():
+        diffs = [value - base[seed] for seed, value in values.items() if seed in base]
+        if label == BASELINE or len(diffs) < 2:
+            continue
+        tests[label] = paired_p(diffs)
+        found[label] = {"p": tests[label], "family": 0}
+    for label, corrected in holm(tests).items():
+        found[label].update(p_holm=corrected, family=len(tests))
+    return found
+
+
+def _mechanism(variant: str, own: list[Record | None], base: list[Record | None]) -> tuple[bool | None, str] | None:
+    """Whether the variant's mechanism was active in these runs, by the rule its kernel declares
+    (modules/attention/mechanism.py), seed by seed against softmax's record of the same seed: active when it was in at
+    least half the seeds that carry the diagnostics; None (no evidence) when no record carries them; None overall for
+    a variant that declares no diagnostic (nothing to gate on)."""
+    from modules.attention.mechanism import declared_mechanism, mechanism_active
+
+    declared, _ = declared_mechanism(variant)
+    if not any(d.rule for d in declared):
+        return None
+    baseline = {(r.spec or {}).get("seed"): r for r in base if r is not None}
+    verdicts = [mechanism_active(r, baseline.get((r.spec or {}).get("seed"))) for r in own if r is not None]
+    verdicts = [v for v in verdicts if v is not None]
+    if not verdicts:
+        return None
+    shown = [v for v in verdicts if v[0] is not None]
+    if not shown:
+        return None, f"{verdicts[0][1]} (records made before the diagnostics existed; re-run them)"
+    active = sum(1 for v in shown if v[0])
+    example = next((v[1] for v in shown if v[0] == (2 * active >= len(shown))), shown[0][1])
+    return 2 * active >= len(shown), f"active in {active} of {len(shown)} seeds; e.g. {example}"
+
+
+def _specs(the_plan, task: str, label: str, tuned: bool = False) -> list:
+    """Row `label` of `task`: its default-parameters runs, or with `tuned` its "(tuned)" row's."""
+    return sorted((s for s in the_plan.specs if s.task == task and bool(s.extra.get("tuning")) == tuned
+                   and s.display == (f"{label} (tuned)" if tuned else label)), key=lambda s: (s.seed, s.key))
 
 
 def _values(specs, records: Mapping[str, Record], metric: str, scale: float) -> dict[int, float]:
@@ -307,9 +420,11 @@ def paper_delta(claim: Mapping[str, Any]) -> float | None:
     return claim["method"]["mean"] - claim["baseline"]["mean"]
 
 
-def verdict_for(claim: Mapping[str, Any], measure: Mapping[str, Any]) -> dict[str, Any]:
-    """{"verdict", "detail"} by VERDICT_RULE from our summary (`summarize` of the paired differences, or of
-    softmax's values for a baseline claim). Fewer than 2 finished pairs leave no CI: inconclusive."""
+def verdict_for(claim: Mapping[str, Any], measure: Mapping[str, Any], family: Mapping[str, Any] | None = None,
+                mechanism: tuple[bool | None, str] | None = None, baselines_differ: bool = False) -> dict[str, Any]:
+    """{"verdict", "detail"} by VERDICT_RULE from our summary (`summarize` of the paired differences, or of softmax's
+    values for a baseline claim), the row's family comparison ({"p", "p_holm", "family"}), and its mechanism evidence
+    ((active, evidence) or None when the variant declares no diagnostic). Fewer than 2 pairs leave no CI: inconclusive."""
     low, high = measure["ci_low"], measure["ci_high"]
     if low is None:
         return {"verdict": INCONCLUSIVE, "detail": f"{measure['n']} finished pair(s): no confidence interval"}
@@ -317,21 +432,39 @@ def verdict_for(claim: Mapping[str, Any], measure: Mapping[str, Any]) -> dict[st
         target = claim["value"]["mean"]
         if low <= target <= high:
             return {"verdict": REPRODUCED, "detail": None}
-        return {"verdict": CONTRADICTED, "detail": f"our softmax is {measure['mean'] - target:+.2f} from the paper's {target:.2f}"}
+        return {"verdict": NOT_REPRODUCED, "detail": f"our softmax is {measure['mean'] - target:+.2f} from the paper's {target:.2f}"}
     expected = claim["sign"] if claim["kind"] == "direction" else math.copysign(1.0, paper_delta(claim))
     delta = paper_delta(claim)
-    holds_zero = low <= 0.0 <= high
-    if not holds_zero:
+    excludes_zero = not low <= 0.0 <= high
+    p_holm = (family or {}).get("p_holm")
+    corrected = excludes_zero and p_holm is not None and p_holm < ALPHA
+    alone = None
+    if excludes_zero and not corrected:
+        alone = (f"significant alone (p {family['p']:.3f}) but not after Holm over the table's {family['family']} comparisons "
+                 f"(p {p_holm:.3f})" if p_holm is not None else "significant alone; no family to correct over")
+    verdict, detail = INCONCLUSIVE, alone
+    if corrected:
         sign = 1.0 if low > 0 else -1.0
-        if sign != expected:
-            return {"verdict": CONTRADICTED, "detail": "significant effect of the opposite sign"}
-        if delta is not None and not low <= delta <= high:
-            size = "smaller" if abs(high if sign > 0 else low) < abs(delta) else "larger"
-            return {"verdict": REPRODUCED, "detail": f"the sign only: {size} than the paper's Δ, which the CI excludes"}
-        return {"verdict": REPRODUCED, "detail": None}
-    if delta is not None and not low <= delta <= high:
-        return {"verdict": CONTRADICTED, "detail": "the CI excludes the paper's Δ"}
-    return {"verdict": INCONCLUSIVE, "detail": None}
+        if sign == expected:
+            verdict = REPRODUCED
+            if delta is not None and not low <= delta <= high:
+                size = "smaller" if abs(high if sign > 0 else low) < abs(delta) else "larger"
+                detail = f"the sign only: {size} than the paper's Δ, which the CI excludes"
+            else:
+                detail = None
+            detail = ", ".join(part for part in (detail, f"Holm p {p_holm:.3f}") if part)
+        else:
+            verdict, detail = OPPOSITE, f"Holm p {p_holm:.3f}"
+    elif delta is not None and (high < delta if delta > 0 else low > delta):
+        verdict = NOT_REPRODUCED
+        detail = "the CI excludes the paper's Δ" + (f"; {alone}" if alone else "")
+    if verdict in NEGATIVE and mechanism is not None and mechanism[0] is not True:
+        why = "mechanism inactive" if mechanism[0] is False else "no mechanism evidence in the records"
+        return {"verdict": INCONCLUSIVE, "detail": f"{why}: {mechanism[1]} (else: {verdict})", "withheld": verdict}
+    if verdict in NEGATIVE and baselines_differ:
+        verdict_text = f"{verdict} in this setup"
+        return {"verdict": verdict, "detail": detail, "in_this_setup": True, "label": verdict_text}
+    return {"verdict": verdict, "detail": detail}
 
 
 # ---- rendering -------------------------------------------------------------------------------------------
@@ -374,17 +507,31 @@ def _value_text(value: Mapping[str, Any]) -> str:
 
 def verdict_text(row: Mapping[str, Any]) -> str:
     """The verdict with its reason or detail, as every rendering shows it."""
-    text = row["verdict"]
+    text = row.get("label") or row["verdict"]
     if row["verdict"] == "structural":
         return "structural: checked by the evidence listed"
     if row["verdict"] == NOT_RUN_HERE:
         return f"{NOT_RUN_HERE} (why: below the table)"
     extra = row.get("reason") or row.get("detail")
-    if row["verdict"] == INCONCLUSIVE and row.get("resolution") is not None:
+    if row["verdict"] == INCONCLUSIVE and row.get("resolution") is not None and not row.get("withheld"):
         extra = f"resolution {row['resolution']:.2f} points" + (f"; {extra}" if extra else "")
     if row.get("interim"):
         extra = (f"{extra}; " if extra else "") + f"interim: {row['interim']}"
+    if row.get("rests_on_added_seeds"):
+        first = row["first_seeds"]
+        extra = (f"{extra}; " if extra else "") + f"rests on seeds added later (on the first {first['seeds']} declared: {first['verdict']})"
     return f"{text}: {extra}" if extra else text
+
+
+def config_text(row: Mapping[str, Any]) -> str:
+    """Where the measured configuration comes from: paper, tuned (trials, metric), or default."""
+    source = row.get("config")
+    if source is None:
+        return "—"
+    if source == "tuned" and row.get("tuning"):
+        kept = "; the defaults won" if row["tuning"].get("kept_defaults") else ""
+        return f"tuned ({row['tuning']['trials']} trials, {row['tuning']['metric']}{kept})"
+    return source
 
 
 def row_cells(row: Mapping[str, Any]) -> dict[str, str]:
@@ -404,13 +551,14 @@ def row_cells(row: Mapping[str, Any]) -> dict[str, str]:
         "ours": _ci(measure, signed=claim["kind"] != "baseline"),
         "n": str(measure["n"]) if measure else "—",
         "resolution": _points(row.get("resolution")) if row.get("resolution") is not None else "—",
+        "config": config_text(row),
         "verdict": verdict_text(row),
     }
 
 
 COLUMNS = (("claim", "claim"), ("task", "task (host)"), ("paper", "paper"), ("paper_delta", "paper Δ"),
-           ("measured_by", "measured by (suite / task / variant)"), ("ours", "ours [95% CI]"), ("n", "n"),
-           ("resolution", "resolution"), ("verdict", "verdict"))
+           ("measured_by", "measured by (suite / task / variant)"), ("config", "configuration"), ("ours", "ours [95% CI]"),
+           ("n", "n"), ("resolution", "resolution"), ("verdict", "verdict"))
 
 
 def row_notes(row: Mapping[str, Any]) -> list[str]:
@@ -421,8 +569,21 @@ def row_notes(row: Mapping[str, Any]) -> list[str]:
         notes.append(claim["note"])
     if row.get("baseline_note"):
         notes.append(row["baseline_note"])
-    if row.get("multiplicity_note"):
-        notes.append(f"Significant on its own (the 95% CI excludes 0), but p = {row['multiplicity_note']}")
+    for name in ("baseline", "method"):
+        value = claim.get(name) or {}
+        if value.get("from") and value["from"] != claim["paper"]:
+            notes.append(f"The paper's Δ is taken across papers: its {claim['method']['name'] if name == 'baseline' else 'method'} runs against "
+                         f"{value['name']} {value['mean']:.2f} as published by paper `{value['from']}`, not a baseline it ran itself")
+    if row.get("config") and claim.get("config", {}).get("note"):
+        notes.append(f"Configuration ({row['config']}): {claim['config']['note']}")
+    if row.get("mechanism"):
+        state = {True: "active", False: "inactive", None: "no evidence"}[row["mechanism"]["active"]]
+        notes.append(f"Mechanism {state}: {row['mechanism']['evidence']}")
+    if row.get("first_seeds"):
+        first = row["first_seeds"]
+        notes.append(f"On the first {first['seeds']} declared seeds: {_ci(first['measure'], True)}, {first['verdict']}"
+                     + (f" ({first['detail']})" if first.get("detail") else "")
+                     + ("; the verdict on all seeds rests on the seeds added later" if row.get("rests_on_added_seeds") else "; the same verdict"))
     setting = row.get("setting")
     if setting and setting["ours"] is not None and setting["ours"] != setting["paper"]:
         notes.append(f"`{claim['measured_by']['variant']}` runs with {setting['name']} = {setting['ours']:g}; the paper's is {setting['paper']:g} (see the paper's note above)")
@@ -445,8 +606,7 @@ def render_claims_markdown(board: Mapping[str, Any]) -> str:
     out.write("# The papers' claims, measured here\n\n")
     out.write("Generated by `attnbench leaderboard --claims` (`make leaderboard`) from `harness/claims.yaml` and the run "
               "records; do not edit by hand. To add a claim, see README, \"Claims\".\n\n")
-    counts = _verdict_counts(board)
-    out.write("Verdicts: " + ", ".join(f"{name} {n}" for name, n in counts.items()) + ".\n\n")
+    out.write("".join(f"{line}\n" for line in summary_lines(board)) + "\n")
     out.write(f"{board['rule']} {board['resolution_rule']} Values are in the paper's units (points).\n\n")
     for paper_id, paper in board["papers"].items():
         rows = [row for row in board["rows"] if row["claim"]["paper"] == paper_id]
@@ -482,6 +642,57 @@ def render_claims_markdown(board: Mapping[str, Any]) -> str:
 
 
 def _verdict_counts(board: Mapping[str, Any]) -> dict[str, int]:
-    order = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN_YET, NOT_RUN_HERE, "structural")
+    order = (REPRODUCED, NOT_REPRODUCED, OPPOSITE, INCONCLUSIVE, NOT_JUDGED, NOT_RUN_YET, NOT_RUN_HERE, "structural")
     return {name: sum(1 for row in board["rows"] if row["verdict"] == name) for name in order}
+
+
+def summary_lines(board: Mapping[str, Any], code: Any = lambda text: f"`{text}`") -> list[str]:
+    """The page's opening for a reader in a hurry, generated from the rows: the counts, what holds, what does not,
+    what is open and why, and the caveats. One bullet per line (Markdown); the HTML page shows the same lines."""
+    rows = board["rows"]
+
+    def ids(selected) -> str:
+        return ", ".join(code(row["claim"]["id"]) for row in selected)
+
+    def with_delta(row) -> str:
+        return f"{code(row['claim']['id'])} ({_ci(row.get('measure'), row['claim']['kind'] != 'baseline')})"
+
+    counts = _verdict_counts(board)
+    lines = ["**Summary.** Verdicts: " + ", ".join(f"{name} {n}" for name, n in counts.items()) + "."]
+    holds = [r for r in rows if r["verdict"] == REPRODUCED]
+    lines.append("- Holds here: " + (", ".join(with_delta(r) for r in holds) if holds else "no measured claim") + ".")
+    fails = [r for r in rows if r["verdict"] in NEGATIVE]
+    if fails:
+        lines.append("- Does not hold here: " + ", ".join(f"{with_delta(r)} {r.get('label') or r['verdict']}" for r in fails) + ".")
+    withheld = [r for r in rows if r.get("withheld")]
+    unresolved = [r for r in rows if r["verdict"] == INCONCLUSIVE and not r.get("withheld")]
+    if withheld or unresolved:
+        parts = []
+        if withheld:
+            parts.append(f"a negative verdict withheld because the mechanism was not shown active: {ids(withheld)}")
+        if unresolved:
+            parts.append(f"within what the seeds resolve, or not significant after Holm: {ids(unresolved)}")
+        lines.append("- Open: " + "; ".join(parts) + ".")
+    caveats = []
+    setup = [r for r in rows if r.get("in_this_setup")]
+    if setup:
+        caveats.append(f"our `softmax` baseline differs from the paper's beyond its CI, so these verdicts speak for this setup: {ids(setup)}")
+    crossed = [r for r in rows if r.get("measure") and any((r["claim"].get(n) or {}).get("from") not in (None, r["claim"]["paper"]) for n in ("baseline", "method"))]
+    if crossed:
+        caveats.append(f"the paper's Δ is taken across papers (its runs against another paper's published baseline): {ids(crossed)}")
+    added = [r for r in rows if r.get("rests_on_added_seeds")]
+    if added:
+        caveats.append(f"the verdict rests on seeds added after the first declared ones: {ids(added)}")
+    unjudged = [r for r in rows if r["verdict"] == NOT_JUDGED]
+    if unjudged:
+        caveats.append(f"run at attnbench's default configuration, shown but not judged: {ids(unjudged)}")
+    pending = [r for r in rows if r["verdict"] == NOT_RUN_YET]
+    if pending:
+        caveats.append(f"not run yet: {ids(pending)}")
+    elsewhere = [r for r in rows if r["verdict"] == NOT_RUN_HERE]
+    if elsewhere:
+        caveats.append(f"{len(elsewhere)} claims need what this machine lacks (a GPU, ALBERT weights, full VQA or COCO data; each paper's table says which)")
+    if caveats:
+        lines.append("- Caveats: " + "; ".join(caveats) + ".")
+    return lines
 
