@@ -19,9 +19,13 @@ seeds; against the `softmax` row of the same table a paired t-test, Holm-correct
 the table. A cell is marked "better" or "worse" only when its Holm-adjusted p is below `ALPHA`.
 Metric names and their order (the primary first) come from the plan; whether higher is better from the
 records, which store it with every value.
-Rows are ranked by the mean of the task's primary metric with competition ranking: equal means share
-the better rank and the next rank is skipped (1, 2, 2, 4), so a rank always says how many rows beat it.
-A row with fewer than `MIN_SEEDS_TO_RANK` finished seeds is shown but neither ranked nor marked.
+Ranks never order rows the table cannot tell apart: the table's only tests are each row against `softmax`,
+so a row's rank is its tier among them, ▲ rows (significantly better on the primary metric) first, then the
+rows not significantly different from softmax (softmax with them), then the ▼ rows, with competition ranking
+(rows of a tier share its rank, and the next tier's rank is 1 + the rows above it: 1, 1, 3, 3, 3, 6). Within
+a tier rows are listed by mean, which the rank does not claim. A row with fewer than `MIN_SEEDS_TO_RANK`
+finished seeds is shown but neither ranked nor marked. Each table opens with its finding (`finding_sentence`),
+built from the same marks; confidence intervals are clipped to what the metric can take (stats.metric_range).
 
 What a table can conclude: each task's trivial baseline (Task.trivial_baseline, an input-blind predictor
 scored on the same test data) is shown, and a row whose primary metric is not significantly better than it
@@ -42,8 +46,8 @@ if TYPE_CHECKING:  # the boards read a plan as data (a snapshot's too) and never
 
 from harness.results.record import Record, Status
 from datamodules.paths import MissingDataError
-from harness.report.stats import (ALPHA, CONFIDENCE, MIN_SEEDS_TO_RANK, POWER, above_chance_p, correlation_above_zero_p, detectable_difference, holm,
-                                  metric_kind, paired_p, summarize)
+from harness.report.stats import (ALPHA, CONFIDENCE, MIN_SEEDS_TO_RANK, POWER, above_chance_p, clip_interval, correlation_above_zero_p,
+                                  detectable_difference, holm, metric_kind, metric_range, paired_p, summarize)
 
 BASELINE = "softmax"
 TEST_DESCRIPTION = "paired t-test over seeds vs softmax, Holm-corrected across the variants of a task"
@@ -56,6 +60,16 @@ RESOLUTION_DESCRIPTION = ("the smallest true difference from softmax in the prim
                           "(before Holm) detects with 80% power at the table's seed count (the median of its variants' paired seeds), "
                           "given the paired spread the table shows "
                           "(the median over its variants; a variant that varies more than 1.5 times that is named with its own)")
+RANKING_DESCRIPTION = ("a rank never orders rows the table cannot tell apart: the rows significantly better than softmax "
+                       "in the primary metric (▲) share rank 1, the rows not significantly different from softmax (softmax "
+                       "included) share the next rank, the ▼ rows the one after it (competition ranking: a rank is 1 + the "
+                       "rows in better tiers, e.g. 1, 1, 3, 3, 3, 6); within a rank rows are listed by mean; rows with fewer "
+                       f"than {MIN_SEEDS_TO_RANK} finished seeds are not ranked")
+OVERALL_DESCRIPTION = ("mean over the tasks a variant has a ranked row on of its rank there (the shared ranks above, so a task "
+                       "whose rows the tests cannot tell apart gives every variant rank 1); ▲ / ▼ count the tasks whose "
+                       "primary metric is significantly better / worse than softmax")
+CI_CLIP_DESCRIPTION = ("confidence intervals are clipped to the values the metric can take (percentages [0, 100], "
+                       "correlations [-1, 1], losses, NLL and CIDEr-D >= 0) and marked † where clipped")
 UNKNOWN_HARDWARE = "unknown"
 MISSING = "missing"
 """A planned run without a record, counted next to the record statuses."""
@@ -119,6 +133,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
             "finished_range": _finished_range(group_records),
             "tasks": tables,
             "overall": _overall(tables),
+            "finding": _overall_finding(tables),
         })
 
     counts = Counter(str(records[s.key].status) if s.key in records else UNREADABLE if s.key in unreadable else MISSING for s in specs)
@@ -152,8 +167,9 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         "resolution": RESOLUTION_DESCRIPTION,
         "power": POWER,
         "min_seeds_to_rank": MIN_SEEDS_TO_RANK,
-        "ranking": (f"competition ranking by the primary metric's mean: equal means share the better rank (1, 2, 2, 4); "
-                    f"rows with fewer than {MIN_SEEDS_TO_RANK} finished seeds are not ranked"),
+        "overall_rule": OVERALL_DESCRIPTION,
+        "ci_clipping": CI_CLIP_DESCRIPTION,
+        "ranking": RANKING_DESCRIPTION,
         "groups": groups,
         "hardware_classes": [{"label": label, "records": len(by_label[label])} for label in labels],
         **_reproducibility(specs, executions),
@@ -413,10 +429,148 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
         "trivial": trivial,
         **({"chance_note": _untested_reason(primary)} if untested else {}),
         "resolution": _resolution(rows, primary),
+        "finding": _finding(rows, baseline, metrics),
         "epoch_cap": epoch_cap_hits(table_records),
         "rows": ordered,
         "tuning": dict(sorted(tuning.items())),
     }
+
+
+def _finding(rows: Mapping[str, dict[str, Any]], baseline: str | None, metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the table's tests found, for the sentence that opens it (`finding_sentence`): per metric the rows
+    marked better and worse than the baseline, how many rows were tested, the rows with finished seeds too few
+    to test, and the rows not above the trivial baseline. Names in the table's order of means."""
+    primary = metrics[0]["name"]
+
+    def by_mean(labels: Iterable[str], metric: dict[str, Any]) -> list[str]:
+        sign = -1.0 if metric["higher_is_better"] else 1.0
+        return sorted(labels, key=lambda label: (sign * rows[label]["metrics"][metric["name"]]["mean"], label))
+
+    marks = []
+    for metric in metrics:
+        marked = {kind: by_mean([label for label, row in rows.items()
+                                 if (row["metrics"][metric["name"]]["vs_baseline"] or {}).get("mark") == kind], metric)
+                  for kind in ("better", "worse")}
+        marks.append({"metric": metric["name"], **marked})
+    tested = [label for label, row in rows.items()
+              if (row["metrics"][primary]["vs_baseline"] or {}).get("n_pairs", 0) >= MIN_SEEDS_TO_RANK]
+    untested = sorted(label for label, row in rows.items()
+                      if label != baseline and label not in tested and row["metrics"][primary]["n"])
+    with_chance = [label for label, row in rows.items() if row.get("chance")]
+    return {"baseline": baseline, "tested": len(tested), "untested": untested, "marks": marks,
+            "at_chance": sorted(label for label in with_chance if rows[label]["chance"]["at_chance"]),
+            "chance_tested": len(with_chance)}
+
+
+def _overall_finding(tables: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per variant, the tasks whose primary metric is marked better / worse; the tasks that tested anything."""
+    better: dict[str, list[str]] = defaultdict(list)
+    worse: dict[str, list[str]] = defaultdict(list)
+    for table in tables:
+        marks = (table.get("finding") or {}).get("marks") or [{"better": [], "worse": []}]
+        for label in marks[0]["better"]:
+            better[label].append(table["task"])
+        for label in marks[0]["worse"]:
+            worse[label].append(table["task"])
+    return {"tasks": len(tables), "tested_tasks": [t["task"] for t in tables if (t.get("finding") or {}).get("tested")],
+            "better": dict(sorted(better.items())), "worse": dict(sorted(worse.items()))}
+
+
+def _names(labels: list[str], code: Callable[[str], str]) -> str:
+    quoted = [code(label) for label in labels]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
+def _are(labels: list[str]) -> str:
+    return "is" if len(labels) == 1 else "are"
+
+
+def finding_sentence(table: Mapping[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str:
+    """The sentence a table opens with: which rows its tests found better or worse than the baseline (Holm p
+    below α), per metric, with the table's resolution, the rows too few seeds left untested, and the rows at
+    chance. Built from the marks the table shows, so sentence and cells cannot disagree."""
+    found = table.get("finding")
+    primary = table["metrics"][0]
+    if not found or found["baseline"] is None:
+        return f"Nothing in this table is significant: it has no finished {code(BASELINE)} runs to compare with."
+    baseline = code(found["baseline"])
+    if not found["tested"]:
+        return (f"Nothing in this table is significant: no variant has {MIN_SEEDS_TO_RANK} seeds paired with {baseline}, "
+                "the fewest the board tests.")
+    resolution = table.get("resolution") or {}
+    if resolution.get("difference") is not None:
+        scale, digits, unit = (100.0, 2, " points") if primary.get("percent") else (1.0, 4, "")
+        detail = f" (Holm p < {ALPHA:g}; resolution {resolution['difference'] * scale:.{digits}f}{unit})"
+    else:
+        detail = f" (Holm p < {ALPHA:g})"
+    first = found["marks"][0]
+    metric = code(primary["name"])
+    if first["better"] and first["worse"]:
+        clauses = [f"{_names(first['better'], code)} {_are(first['better'])} significantly better than {baseline} in {metric}{detail}",
+                   f"{_names(first['worse'], code)} {_are(first['worse'])} significantly worse"]
+    elif first["better"]:
+        clauses = [f"{_names(first['better'], code)} {_are(first['better'])} significantly better than {baseline} in {metric}{detail}",
+                   "no variant is significantly worse"]
+    elif first["worse"]:
+        clauses = [f"No variant is significantly better than {baseline} in {metric}{detail}",
+                   f"{_names(first['worse'], code)} {_are(first['worse'])} significantly worse"]
+    else:
+        clauses = [f"No variant is significantly better or worse than {baseline} in {metric}{detail}"]
+    for other in found["marks"][1:]:
+        parts = [f"{_names(other[kind], code)} {_are(other[kind])} significantly {kind}" for kind in ("better", "worse") if other[kind]]
+        if parts:
+            clauses.append(f"in {code(other['metric'])}: {', while '.join(parts)}")
+    if found["untested"]:
+        clauses.append(f"{_names(found['untested'], code)} {'has' if len(found['untested']) == 1 else 'have'} fewer than "
+                       f"{MIN_SEEDS_TO_RANK} seeds paired with it and {_are(found['untested'])} not tested")
+    if found["at_chance"]:
+        everyone = len(found["at_chance"]) == found["chance_tested"]
+        clauses.append("no variant is significantly above the trivial baseline" if everyone else
+                       f"{_names(found['at_chance'], code)} {_are(found['at_chance'])} not significantly above the trivial baseline")
+    return "; ".join(clauses) + "."
+
+
+def overall_finding_sentence(finding: Mapping[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str:
+    """The Overall table's opening sentence: each variant significantly better or worse than softmax on some
+    task's primary metric, with those tasks."""
+    tasks = finding["tasks"]
+    if not finding["tested_tasks"]:
+        return (f"Nothing is significant on any of the {tasks} task{'s' if tasks != 1 else ''}: no table has a variant with "
+                f"{MIN_SEEDS_TO_RANK} seeds paired with {code(BASELINE)}.")
+
+    def listed(by_variant: Mapping[str, list[str]]) -> str:
+        groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
+        for label, on in by_variant.items():
+            groups[tuple(on)].append(label)
+        ordered = sorted(groups.items(), key=lambda item: (-len(item[0]), item[1]))
+        return ", ".join(f"{_names(labels, code)} on {_names(list(on), code)}" for on, labels in ordered)
+
+    scope = f"Over the {tasks} task{'s' if tasks != 1 else ''}' primary metrics"
+    better = (f"significantly better than {code(BASELINE)}: {listed(finding['better'])}" if finding["better"]
+              else f"no variant is significantly better than {code(BASELINE)} on any task")
+    worse = f"significantly worse: {listed(finding['worse'])}" if finding["worse"] else "none is significantly worse on any"
+    return f"{scope}, {better}; {worse}."
+
+
+CLIPPED = "†"
+"""Marks an interval clipped to its metric's range, in every rendering."""
+
+
+def clipped_sentence(table: Mapping[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str | None:
+    """The note under a table some of whose intervals were clipped: which metrics, to what range; None when none was."""
+    clipped = [m for m in table["metrics"] if any((row["metrics"].get(m["name"]) or {}).get("ci_clipped") for row in table["rows"])]
+    if not clipped:
+        return None
+    ranges = []
+    for m in clipped:
+        scale = 100.0 if m.get("percent") else 1.0
+        low, high = metric_range(m["name"])
+        if low is not None and high is not None:
+            ranges.append(f"{code(m['name'])} to [{low * scale:g}, {high * scale:g}]")
+        else:
+            ranges.append(f"{code(m['name'])} to " + (f">= {low * scale:g}" if low is not None else f"<= {high * scale:g}"))
+    return (f"{CLIPPED}: this {CONFIDENCE:.0%} Student-t interval reaches past the values the metric can take and is clipped "
+            f"({'; '.join(ranges)}); with so few seeds or so large a spread the interval says little beyond that.")
 
 
 EPOCH_CAP_MARGIN = 0.05
@@ -559,8 +713,10 @@ def _row(label: str, entries, records: Mapping[str, Record], classes: list[str],
     for metric in metrics:
         pairs = [(s.seed, r.metrics[metric["name"]]["value"]) for s, r in ok if metric["name"] in (r.metrics or {})]
         pairs = [(seed, float(v)) for seed, v in pairs if v is not None and math.isfinite(float(v))]
+        summary = summarize([v for _, v in pairs])
+        summary["ci_low"], summary["ci_high"], clipped = clip_interval(summary["ci_low"], summary["ci_high"], metric_range(metric["name"]))
         row["metrics"][metric["name"]] = {"values": [v for _, v in pairs], "seeds": [seed for seed, _ in pairs],
-                                          **summarize([v for _, v in pairs]), "vs_baseline": None}
+                                          **summary, "ci_clipped": clipped, "vs_baseline": None}
     return row
 
 
@@ -606,15 +762,19 @@ def _compare(rows: dict[str, dict[str, Any]], baseline: str | None, metric: dict
             comparison["mark"] = "better" if (comparison["diff"] > 0) == metric["higher_is_better"] else "worse"
 
 
+TIERS = {"better": 0, None: 1, "worse": 2}
+"""A row's tier by its primary metric's mark against softmax: the order ranks may claim."""
+
+
 def _rank(rows: list[dict[str, Any]], primary: str, higher: bool) -> list[dict[str, Any]]:
-    # Exact equality is safe for ties: fmean sums with fsum (correctly rounded), so the same values in
-    # any order give the same mean.
+    def tier(row: dict[str, Any]) -> int:
+        return TIERS[(row["metrics"][primary]["vs_baseline"] or {}).get("mark")]
+
     ranked = [r for r in rows if r["metrics"][primary]["n"] >= MIN_SEEDS_TO_RANK]
-    ranked.sort(key=lambda r: (-r["metrics"][primary]["mean"] if higher else r["metrics"][primary]["mean"], r["variant"]))
+    ranked.sort(key=lambda r: (tier(r), -r["metrics"][primary]["mean"] if higher else r["metrics"][primary]["mean"], r["variant"]))
     for position, row in enumerate(ranked, 1):
         previous = ranked[position - 2] if position > 1 else None
-        same = previous is not None and previous["metrics"][primary]["mean"] == row["metrics"][primary]["mean"]
-        row["rank"] = previous["rank"] if same else position
+        row["rank"] = previous["rank"] if previous is not None and tier(previous) == tier(row) else position
     unranked = sorted((r for r in rows if r["metrics"][primary]["n"] < MIN_SEEDS_TO_RANK), key=lambda r: (not r["metrics"][primary]["n"], r["variant"]))
     return ranked + unranked
 

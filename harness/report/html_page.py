@@ -17,7 +17,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from harness.report.format import format_duration, format_p, resolution_sentence
-from harness.report.board import epoch_cap_sentence, problem_lines, reproducibility_line, row_settings_sentence, versions_sentence
+from harness.report.board import (CLIPPED, clipped_sentence, epoch_cap_sentence, finding_sentence, overall_finding_sentence, problem_lines,
+                                  reproducibility_line, row_settings_sentence, versions_sentence)
+from harness.report.stats import metric_range
 
 MARKS = {"better": "▲", "worse": "▼"}
 CHANCE_TESTS = {"binomial": "binomial test of the correct count against the trivial baseline",
@@ -56,6 +58,7 @@ tr.baseline td{background:#fdf4ea}tr.chance td{color:#888}tr.trivial td{backgrou
 .plots{display:flex;flex-wrap:wrap;gap:1em}
 .plots figure{margin:0}.plots svg{max-width:100%;height:auto}
 figcaption{color:#555;font-size:.9em}
+.finding{font-weight:600;border-left:4px solid #3b6ea5;padding:.2em .8em;background:#f1f5fa}
 """
 
 # Hand-written because the page must not load a library; data-sort holds the raw number so that
@@ -130,9 +133,12 @@ def _header(board: dict[str, Any]) -> str:
     parts.append(f"<li>Commit(s): {_codes(board['commits'])}; runs finished {_range(board['finished_range'])}</li>\n")
     parts.append(f"<li>Significance: {_e(board['test'])}; marked when the corrected p &lt; {_e(_num(board['alpha']))}. "
                  f"{MARKS['better']} better / {MARKS['worse']} worse than the baseline; hover a cell for its p-values.</li>\n")
-    parts.append("<li>Intervals: mean ± std over seeds, 95% Student-t confidence interval below.</li>\n")
+    parts.append("<li>Intervals: mean ± std over seeds, 95% Student-t confidence interval below"
+                 + (f"; {_e(board['ci_clipping'])}" if board.get("ci_clipping") else "") + ".</li>\n")
+    if board.get("ranking"):
+        parts.append(f"<li>Ranks: {_e(board['ranking'])}.</li>\n")
     if board.get("min_seeds_to_rank"):
-        parts.append(f"<li>Ranks: rows with fewer than {_e(str(board['min_seeds_to_rank']))} finished seeds show their values but get no rank "
+        parts.append(f"<li>Rows with fewer than {_e(str(board['min_seeds_to_rank']))} finished seeds show their values but get no rank "
                      f"and no {MARKS['better']}/{MARKS['worse']}.</li>\n")
     if board.get("chance_test"):
         parts.append(f"<li><em>trivial</em>: each task's input-blind baseline on the same test data; vs trivial: {_e(board['chance_test'])}.</li>\n")
@@ -155,7 +161,11 @@ def _group(board: dict[str, Any], group: dict[str, Any], group_index: int, plot_
     parts.append(f"<p>Accelerator: {_e(group.get('accelerator') or 'unknown')}, device: {_e(devices)}{_e(group.get('device') or 'unknown')}; "
                  f"commit(s) {_codes(group['commits'])}; runs finished {_range(group['finished_range'])}"
                  + (f"; {_e(group['seed_batched'])}" if group.get("seed_batched") else "") + ".</p>\n")
-    parts.append("<h3>Overall</h3>\n<p>Mean rank over the tasks a variant has results for; "
+    parts.append("<h3>Overall</h3>\n")
+    if group.get("finding"):
+        parts.append(f"<p class=\"finding\">{overall_finding_sentence(group['finding'], _code)}</p>\n")
+    parts.append("<p>Mean rank: the mean over the tasks where the variant has a ranked row of its shared rank there (a task whose rows "
+                 "the tests cannot tell apart gives each of them rank 1); "
                  f"{MARKS['better']}/{MARKS['worse']}: tasks where its primary metric is significantly better/worse than the baseline.</p>\n")
     parts.append(_overall_table(group))
     for task in group["tasks"]:
@@ -213,6 +223,8 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
     metrics = task["metrics"]
     arrow = "higher is better" if task["higher_is_better"] else "lower is better"
     parts = [f"<h3 id=\"g{group_index}-{_e(_slug(task['task']))}\">{_e(task['task'])}</h3>\n"]
+    if "finding" in task:  # boards from before findings (a hand-made one, say) have none to state
+        parts.append(f"<p class=\"finding\">{finding_sentence(task, _code)}</p>\n")
     percent = [m["name"] for m in metrics if m.get("percent")]
     parts.append(f"<p>Ranked by <code>{_e(primary)}</code> ({arrow}); "
                  f"{'metrics ' + ', '.join(f'<code>{_e(n)}</code>' for n in percent) + ' in %; ' if percent else ''}"
@@ -257,6 +269,9 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
         cells += [_cell(_NONE, None)] * (len(header) - len(cells))
         body.append(f"<tr class=\"trivial\">{''.join(cells)}</tr>\n")
     parts.append(_table(header, body, "task"))
+    clipped = clipped_sentence(task, _code)
+    if clipped:
+        parts.append(f"<p class=\"clipped\">{clipped}</p>\n")
     if several_classes:
         parts.append(_costs_by_class(task))
     if trivial:
@@ -299,7 +314,9 @@ def _metric_cell(metric: dict[str, Any] | None, spec: dict[str, Any], baseline: 
             text += (f" <span class=\"mark {versus['mark']}\" title=\"{_e(versus['mark'])} than {_e(baseline or '')}: "
                      f"Holm p = {_e(format_p(versus['p_holm']))}\">{MARKS[versus['mark']]}</span>")
     if metric.get("ci_low") is not None and metric.get("ci_high") is not None:
-        text += f"<span class=\"ci\">[{_e(_fixed(metric['ci_low'] * scale, digits))}, {_e(_fixed(metric['ci_high'] * scale, digits))}]</span>"
+        clipped = (f"<span title=\"clipped to the values {_e(spec['name'])} can take\">{CLIPPED}</span>"
+                   if metric.get("ci_clipped") else "")
+        text += f"<span class=\"ci\">[{_e(_fixed(metric['ci_low'] * scale, digits))}, {_e(_fixed(metric['ci_high'] * scale, digits))}]{clipped}</span>"
     return _cell(text, metric["mean"], title=title)
 
 
@@ -339,24 +356,70 @@ def _plots(task: dict[str, Any], alpha: float, plot_ids) -> str:
         return "<p class=\"none\">No ok runs to plot.</p>\n"
     unit = " (%)" if primary.get("percent") else ""
     label = f"{task['primary']}{unit}"
-    figures = [(_bar_plot(points, task, scale, label), f"{task['primary']} per variant, mean with 95% CI; "
-                f"{MARKS['better']}/{MARKS['worse']}: Holm p &lt; {_e(_num(alpha))} vs {_e(task.get('baseline') or 'baseline')}.")]
+    bounds = tuple(None if bound is None else bound * scale for bound in metric_range(task["primary"]))
+    min_span = _min_span(task, [metric["mean"] * scale for _, metric in points], scale)
+    spans = (f"the axis spans at least twice the table's resolution ({_e(_num(round(min_span, 4)))}{' points' if scale == 100.0 else ''})"
+             if (task.get("resolution") or {}).get("difference") else
+             f"the axis spans at least {_e(_num(round(min_span, 4)))}{' points' if scale == 100.0 else ''} (no resolution: too few paired seeds)")
+    bar, bar_axis = _bar_plot(points, task, scale, label, min_span, bounds)
+    figures = [(bar, bar_axis, "x", f"{task['primary']} per variant, mean with 95% CI (clipped to the metric's range); "
+                f"{MARKS['better']}/{MARKS['worse']}: Holm p &lt; {_e(_num(alpha))} vs {_e(task.get('baseline') or 'baseline')}; "
+                f"{spans}.")]
     timed = [(row, metric) for row, metric in points if (row["cost"] or {}).get("time_per_epoch_s")]
     if timed:
-        figures.append((_cost_plot(timed, task, scale, label), f"{task['primary']} against time per epoch (log scale)."))
+        cost, cost_axis = _cost_plot(timed, task, scale, label, min_span, bounds)
+        figures.append((cost, cost_axis, "y", f"{task['primary']} against time per epoch (log scale); {spans}."))
     curves = [(row["variant"], row["history"]) for row in task["rows"] if row.get("history")]
     panels = _curve_panels(task, curves) if curves else []
     if panels:
-        figures.append((_curve_plot(curves, panels, task), "Learning curves, mean over the seeds at each epoch: "
+        figures.append((_curve_plot(curves, panels, task), None, None, "Learning curves, mean over the seeds at each epoch: "
                         + " and ".join(_e(name) for name in panels) + "; the dot marks the best epoch of the validation curve."))
     parts = ["<div class=\"plots\">\n"]
-    for svg, caption in figures:
-        parts.append(f"<figure>{_inline_svg(svg, next(plot_ids))}<figcaption>{caption}</figcaption></figure>\n")
+    for svg, axis, which, caption in figures:
+        # the value axis's limits, in the cells' units, for readers and tests that check them against the intervals
+        attrs = (f" data-metric=\"{_e(task['primary'])}\" data-value-axis=\"{which}\" data-value-min=\"{axis[0]:.6g}\" "
+                 f"data-value-max=\"{axis[1]:.6g}\"" if axis else "")
+        parts.append(f"<figure{attrs}>{_inline_svg(svg, next(plot_ids))}<figcaption>{caption}</figcaption></figure>\n")
     parts.append("</div>\n")
     return "".join(parts)
 
 
-def _bar_plot(points, task: dict[str, Any], scale: float, label: str) -> str:
+MIN_SPAN_POINTS = 1.0
+"""The least a percent axis spans when the table has no resolution (fewer than two paired seeds): one point."""
+MIN_SPAN_SHARE = 0.01
+"""The same for other metrics, as a share of the largest |value| plotted."""
+
+
+def _min_span(task: dict[str, Any], values: list[float], scale: float) -> float:
+    """The narrowest value axis: twice the table's resolution, so that a gap the seeds cannot resolve never fills
+    more than half the plot (a 0.05-point gap once filled a whole axis); a fixed span without a resolution."""
+    resolution = (task.get("resolution") or {}).get("difference")
+    if resolution:
+        return 2.0 * resolution * scale
+    if scale == 100.0:
+        return MIN_SPAN_POINTS
+    return MIN_SPAN_SHARE * max((abs(v) for v in values), default=0.0) or 1e-3
+
+
+def _value_axis(lows: list[float], highs: list[float], min_span: float, bounds: tuple[float | None, float | None],
+                pad: float = 0.12) -> tuple[float, float]:
+    """Limits that hold every interval, span at least `min_span` around them and never pass the metric's range."""
+    low, high = min(lows), max(highs)
+    span = max(high - low, min_span)
+    middle = (low + high) / 2.0
+    start, end = middle - span / 2.0 - pad * span, middle + span / 2.0 + pad * span
+    lowest, highest = bounds
+    if lowest is not None and start < lowest:
+        end, start = end + (lowest - start), lowest
+    if highest is not None and end > highest:
+        start, end = start - (end - highest), highest
+    if lowest is not None:
+        start = max(start, lowest)
+    return start, end
+
+
+def _bar_plot(points, task: dict[str, Any], scale: float, label: str, min_span: float,
+              bounds: tuple[float | None, float | None]) -> tuple[str, tuple[float, float]]:
     with matplotlib.rc_context(_SVG_RC):
         # Figure without pyplot: no global figure registry to leak into or clean up; saving to SVG needs no GUI backend.
         fig = Figure(figsize=(6.4, 0.9 + 0.28 * len(points)))
@@ -370,27 +433,27 @@ def _bar_plot(points, task: dict[str, Any], scale: float, label: str) -> str:
         ax.barh(positions, means, xerr=[lows, highs], color=colors, error_kw={"ecolor": "#333", "capsize": 2, "elinewidth": 0.8})
         ax.set_yticks(positions, names)
         ax.invert_yaxis()  # rank 1 at the top, as in the table
-        low = min(m - lo for m, lo in zip(means, lows))
-        high = max(m + hi for m, hi in zip(means, highs))
         # Zoomed to the data: differences between variants are often a fraction of a point, invisible on an axis from 0.
-        span = (high - low) or abs(high) or 1.0
-        ax.set_xlim(low - 0.15 * span, high + 0.12 * span)
+        axis = _value_axis([m - lo for m, lo in zip(means, lows)], [m + hi for m, hi in zip(means, highs)], min_span, bounds)
+        ax.set_xlim(*axis)
+        span = axis[1] - axis[0]
         chance = ((task.get("trivial") or {}).get("metrics") or {}).get(task["primary"])
-        if chance is not None and low - 0.15 * span <= chance * scale <= high + 0.12 * span:
+        if chance is not None and axis[0] <= chance * scale <= axis[1]:
             ax.axvline(chance * scale, color="#888", linestyle="--", linewidth=0.8)
             ax.text(chance * scale, -0.6, " trivial", color="#666", fontsize=7, va="bottom")
         for position, (row, metric), mean, hi in zip(positions, points, means, highs):
             mark = (metric.get("vs_baseline") or {}).get("mark")
             if mark in MARKS:
-                ax.text(mean + hi + 0.02 * span, position, MARKS[mark], va="center", fontsize=9,
+                ax.text(min(mean + hi + 0.02 * span, axis[1]), position, MARKS[mark], va="center", fontsize=9,
                         color="#1a7f37" if mark == "better" else "#c62828")
         ax.set_xlabel(f"{label}, {'higher' if task['higher_is_better'] else 'lower'} is better (axis not from 0)")
         ax.set_title(task["task"], loc="left")
         fig.tight_layout()
-        return _svg(fig)
+        return _svg(fig), axis
 
 
-def _cost_plot(points, task: dict[str, Any], scale: float, label: str) -> str:
+def _cost_plot(points, task: dict[str, Any], scale: float, label: str, min_span: float,
+               bounds: tuple[float | None, float | None]) -> tuple[str, tuple[float, float]]:
     with matplotlib.rc_context(_SVG_RC):
         fig = Figure(figsize=(5.2, 3.8))
         ax = fig.add_subplot()
@@ -405,13 +468,16 @@ def _cost_plot(points, task: dict[str, Any], scale: float, label: str) -> str:
         ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         ax.xaxis.set_minor_locator(NullLocator())
-        ax.margins(x=0.12, y=0.08)
+        ax.margins(x=0.12)
+        means = [metric["mean"] * scale for _, metric in points]
+        axis = _value_axis(means, means, min_span, bounds, pad=0.08)
+        ax.set_ylim(*axis)
         ax.set_xlabel("time per epoch (ms, log scale)")
         ax.set_ylabel(label)
         ax.set_title(task["task"], loc="left")
         ax.grid(True, which="both", alpha=0.25)
         fig.tight_layout()
-        return _svg(fig)
+        return _svg(fig), axis
 
 
 def _curve_panels(task: dict[str, Any], curves) -> list[str]:
@@ -473,6 +539,10 @@ def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
+def _code(text: str) -> str:
+    return f"<code>{_e(text)}</code>"
+
+
 def _codes(values: list[str]) -> str:
     return ", ".join(f"<code>{_e(v)}</code>" for v in values) or "—"
 
@@ -515,20 +585,60 @@ def _slug(text: str) -> str:
 # ---- the claims page (harness/report/claims.py builds its board) --------------------------------------------
 
 
+_CLAIMS_CSS = """
+.verdict-reproduced{color:#1a7f37}.verdict-contradicted,.verdict-not-reproduced,.verdict-opposite-effect{color:#c62828}
+table.claims{width:100%}
+table.claims th,table.claims td{white-space:normal;vertical-align:top}
+table.claims td.col-claim{white-space:nowrap}
+table.claims td.col-measured_by,table.claims td.col-verdict{min-width:11em}
+ul.summary{margin-top:0}
+details.not-run{margin:.4em 0 1em}details.not-run summary{cursor:pointer;color:#555}
+"""
+
+
 def render_claims_html(board: dict[str, Any]) -> str:
-    """leaderboards/claims.html: the same cells and notes as claims.md (harness.report.claims.row_cells)."""
-    from harness.report.claims import COLUMNS, row_cells, table_notes
+    """leaderboards/claims.html: the same cells, notes and verdict counts as claims.md (harness.report.claims),
+    with each paper's "not run here" claims folded under it, so that the measured ones come first."""
+    from harness.report import claims as claims_page
+    from harness.report.claims import COLUMNS, NOT_RUN_HERE, row_cells, table_notes
 
     out = io.StringIO()
     out.write("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n")
     out.write("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n")
     out.write("<meta name=\"generator\" content=\"attnbench leaderboard --claims\">\n")
-    out.write(f"<title>The papers' claims, measured here</title>\n<style>{_CSS}.verdict-reproduced{{color:#1a7f37}}"
-              f".verdict-contradicted{{color:#c62828}}</style>\n</head>\n<body>\n")
+    out.write(f"<title>The papers' claims, measured here</title>\n<style>{_CSS}{_CLAIMS_CSS}</style>\n</head>\n<body>\n")
     out.write("<!-- generated by attnbench leaderboard --claims, do not edit -->\n<h1>The papers' claims, measured here</h1>\n")
+    # The Markdown page's opening lines, whichever claims.py writes them: the summary, else the verdict counts.
+    summary = getattr(claims_page, "summary_lines", None)
+    lines = summary(board) if summary else ["Verdicts: " + ", ".join(f"{name} {n}" for name, n in claims_page._verdict_counts(board).items()) + "."]
+    bullets = [line[2:] for line in lines if line.startswith("- ")]
+    for line in lines:
+        if not line.startswith("- "):
+            out.write(f"<p class=\"finding summary\">{_inline(line)}</p>\n")
+    if bullets:
+        out.write("<ul class=\"summary\">\n" + "".join(f"<li>{_inline(line)}</li>\n" for line in bullets) + "</ul>\n")
     out.write(f"<p>{_inline(board['rule'])} {_inline(board['resolution_rule'])} Values are in the paper's units (points).</p>\n")
     out.write("<p class=\"generated\">Generated from <code>harness/claims.yaml</code> and the run records; do not edit. "
               "To add a claim, see the README, “Claims”.</p>\n")
+
+    def claims_table(rows: list[dict[str, Any]]) -> str:
+        body = []
+        for row in rows:
+            cells = row_cells(row)
+            tds = []
+            for name, _ in COLUMNS:
+                content = _inline(cells[name])
+                if name == "verdict":
+                    content = f"<span class=\"verdict-{_e(_slug(row['verdict']))}\">{content}</span>"
+                tds.append(_cell(content, cells[name].replace("`", ""), text=True).replace(" class=\"text\"", f" class=\"text col-{name}\"", 1))
+            body.append(f"<tr>{''.join(tds)}</tr>\n")
+        text = _table([(title, True) for _, title in COLUMNS], body, "claims")
+        notes = table_notes(rows)
+        if notes:
+            text += ("<ul>\n" + "".join(f"<li>{', '.join(f'<code>{_e(claim_id)}</code>' for claim_id in ids)}: {_inline(note)}</li>\n"
+                                        for ids, note in notes) + "</ul>\n")
+        return text
+
     for paper_id, paper in board["papers"].items():
         rows = [row for row in board["rows"] if row["claim"]["paper"] == paper_id]
         if not rows:
@@ -539,23 +649,14 @@ def render_claims_html(board: dict[str, Any]) -> str:
             if extra:
                 out.write(f" {_inline(extra)}")
         out.write("</p>\n")
-        measured = [row for row in rows if row["claim"]["kind"] != "structural"]
+        measured = [row for row in rows if row["claim"]["kind"] != "structural" and row["verdict"] != NOT_RUN_HERE]
+        elsewhere = [row for row in rows if row["claim"]["kind"] != "structural" and row["verdict"] == NOT_RUN_HERE]
         if measured:
-            body = []
-            for row in measured:
-                cells = row_cells(row)
-                tds = []
-                for name, _ in COLUMNS:
-                    content = _inline(cells[name])
-                    if name == "verdict":
-                        content = f"<span class=\"verdict-{_e(_slug(row['verdict']))}\">{content}</span>"
-                    tds.append(_cell(content, cells[name].replace("`", ""), text=True))
-                body.append(f"<tr>{''.join(tds)}</tr>\n")
-            out.write(_table([(title, True) for _, title in COLUMNS], body, "claims"))
-            notes = table_notes(measured)
-            if notes:
-                out.write("<ul>\n" + "".join(f"<li>{', '.join(f'<code>{_e(claim_id)}</code>' for claim_id in ids)}: {_inline(note)}</li>\n"
-                                              for ids, note in notes) + "</ul>\n")
+            out.write(claims_table(measured))
+        if elsewhere:
+            out.write(f"<details class=\"not-run\"><summary>{len(elsewhere)} claim{'s' if len(elsewhere) != 1 else ''} "
+                      f"not run here{' (none of this paper runs here)' if not measured else ''}: show</summary>\n"
+                      f"{claims_table(elsewhere)}</details>\n")
         structural = [row["claim"] for row in rows if row["claim"]["kind"] == "structural"]
         if structural:
             out.write("<ul>\n")

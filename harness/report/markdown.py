@@ -6,8 +6,8 @@ import io
 from typing import Any
 
 from harness.report.format import format_duration, format_p, resolution_sentence
-from harness.report.board import (NO_RECORDS, epoch_cap_sentence, problem_lines, reproducibility_line, row_settings_sentence,
-                                  versions_sentence)
+from harness.report.board import (CLIPPED, NO_RECORDS, clipped_sentence, epoch_cap_sentence, finding_sentence, overall_finding_sentence,
+                                  problem_lines, reproducibility_line, row_settings_sentence, versions_sentence)
 
 MARKS = {"better": "▲", "worse": "▼"}
 
@@ -36,11 +36,12 @@ def render_markdown(board: dict[str, Any]) -> str:
     for label, row in board.get("row_settings", {}).items():
         out.write(f"> `{label}`: {row_settings_sentence(row)}\n\n")
     out.write(
-        f"Cells: mean ± std [{board['confidence']:.0%} CI] over the seeds that finished (Student t; a single seed shows its value). "
+        f"Cells: mean ± std [{board['confidence']:.0%} CI] over the seeds that finished (Student t; a single seed shows its value; "
+        f"{board.get('ci_clipping') or 'intervals as computed'}). "
         f"▲ / ▼: significantly better / worse than `softmax` of the same table: paired t-test over the seeds both finished, "
         f"p Holm-corrected across the table's variants (one family per metric), Holm p < {board['alpha']:g}. "
         "Δ: mean paired difference from `softmax` on the primary metric, with its Holm p. "
-        "Equal means share the better rank (1, 2, 2, 4); quality ranks use every finished record whatever machine made it, "
+        f"Ranks: {board.get('ranking')}; quality ranks use every finished record whatever machine made it, "
         "cost columns are per hardware class (the hardware label) and never mixed across classes. "
         f"Rows with fewer than {board['min_seeds_to_rank']} finished seeds show their values but get no rank and no ▲ / ▼. "
         f"*trivial*: the task's input-blind baseline on the same test data; vs trivial: {board['chance_test']}. "
@@ -59,7 +60,10 @@ def _write_group(out: io.StringIO, group: dict[str, Any], several_classes: bool)
               f"commit(s) {', '.join(group['commits']) or '—'}; finished {_date_range(group['finished_range'])}.\n\n")
 
     out.write("### Overall\n\n")
-    out.write("Mean rank over the tasks where the variant has finished runs; ▲ / ▼ count the tasks whose primary metric is "
+    if group.get("finding"):
+        out.write(f"{overall_finding_sentence(group['finding'])}\n\n")
+    out.write("Mean rank: the mean over the tasks where the variant has a ranked row of its shared rank there (a task whose rows "
+              "the tests cannot tell apart gives each of them rank 1); ▲ / ▼ count the tasks whose primary metric is "
               "significantly better / worse than `softmax`.\n\n")
     out.write("| variant | mean rank | tasks | ▲ better | ▼ worse |\n|---|---:|---:|---:|---:|\n")
     for o in group["overall"]:
@@ -99,6 +103,8 @@ def _write_task(out: io.StringIO, table: dict[str, Any], several_classes: bool) 
     metrics = table["metrics"]
     primary = metrics[0]
     out.write(f"### {table['task']}\n\n")
+    if "finding" in table:
+        out.write(f"{finding_sentence(table)}\n\n")
     arrow = "higher is better" if primary["higher_is_better"] else "lower is better"
     percent = [f"`{m['name']}`" for m in metrics if m["percent"]]
     lower = [f"`{m['name']}`" for m in metrics[1:] if not m["higher_is_better"]]
@@ -135,11 +141,14 @@ def _write_task(out: io.StringIO, table: dict[str, Any], several_classes: bool) 
         ]
         out.write("| " + " | ".join(cells) + " |\n")
     trivial = table.get("trivial")
+    clipped = clipped_sentence(table)
     if trivial:
         values = [_trivial_cell(trivial["metrics"].get(m["name"]), m["percent"]) for m in metrics]
         out.write("| " + " | ".join(["—", "*trivial*", *values, *["—"] * (len(header) - 2 - len(values))]) + " |\n")
         out.write(f"\n*trivial*: {trivial['predictor']}." + (f" {trivial['note']}." if trivial["note"] else "")
                   + (f" {table['chance_note']}." if table.get("chance_note") else "") + "\n")
+    if clipped:
+        out.write(f"\n{clipped}\n")
     if several_classes:
         _write_costs_by_class(out, table)
     failures = [(row["variant"], e) for row in table["rows"] for e in row["errors"]]
@@ -166,6 +175,7 @@ def _metric_cell(cell: dict[str, Any], percent: bool) -> str:
     text = f"{cell['mean'] * scale:.{digits}f}"
     if cell["std"] is not None:
         text += f" ± {cell['std'] * scale:.{digits}f} [{cell['ci_low'] * scale:.{digits}f}, {cell['ci_high'] * scale:.{digits}f}]"
+        text += CLIPPED if cell.get("ci_clipped") else ""
     mark = MARKS.get((cell["vs_baseline"] or {}).get("mark"))
     return f"{text} {mark}" if mark else text
 

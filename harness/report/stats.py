@@ -131,3 +131,31 @@ def detectable_difference(spread: float, n: int, alpha: float = ALPHA, power: fl
     from scipy.optimize import brentq
 
     return float(brentq(shortfall, 0.0, high, xtol=1e-10)) * spread
+
+
+FRACTIONS = ("acc", "accuracy", "f1", "ece", "pavpu", "bleu4", "rouge_l")
+"""Metrics stored as fractions in [0, 1] (accuracies, F1, calibration error, BLEU, ROUGE-L, PAvPU)."""
+NON_NEGATIVE = ("loss", "nll", "cider", "perplexity", "time_s")
+"""Metrics that cannot go below 0 and have no upper bound (losses, CIDEr-D, times)."""
+
+
+def metric_range(name: str) -> tuple[float | None, float | None]:
+    """(lowest, highest) value `name` can take, None where unbounded: a t interval over few seeds knows nothing
+    of these bounds (two seeds of an accuracy gave [-131.5, 200.2] points), so the boards clip to them."""
+    if metric_kind(name) == "correlation":
+        return (-1.0, 1.0)
+    if name.endswith(FRACTIONS):
+        return (0.0, 1.0)
+    if name.endswith(NON_NEGATIVE):
+        return (0.0, None)
+    return (None, None)
+
+
+def clip_interval(low: float | None, high: float | None, bounds: tuple[float | None, float | None]) -> tuple[float | None, float | None, bool]:
+    """(low, high, clipped): the interval cut to `bounds`; clipped is True when either end moved."""
+    if low is None or high is None:
+        return low, high, False
+    lowest, highest = bounds
+    new_low = low if lowest is None else max(low, lowest)
+    new_high = high if highest is None else min(high, highest)
+    return new_low, new_high, (new_low, new_high) != (low, high)

@@ -219,3 +219,137 @@ def test_page_in_headless_chromium(board, page):
     assert dialogs == []  # the hostile label did not run
     assert requests == [page.as_uri()]
     print(f"chromium check: {time.perf_counter() - started:.2f} s")
+
+
+# ---- axes that fit what the tables can resolve (issue 39) ----------------------------------------------------
+
+
+def _figures(text: str) -> list[dict]:
+    """Each plot with a value axis: its stated limits and the limits read back from its SVG (tick labels and their
+    positions give the scale; the axes' background patch gives the ends)."""
+    found = []
+    for match in re.finditer(r'<figure data-metric="([^"]+)" data-value-axis="(x|y)" data-value-min="([^"]+)" '
+                             r'data-value-max="([^"]+)">(.*?)</figure>', text, flags=re.S):
+        metric, axis, low, high, svg = match.groups()
+        ticks = []
+        for tick in re.finditer(rf'id="plot\d+-{axis}tick_\d+">(.*?)</text>', svg, flags=re.S):
+            position = float(re.search(rf'\b{axis}="([-\d.]+)"', tick.group(1)).group(1))
+            ticks.append((float(tick.group(1).rsplit(">", 1)[1].replace("−", "-")), position))
+        (v0, p0), (v1, p1) = ticks[0], ticks[-1]
+        patch = re.search(r'id="plot\d+-patch_2">\s*<path d="([^"]+)"', svg).group(1)
+        coordinates = [float(n) for n in re.findall(r"[-\d.]+", patch)]
+        ends = sorted(coordinates[0 if axis == "x" else 1::2])
+        to_value = lambda pixel: v0 + (pixel - p0) * (v1 - v0) / (p1 - p0)
+        drawn = sorted([to_value(ends[0]), to_value(ends[-1])])
+        found.append({"metric": metric, "axis": axis, "low": float(low), "high": float(high), "drawn": drawn,
+                      "ticks": [value for value, _ in ticks]})
+    return found
+
+
+def _two_seed_board(tmp_path, accuracies):
+    from tests.harness.test_board import records_for, suite_and_plan
+    from harness.report.board import build_board
+
+    suite, the_plan = suite_and_plan(tmp_path, list(accuracies), seeds=len(next(iter(accuracies.values()))))
+    padded = {name: values + [None] * (5 - len(values)) for name, values in accuracies.items()}
+    return build_board(suite, the_plan, records_for(the_plan, padded))
+
+
+def test_a_two_seed_board_has_no_interval_outside_the_metric_and_its_axes_fit_them(tmp_path):
+    """Two seeds of an accuracy gave [-131.5, 200.2] and a bar axis from -150 to 200."""
+    board = _two_seed_board(tmp_path, {"softmax": [0.213, 0.475], "gmm": [0.30, 0.31], "fenchel": [0.33, 0.36]})
+    (cora,) = board["groups"][0]["tasks"]
+    intervals = [(r["metrics"]["test/acc"]["ci_low"] * 100, r["metrics"]["test/acc"]["ci_high"] * 100) for r in cora["rows"]]
+    assert all(0.0 <= low <= high <= 100.0 for low, high in intervals)
+    text = render_html(board)
+    assert "[0.0, 100.0]<span title=\"clipped to the values test/acc can take\">†</span>" in text
+    assert '<p class="clipped">†: this 95% Student-t interval' in text
+    figures = _figures(text)
+    assert [f["axis"] for f in figures] == ["x", "y"]
+    for figure in figures:
+        assert 0.0 <= figure["low"] and figure["high"] <= 100.0, figure
+        assert figure["drawn"] == pytest.approx([figure["low"], figure["high"]], abs=1e-3)  # the SVG draws what the page states
+        assert all(figure["low"] - 1e-9 <= tick <= figure["high"] + 1e-9 for tick in figure["ticks"])
+    bar = figures[0]
+    assert all(bar["low"] <= low and high <= bar["high"] for low, high in intervals)
+
+
+def test_a_gap_below_the_resolution_never_fills_the_plot(tmp_path):
+    """A scatter's y-axis ran 34.30-34.35: a 0.05-point gap blown up to full height."""
+    from tests.harness.test_board import BASE, records_for, shifted, suite_and_plan
+    from harness.report.board import build_board
+
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"])
+    board = build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE, "gmm": shifted([0.0105, -0.0095, 0.0005, -0.0095, 0.0105])}))
+    (cora,) = board["groups"][0]["tasks"]
+    means = [r["metrics"]["test/acc"]["mean"] * 100 for r in cora["rows"]]
+    assert abs(means[0] - means[1]) == pytest.approx(0.05)
+    resolution = cora["resolution"]["difference"] * 100
+    assert resolution > 0.05
+    for figure in _figures(render_html(board)):
+        assert figure["high"] - figure["low"] >= 2 * resolution
+        assert figure["drawn"][1] - figure["drawn"][0] >= 2 * resolution - 1e-6
+
+
+def test_a_table_without_a_resolution_still_gets_a_fixed_least_span(tmp_path):
+    board = _two_seed_board(tmp_path, {"softmax": [0.3430, 0.3430], "gmm": [0.3435, 0.3435]})  # no spread, no resolution
+    assert (board["groups"][0]["tasks"][0]["resolution"] or {}).get("difference") is None
+    for figure in _figures(render_html(board)):
+        assert figure["high"] - figure["low"] >= 1.0
+
+
+# ---- the claims page -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def claims_pages(tmp_path_factory):
+    from tests.conftest import SHARED_DATA
+    from tests.fixtures.render_boards import render_claims
+
+    root = Path(os.environ.get("ATTNBENCH_DATA") or SHARED_DATA)
+    if not (root / "planetoid").is_dir():
+        pytest.skip(f"no local data at {root}: the claims fixture plans paper-gat")
+    out = tmp_path_factory.mktemp("claims")
+    render_claims(out, out / "runs", root)
+    return (out / "claims.md").read_text(encoding="utf-8"), out / "claims.html"
+
+
+def test_the_claims_page_opens_with_the_markdowns_summary_and_folds_the_claims_not_run_here(claims_pages):
+    markdown, page = claims_pages
+    text = page.read_text(encoding="utf-8")
+    counts = re.search(r"Verdicts: [^.\n]*\.", markdown).group(0)
+    summary = re.search(r'<p class="finding summary">(.*?)</p>', text).group(1)
+    assert re.sub(r"</?strong>", "", summary).endswith(counts)
+    body = text.split("<body>", 1)[1]
+    assert body.index('class="finding summary"') < body.index("<section")
+    # every "not run here" row is inside a <details> of its paper, every other row outside
+    for section in re.findall(r"<section.*?</section>", body, flags=re.S):
+        folded = "".join(re.findall(r"<details.*?</details>", section, flags=re.S))
+        shown = re.sub(r"<details.*?</details>", "", section, flags=re.S)
+        assert 'class="verdict-not-run-here"' not in shown
+        assert folded.count("<tr><td") == folded.count('class="verdict-not-run-here"')
+    assert text.count('class="verdict-not-run-here"') == markdown.count("not run here (why") > 0
+
+
+def test_the_claims_verdict_column_is_visible_at_1400_px(claims_pages):
+    if not CHROMIUM.exists():
+        pytest.skip(f"Debian Chromium not found at {CHROMIUM}: run `make browser` (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed: pip install -e '.[dev]'")
+    _, page = claims_pages
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page(viewport={"width": 1400, "height": 900})
+            tab.goto(page.as_uri(), wait_until="load")
+            headers = tab.locator("table.claims thead th", has_text="verdict")
+            visible = [headers.nth(i) for i in range(headers.count()) if headers.nth(i).is_visible()]
+            assert visible, "no measured claims table is shown"
+            for header in visible:
+                box = header.bounding_box()
+                assert box["x"] + box["width"] <= 1400, box
+            assert tab.locator("details.not-run").count() >= 1
+            assert not tab.locator("details.not-run table").first.is_visible()  # folded until opened
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            tab.screenshot(path=str(SCREENSHOT.with_name("claims.png")))
+        finally:
+            browser.close()
