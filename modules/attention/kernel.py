@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .groups import Groups
+from .groups import DenseGroups, Groups, SegmentGroups
 
 
 @dataclass
@@ -365,6 +365,27 @@ def _quantiles(values: Tensor, valid: Tensor | None) -> Tensor:
     return ordered.gather(1, index.expand(-1, -1, values.shape[-1]))
 
 
+def point_sets(q: Tensor, k: Tensor, groups: Groups) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """`groups.query_and_key_sets` without its host read (on graphs, whether every node is a key): a
+    diagnostic must add no sync to a training step (tests/modules/test_host_syncs.py)."""
+    if isinstance(groups, SegmentGroups):
+        heads = q.shape[1]
+        rows = groups.valid_queries  # cached on the groups after their first use
+        q_valid = None if rows is None else rows.squeeze(-1).expand(heads, -1)
+        return q.transpose(0, 1), k.transpose(0, 1), q_valid, (groups._out_degree > 0).expand(heads, -1)
+    if isinstance(groups, DenseGroups):
+        # the masks as query_and_key_sets builds them, without its reads of whether every row is valid
+        batch, heads, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        rows = None if groups.query_valid is None else groups.query_valid[:, None, :]
+        if groups.mask is not None:
+            with_keys = groups.mask.any(-1)
+            rows = with_keys if rows is None else rows & with_keys
+        q_valid = None if rows is None else rows.expand(batch, heads, lq).reshape(batch * heads, lq)
+        k_valid = None if groups.mask is None else groups.mask.any(-2).expand(batch, heads, lk).reshape(batch * heads, lk)
+        return q.flatten(0, 1), k.flatten(0, 1), q_valid, k_valid
+    return groups.query_and_key_sets(q, k)
+
+
 def qk_distance(q: Tensor, k: Tensor, groups: Groups) -> Tensor:
     """Relative sliced Wasserstein-1 distance between the query and the key point clouds of each head (and
     each sample on dense groups), averaged: over fixed directions θ, the mean gap between the quantiles of
@@ -373,7 +394,7 @@ def qk_distance(q: Tensor, k: Tensor, groups: Groups) -> Tensor:
     The same measure for every variant at a self-attention site, softmax included, so that the alignment
     variants' distance can be read against softmax's at the same seed."""
     with torch.no_grad():
-        q, k, q_valid, k_valid = groups.query_and_key_sets(q.detach(), k.detach())
+        q, k, q_valid, k_valid = point_sets(q.detach(), k.detach(), groups)
         dtype = torch.promote_types(q.dtype, torch.float32)  # bf16 quantiles would be coarser than the gaps they measure
         directions = _fixed_directions(q.shape[-1], q.device, dtype)
         pq, pk = q.to(dtype) @ directions, k.to(dtype) @ directions  # [C, n, P]

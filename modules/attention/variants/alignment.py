@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from ..groups import Groups
 from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, FusedAttention, HeadShape, MechanismDiagnostic,
-                      qk_diagnostics, standard_diagnostics)
+                      point_sets, qk_diagnostics, standard_diagnostics)
 from ..registry import register_attention
 
 # ---- shared pieces -------------------------------------------------------------------------------------
@@ -403,7 +403,7 @@ class GANAlignmentAttention(AlignmentAttention):
         if self.regularised and self.measures("disc_acc"):
             with torch.no_grad():
                 # Every point, not the loss's subsample: no draw from the run's generator, and a steadier curve.
-                cq, ck, q_valid, k_valid = groups.query_and_key_sets(q.detach(), k.detach())
+                cq, ck, q_valid, k_valid = point_sets(q.detach(), k.detach(), groups)
                 logits = self.discriminator(torch.cat([cq, ck], dim=-2)).squeeze(-1)
                 query_logits, key_logits = logits.split([cq.shape[-2], ck.shape[-2]], dim=-1)
                 key_right = _masked_mean((key_logits > 0).to(logits.dtype), k_valid)
