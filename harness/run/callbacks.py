@@ -54,6 +54,18 @@ class KeepBestAndStop(Callback):
         if self._state is not None:
             pl_module.load_state_dict(self._state)
 
+    # Lightning keeps a callback's state_dict in its checkpoint and hands it back on `fit(ckpt_path=...)`. Saved here,
+    # not by Lightning, because nothing of Lightning's holds it: the rule's counters and bests (our own rule, not
+    # EarlyStopping) and the kept weights (in memory, not a ModelCheckpoint file: see the class docstring).
+    def state_dict(self) -> dict:
+        return {"rule": self.rule.state_dict(), "best_value": self.best_value, "best_epoch": self.best_epoch,
+                "best_metrics": dict(self.best_metrics), "weights": self._state}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.rule.load_state_dict(state_dict["rule"])
+        self.best_value, self.best_epoch = state_dict["best_value"], state_dict["best_epoch"]
+        self.best_metrics, self._state = dict(state_dict["best_metrics"]), state_dict["weights"]
+
 
 class EpochTimer(Callback):
     """Wall time of fitting and of each training epoch (its validation included)."""
@@ -62,6 +74,8 @@ class EpochTimer(Callback):
         self.epochs = 0
         self.total_s = 0.0
         self._fit_start = 0.0
+        self._before_s = 0.0
+        """Fitting time of the epochs a resumed run's checkpoint holds (its earlier process's)."""
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._fit_start = time.perf_counter()
@@ -70,10 +84,18 @@ class EpochTimer(Callback):
         self.epochs += 1
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        self.total_s = time.perf_counter() - self._fit_start
+        self.total_s = self._before_s + time.perf_counter() - self._fit_start
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        self.total_s = time.perf_counter() - self._fit_start
+        self.total_s = self._before_s + time.perf_counter() - self._fit_start
+
+    # In the checkpoint (Lightning keeps callback states): a resumed run's record counts every epoch it trained,
+    # not only those since the resume.
+    def state_dict(self) -> dict:
+        return {"epochs": self.epochs, "fit_s": self._before_s + time.perf_counter() - self._fit_start}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.epochs, self._before_s = int(state_dict["epochs"]), float(state_dict["fit_s"])
 
     @property
     def mean_epoch_s(self) -> float | None:
@@ -202,6 +224,13 @@ class History(Callback):
         """The last epoch's value of each mechanism diagnostic curve, for `Record.diagnostics`."""
         return final_diagnostics(self.epochs)
 
+    # In the checkpoint: Lightning logs nothing without a logger, so these rows exist only here.
+    def state_dict(self) -> dict:
+        return {"epochs": [dict(row) for row in self.epochs]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.epochs = [dict(row) for row in state_dict["epochs"]]
+
     def compact(self) -> dict[str, list] | None:
         """{"epoch": [last epoch of each block, 1-based], <series>: [block means, None where never logged]},
         floats to 4 significant digits; None before the first epoch ended."""
@@ -230,3 +259,123 @@ def final_diagnostics(rows: list[dict[str, float]]) -> dict[str, float]:
             if name.startswith(("diag/", "val/diag/")) and math.isfinite(value):
                 final[name] = float(value)
     return final
+
+
+def global_rng_state() -> dict:
+    """The process-wide generators (torch CPU and CUDA, numpy, Python) as plain tensors, lists and numbers, so that a
+    checkpoint holding them loads with torch.load(weights_only=True)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, mt, gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.uint32).astype(np.int64)),
+                  "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": {"version": int(version), "state": [int(x) for x in mt], "gauss": gauss},
+    }
+
+
+def set_global_rng_state(state: dict) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+
+
+def noise_streams(module) -> dict:
+    """Every run-own noise stream (modules/hosts/gat.py NoiseStream) in `module`, by the name of the module holding it."""
+    from modules.hosts.gat import NoiseStream
+
+    return {name: m.noise for name, m in module.named_modules() if isinstance(getattr(m, "noise", None), NoiseStream)}
+
+
+class ResumableRun(Callback):
+    """A lone run's mid-run checkpoints (harness/results/checkpoints.py): after an epoch, when the interval is due,
+    `trainer.save_checkpoint` writes Lightning's checkpoint (model, optimisers, schedulers, loops, and every
+    callback's state_dict: KeepBestAndStop's rule and kept weights, History's rows, EpochTimer's counts) through
+    `AtomicCheckpointIO`. What Lightning itself keeps of neither is this callback's own state: the global RNGs
+    (Lightning saves none) and each model's NoiseStream generator (a plain attribute, not a buffer, so not in the
+    state_dict). It is restored in on_train_start, after Lightning's restore and just before the first resumed
+    epoch, where the unkilled run's generators stood after the saved epoch.
+
+    Attach it after History and EpochTimer: Lightning calls callbacks' on_train_epoch_end in list order, and the
+    saved state must include the epoch's history row."""
+
+    def __init__(self, path, interval, meta) -> None:
+        self.path, self.interval, self.meta = path, interval, meta
+        self.resumed_from: int | None = None
+        """Epochs the checkpoint a resumed run started from held (it resumed at this 0-based epoch)."""
+        self.resumes = 0
+        self._pending: dict | None = None
+        self._epochs_since, self._since = 0, time.perf_counter()
+
+    def state_dict(self) -> dict:
+        trainer = self._trainer
+        return {"epoch": trainer.current_epoch + 1, "resumes": self.resumes, "rng": global_rng_state(),
+                "noise": {name: stream.state_dict() for name, stream in noise_streams(trainer.lightning_module).items()}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._pending = state_dict
+        self.resumed_from, self.resumes = int(state_dict["epoch"]), int(state_dict["resumes"]) + 1
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        self._trainer = trainer
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._since = time.perf_counter()
+        if self._pending is None:
+            return
+        streams = noise_streams(pl_module)
+        for name, state in self._pending["noise"].items():
+            streams[name].load_state_dict(state)
+        set_global_rng_state(self._pending["rng"])
+        self._pending = None
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._epochs_since += 1
+        last = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
+        # Not at the epoch that ends fitting: nothing would resume from it (Lightning keeps no should_stop either).
+        if trainer.should_stop or last or not self.interval.due(self._epochs_since, time.perf_counter() - self._since):
+            return
+        trainer.save_checkpoint(self.path)
+        self._epochs_since, self._since = 0, time.perf_counter()
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint["attnbench"] = self.meta(trainer.current_epoch + 1, self.resumes)
+
+
+class AtomicCheckpointIO:
+    """Lightning's checkpoint I/O for mid-run checkpoints: written as the record store writes (temp file, fsync,
+    rename), read with torch.load(weights_only=True) only."""
+
+    @staticmethod
+    def make():
+        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+        class _IO(TorchCheckpointIO):
+            def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+                from pathlib import Path
+
+                from harness.results.checkpoints import save_atomically
+
+                save_atomically(checkpoint, Path(path))
+
+            def load_checkpoint(self, path, map_location=lambda storage, loc: storage, weights_only=None):
+                import torch
+
+                return torch.load(path, map_location=map_location, weights_only=True)
+
+        return _IO()

@@ -25,7 +25,7 @@ from harness.plan.spec import RunSpec
 from harness.provenance import git_commit
 from harness.results.record import Record, utc_now
 from harness.run import distributed
-from harness.run.callbacks import EpochTimer, FollowRankZeroPruning, History, KeepBestAndStop, live_progress
+from harness.run.callbacks import AtomicCheckpointIO, EpochTimer, FollowRankZeroPruning, History, KeepBestAndStop, ResumableRun, live_progress
 from harness.run.distributed import SINGLE, Distribution
 
 
@@ -200,9 +200,14 @@ def experiment_logger(spec: RunSpec):
 
 
 def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | None = None, commit: str | None = None,
-            verbose: bool = False, distribution: Distribution = SINGLE, execution: Mapping[str, Any] | None = None) -> Record | None:
+            verbose: bool = False, distribution: Distribution = SINGLE, execution: Mapping[str, Any] | None = None,
+            checkpoints=None) -> Record | None:
     """Run one spec and return its record. Never raises for a failing run: failures are data. `execution` says how
     it was launched (metadata for `Record.execution`); a data-parallel run adds its world size.
+
+    With `checkpoints` (harness/results/checkpoints.py Checkpoints), the run saves its training state at their
+    interval and, when a trusted checkpoint of its key is there, resumes from it (`Record.execution` then says
+    from which epoch); the caller removes the checkpoint once it has written the record.
 
     Data-parallel (`distribution`), every rank trains and only global rank 0 tests (on one device, so each
     test example counts once) and returns the record; the other ranks return None."""
@@ -214,12 +219,25 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
     context = run_context(spec, commit, distribution)
     timer = EpochTimer()
     history = History()
+    resumable = ckpt_path = None
     outcome: dict[str, Any]
     try:
         task = get_task(spec.task)
+        if checkpoints is not None and not checkpoints.off:
+            from harness.results import checkpoints as cp
+
+            path = checkpoints.run_path(spec.key)
+            ckpt = cp.load_trusted(path, keys=[spec.key], commit=context["commit"], kind="run")
+            resumable = ResumableRun(str(path), checkpoints.interval,
+                                     lambda epoch, resumes: cp.metadata("run", [spec.key], context["commit"], epoch, resumes))
         trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir,
-                                                     [timer, history, *(live_progress(task.monitor.name) if verbose else [])], distribution)
-        trainer.fit(module, datamodule=datamodule)
+                                                     [timer, history, *([resumable] if resumable else []),
+                                                      *(live_progress(task.monitor.name) if verbose else [])], distribution)
+        if resumable is not None and ckpt is not None:
+            if _fits(ckpt, module, path):
+                ckpt_path = str(path)
+            del ckpt
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         if distribution.is_distributed:
             is_rank_zero = trainer.is_global_zero
             distributed.leave()
@@ -245,7 +263,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         peak_memory_mb=memory.peak_mb(),
         history=history.compact(),
         finished=utc_now(),
-        execution=execution_metadata(execution, distribution),
+        execution=execution_metadata({**(execution or {}), **resumed_metadata(resumable)}, distribution),
         **context,
     )
     if "error" in outcome:
@@ -253,6 +271,27 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
     # The mechanism diagnostics' last train and validation values beside the test pass's test/attn/*.
     outcome["diagnostics"] = {**history.final_diagnostics(), **outcome["diagnostics"]}
     return Record.ok(spec, **outcome, **measured)
+
+
+def resumed_metadata(resumable: ResumableRun | None) -> dict[str, Any]:
+    """`Record.execution`'s note of a resumed run: the epoch its last process started from (the epochs its checkpoint
+    held) and how many times it was resumed. Metadata, never the key: it is the same experiment."""
+    if resumable is None or resumable.resumed_from is None:
+        return {}
+    return {"resumed_from_epoch": resumable.resumed_from, "resumes": resumable.resumes}
+
+
+def _fits(ckpt: Mapping[str, Any], module, path: Path) -> bool:
+    """Whether a checkpoint's model state has this module's parameter names and shapes; if not (a change the code
+    identity did not catch) it is discarded and the run starts afresh, rather than failing in Lightning's restore."""
+    from harness.results.checkpoints import discard
+
+    mine = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in (ckpt.get("state_dict") or {}).items()}
+    if mine != theirs or not all(k in ckpt for k in ("optimizer_states", "loops", "callbacks")):
+        discard(Path(path), "does not match this run's model")
+        return False
+    return True
 
 
 def test_outcome(task, spec: RunSpec, trainer: L.Trainer, module, datamodule, best_epoch: int | None,
@@ -306,6 +345,8 @@ def _prepare(spec: RunSpec, data_root: str | None, cache_dir: str | None, callba
     trainer = L.Trainer(
         max_epochs=params.max_epochs,
         accelerator="auto",
+        # mid-run checkpoints (ResumableRun) are written atomically and loaded with weights_only=True
+        plugins=[AtomicCheckpointIO.make()],
         precision=spec.precision,
         **distribution.trainer_kwargs(),
         logger=logger,

@@ -23,6 +23,8 @@ from modules.tasks import get_task
 from harness.plan.planner import configuration, seed_batch_problem as planned_problem
 from harness.plan.spec import RunSpec
 from harness.results.record import Record, utc_now
+from modules.lit.node_classification_seed_batch import Checkpointing, checkpointing
+
 from harness.run.runner import LOGGER_ENV, PeakMemory, is_device_failure, quiet_lightning, release_device_memory, run_context, test_outcome
 
 
@@ -107,10 +109,16 @@ def seed_batch_problem(spec: RunSpec) -> str | None:
 
 def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cache_dir: str | None = None,
                   commit: str | None = None, on_record: Callable[[Record], None],
-                  execution: Mapping[str, Any] | None = None) -> list[Record]:
+                  execution: Mapping[str, Any] | None = None, checkpoints=None) -> list[Record]:
     """Run specs that differ only in their seed as one batch; `on_record` gets each seed's record as it ends
     (write it there). Never raises for a failing seed: failures are data, and a failure of the whole batch
-    (an out-of-memory error) fails every seed not yet recorded."""
+    (an out-of-memory error) fails every seed not yet recorded.
+
+    With `checkpoints` (harness/results/checkpoints.py Checkpoints), the batch saves every still-training seed's state at
+    their interval to `batch-<digest of these keys>.pt`, and first resumes from the newest trusted batch checkpoint
+    that holds every one of these seeds still training (one of an earlier, larger batch of them included: the seeds
+    that finished since have records, and a CPU seed trains as its lone run whoever shares its batch). Each record's
+    `execution` then says from which epoch; the batch's checkpoint is removed once every seed has its record."""
     if len({configuration(s) for s in specs}) != 1:
         raise ValueError("a seed batch holds seeds of one configuration; got " + ", ".join(sorted({s.display for s in specs})))
     quiet_lightning()
@@ -143,6 +151,10 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
     def record(index: int, rec: Record) -> None:
         records[index] = rec
         on_record(rec)
+
+    saving, resumed_path, resumed = _checkpointing(specs, checkpoints, context["commit"])
+    if resumed is not None:
+        execution = {**execution, "resumed_from_epoch": resumed["epoch"], "resumes": resumed["resumes"]}
 
     try:
         modules, datamodule = [], None
@@ -183,7 +195,15 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
             record(outcome.index, Record.ok(spec, **result, **{**fields, "wall_time_s": time.perf_counter() - t0}))
             outcome.module.cpu()  # tested: its memory is no longer the batch's
 
-        task.train_seed_batch(params, datamodule, modules, rules, finished)
+        if resumed is not None:
+            from harness.run.callbacks import set_global_rng_state
+
+            set_global_rng_state(resumed["rng"])  # where the killed batch's stood; its loop restores the rest
+        token = checkpointing.set(saving)
+        try:
+            task.train_seed_batch(params, datamodule, modules, rules, finished)
+        finally:
+            checkpointing.reset(token)
     except Exception as exc:  # noqa: BLE001 - the whole batch failed: every seed without a record fails with it
         error = f"{type(exc).__name__}: {exc}"
         extra = {"retryable": True} if is_device_failure(exc) else {}
@@ -191,7 +211,48 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
             if index not in records:
                 record(index, Record.failed(spec, error, traceback=traceback.format_exc(limit=8)[-4000:], **extra,
                                             **measured(0, None, None, [])))
+    if checkpoints is not None and not any(r.retryable for r in records.values()):
+        # every seed has its record: nothing resumes from this batch's checkpoint, nor from the one it resumed
+        # from once all of that one's seeds are recorded (another batch may still be resuming its other seeds)
+        checkpoints.remove_batch(checkpoints.batch_path([s.key for s in specs]))
+        if resumed_path is not None:
+            from harness.results.store import RecordStore
+
+            store = RecordStore(checkpoints.root.parent)
+            if all(store.finished(k) for k in checkpoints.batch_keys().get(resumed_path, [])):
+                checkpoints.remove_batch(resumed_path)
     return [records[i] for i in range(len(specs))]
+
+
+def _checkpointing(specs: Sequence[RunSpec], checkpoints, commit: str | None):
+    """The loop's Checkpointing (None when off), the checkpoint it resumes from and that checkpoint's
+    {"epoch", "resumes", "rng", "seeds": {index: state}} (None when it starts afresh)."""
+    if checkpoints is None or checkpoints.off:
+        return None, None, None
+    from harness.results import checkpoints as cp
+    from harness.run.callbacks import global_rng_state
+
+    keys = [s.key for s in specs]
+    resumed_path = resumed = None
+    for path in checkpoints.batch_covering(keys):
+        payload = cp.load_trusted(path, keys=keys, commit=commit, kind="seed_batch")
+        if payload is not None:
+            meta = payload["attnbench"]
+            resumed_path = path
+            resumed = {"epoch": int(meta["epoch"]), "resumes": int(meta["resumes"]) + 1, "rng": payload["rng"],
+                       "seeds": {index: payload["seeds"][key] for index, key in enumerate(keys)}}
+            break
+    target = checkpoints.batch_path(keys)
+    checkpoints.announce_batch(keys)
+    resumes = resumed["resumes"] if resumed else 0
+
+    def save(state: dict) -> None:
+        active = [keys[index] for index in state["seeds"]]
+        cp.save_atomically({"attnbench": cp.metadata("seed_batch", keys, commit, state["epoch"], resumes, active),
+                            "rng": global_rng_state(),
+                            "seeds": {keys[index]: seed for index, seed in state["seeds"].items()}}, target)
+
+    return Checkpointing(due=checkpoints.interval.due, save=save, resume=resumed), resumed_path, resumed
 
 
 def _compact(rows: list[dict[str, float]], max_epochs: int):

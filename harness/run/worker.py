@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from harness.plan.spec import RunSpec
+from harness.results.checkpoints import Checkpoints
 from harness.results.record import Record
 from harness.results.store import RecordStore
 from harness.run.threads import configure_threads
@@ -53,12 +54,18 @@ class RunWorker:
         self.runner = runner
         self.settings = settings
         self.store = RecordStore(settings.runs_dir)
+        # mid-run checkpoints beside the records, at the interval of ATTNBENCH_CHECKPOINT_EVERY (inherited, or in
+        # settings.env for a job-array task); harness/results/checkpoints.py
+        self.checkpoints = Checkpoints(settings.runs_dir)
 
     def run(self, spec_dict: Mapping[str, Any]) -> Record:
-        record = self.runner.execute(RunSpec.from_dict(spec_dict), data_root=self.settings.data_root,
-                                     cache_dir=self.settings.cache_dir, commit=self.settings.commit,
-                                     execution=self.settings.execution)
+        spec = RunSpec.from_dict(spec_dict)
+        record = self.runner.execute(spec, data_root=self.settings.data_root, cache_dir=self.settings.cache_dir,
+                                     commit=self.settings.commit, execution=self.settings.execution,
+                                     checkpoints=self.checkpoints)
         self.store.write(record)
+        if not record.retryable:  # written: nothing resumes from it now (a device failure's retry still may)
+            self.checkpoints.remove_run(spec.key)
         return record
 
 
@@ -70,13 +77,24 @@ def run_item(worker: RunWorker, spec_dicts: Sequence[Mapping[str, Any]],
     from harness.run.seed_batch import execute_batch, seed_batch_problem
 
     specs = [RunSpec.from_dict(d) for d in spec_dicts]
-    if len(specs) > 1 and seed_batch_problem(specs[0]) is None:
+    cps = worker.checkpoints
+    if len(specs) > 1 and not cps.off:
+        # a seed with a lone run's checkpoint (from a --no-seed-batch run, or a batch's last seed) resumes alone first
+        alone = [s for s in specs if cps.run_path(s.key).is_file()]
+        if alone:
+            records = run_item(worker, [s.to_dict() for s in alone], on_record)
+            rest = [s.to_dict() for s in specs if s not in alone]
+            return records + (run_item(worker, rest, on_record) if rest and not any(r.retryable for r in records) else [])
+    # one seed left of a killed batch resumes from the batch's checkpoint, as a batch of one (bit for bit its lone run)
+    resume_batch = len(specs) == 1 and not cps.off and not cps.run_path(specs[0].key).is_file() and bool(cps.batch_covering([specs[0].key]))
+    if (len(specs) > 1 or resume_batch) and seed_batch_problem(specs[0]) is None:
         def written(record: Record) -> None:
             worker.store.write(record)
             on_record(record)
 
         return execute_batch(specs, data_root=worker.settings.data_root, cache_dir=worker.settings.cache_dir,
-                             commit=worker.settings.commit, on_record=written, execution=worker.settings.execution)
+                             commit=worker.settings.commit, on_record=written, execution=worker.settings.execution,
+                             checkpoints=cps)
     records = []
     for spec_dict in spec_dicts:
         records.append(worker.run(spec_dict))

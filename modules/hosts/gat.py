@@ -73,6 +73,26 @@ class NoiseStream:
             self._generator = torch.Generator(device=device).manual_seed(self.seed)
         return self._generator
 
+    def state_dict(self) -> dict:
+        """The stream's position, for a mid-run checkpoint (harness/results/checkpoints.py): a resumed run must draw
+        the masks its unkilled run would have drawn next. Plain tensors and strings (loadable with weights_only)."""
+        if self._generator is None:
+            return {"seed": self.seed, "device": None, "state": None}
+        return {"seed": self.seed, "device": str(self._generator.device), "state": self._generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"a noise stream of seed {state['seed']} cannot be loaded into one of seed {self.seed}")
+        if state["state"] is None:
+            self._generator = None
+            return
+        device = torch.device(state["device"])
+        if self._generator is None or self._generator.device != device:
+            self._generator = torch.Generator(device=device)
+        # into the generator already made, when there is one: a seed batch holds it (gat_seed_batch.py checks that
+        # each seed draws from its own model's stream object)
+        self._generator.set_state(state["state"])
+
 
 def attention_weights(kernel: nn.Module, h: Tensor, att_src: Tensor, att_dst: Tensor, groups: SegmentGroups,
                       negative_slope: float, trace: Trace | None, generator: torch.Generator | None) -> Tensor:

@@ -14,10 +14,11 @@ its lone run's (bit for bit), on a GPU over the stacked ones (modules/hosts/gat_
 
 from __future__ import annotations
 
+import contextvars
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,91 @@ class SeedOutcome:
     fit_time_s: float = 0.0
     """The seed's share of the batch's fitting time: each epoch's time divided by the seeds it trained."""
     batch_epoch_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Checkpointing:
+    """How a seed batch saves and resumes its state (the harness sets it: harness/run/seed_batch.py, which names the
+    seeds by their run keys and writes the files). Passed by a context variable because the task's
+    `train_seed_batch` (modules/tasks/planetoid.py) calls `fit_seed_batch` without it.
+
+    `resume`: {"epoch": epochs done, "rng": the global generators, "seeds": {index in `modules`: that seed's state}}
+    with a state for every seed being trained; `due(epochs_since, seconds_since)`: whether to save after an epoch;
+    `save(state)`: write a state of the same form (indexes of the seeds still training)."""
+
+    due: Callable[[int, float], bool]
+    save: Callable[[dict], None]
+    resume: Mapping[str, Any] | None = None
+
+
+checkpointing: contextvars.ContextVar[Checkpointing | None] = contextvars.ContextVar("seed_batch_checkpointing", default=None)
+
+
+def _seed_parameters(host: nn.Module, position: int) -> list[tuple[nn.Parameter, int | None]]:
+    """Seed `position`'s parameters in the batch host, each with its row in a stacked parameter (None: the whole
+    parameter is the seed's), in a fixed order: the host's own, then its kernels'."""
+    kernels = [q for layer in host.kernels for q in layer[position].parameters()]
+    if hasattr(host, "host"):  # SeedBatchedGAT: stacked host parameters
+        return [(p, position) for p in host.host] + [(q, None) for q in kernels]
+    model = host.models[position]  # LockstepGATs: the seed's own GAT
+    own = [getattr(layer, name) for layer in model.layers for name in ("weight", "att_src", "att_dst", "bias")]
+    return [(p, None) for p in own] + [(q, None) for q in kernels]
+
+
+def _seed_state(host: nn.Module, optimizer: torch.optim.Optimizer, position: int, rule, outcome: "SeedOutcome",
+                best, generator: torch.Generator) -> dict:
+    """One seed's whole training state, in plain tensors, numbers, lists and dicts (loadable with weights_only)."""
+    optim = []
+    for p, row in _seed_parameters(host, position):
+        state = optimizer.state.get(p, {})
+        optim.append({k: (v[row].clone() if row is not None and torch.is_tensor(v) and v.dim() > 0 else
+                          v.clone() if torch.is_tensor(v) else v) for k, v in state.items()})
+    return {
+        "host": host.host_snapshot(position),
+        "kernels": [{k: v.detach().clone() for k, v in layer[position].state_dict().items()} for layer in host.kernels],
+        "optimizer": optim,
+        "rule": rule.state_dict(),
+        "best": None if best is None else {"host": list(best[0]), "kernels": list(best[1])},
+        "epochs": outcome.epochs, "best_epoch": outcome.best_epoch, "best_metrics": dict(outcome.best_metrics),
+        "history": [dict(row) for row in outcome.history], "fit_time_s": outcome.fit_time_s,
+        "batch_epoch_s": list(outcome.batch_epoch_s),
+        "generator": generator.get_state(),
+    }
+
+
+def _load_seed_state(host: nn.Module, optimizer: torch.optim.Optimizer, position: int, state: Mapping[str, Any], rule,
+                     outcome: "SeedOutcome", generator: torch.Generator) -> tuple | None:
+    """Put a `_seed_state` back into the batch at `position`; returns the seed's kept best (host, kernels) or None."""
+    pairs = _seed_parameters(host, position)
+    with torch.no_grad():
+        if hasattr(host, "host"):
+            for p, value in zip(host.host, state["host"]):
+                p[position].copy_(value)
+        else:
+            host.write_into(position, host.models[position], state["host"])
+    for layer, kernel_state in zip(host.kernels, state["kernels"]):
+        layer[position].load_state_dict(kernel_state)
+    for (p, row), saved in zip(pairs, state["optimizer"]):
+        if not saved:
+            continue
+        if row is None:
+            optimizer.state[p] = {k: (v.to(p.device) if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in saved.items()}
+            continue
+        full = optimizer.state.setdefault(p, {})
+        for k, v in saved.items():
+            if torch.is_tensor(v) and v.dim() > 0:
+                if k not in full:
+                    full[k] = torch.zeros((p.shape[0], *v.shape), dtype=v.dtype, device=p.device)
+                full[k][row].copy_(v)
+            else:
+                full[k] = v  # Adam's step: one count for the stacked rows, the same for every seed
+    rule.load_state_dict(state["rule"])
+    outcome.epochs, outcome.best_epoch = int(state["epochs"]), state["best_epoch"]
+    outcome.best_metrics, outcome.history = dict(state["best_metrics"]), [dict(row) for row in state["history"]]
+    outcome.fit_time_s, outcome.batch_epoch_s = float(state["fit_time_s"]), list(state["batch_epoch_s"])
+    generator.set_state(state["generator"])
+    best = state["best"]
+    return None if best is None else (list(best["host"]), list(best["kernels"]))
 
 
 def _as_logged(loss: Tensor, count: int) -> Tensor:
@@ -90,6 +176,18 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
     active = list(range(len(modules)))  # original index of each batch position
     best: dict[int, tuple[list[Tensor], list[dict]]] = {}
     outcomes = {s: SeedOutcome(s, modules[s], 0, None, {}, []) for s in active}
+    saving = checkpointing.get()
+    first_epoch = 0
+    if saving is not None and saving.resume is not None:
+        # Every seed given here is still training in the checkpoint (the harness checked): its parameters, Adam
+        # state, rule, kept best, history and noise stream go back where the killed batch had them. (The global
+        # generators, which this loop does not draw from, the harness restores before calling the task.)
+        first_epoch = int(saving.resume["epoch"])
+        for position, s in enumerate(active):
+            kept = _load_seed_state(batch.model, optimizer, position, saving.resume["seeds"][s], rules[s], outcomes[s], generators[s])
+            if kept is not None:
+                best[s] = kept
+    since_epochs, since_t = 0, time.perf_counter()
 
     def finish(s: int, position: int, error: str | None = None) -> None:
         outcome = outcomes[s]
@@ -104,7 +202,7 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
                     kernel.load_state_dict(state)
         on_finished(outcome)
 
-    for epoch in range(max_epochs):
+    for epoch in range(first_epoch, max_epochs):
         start = time.perf_counter()
         batch.train()
         traces: list[list] = [[] for _ in active]
@@ -181,3 +279,9 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
                     state[id(new)] = old if rows is None else {k: (v.index_select(0, rows).clone() if v.dim() > 0 else v) for k, v in old.items()}
             optimizer = optimizer_for(batch, state)
             active = [active[p] for p in survivors]
+        since_epochs += 1
+        if saving is not None and saving.due(since_epochs, time.perf_counter() - since_t):
+            saving.save({"epoch": epoch + 1, "seeds": {s: _seed_state(batch.model, optimizer, position, rules[s], outcomes[s],
+                                                                      best.get(s), generators[s])
+                                                       for position, s in enumerate(active)}})
+            since_epochs, since_t = 0, time.perf_counter()

@@ -56,6 +56,13 @@ class MonitorRule:
         self.wait += 1
         return Decision(save=False, stop=self.wait >= self.patience)
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the rule (harness/results/checkpoints.py): plain numbers only."""
+        return {"best": self.best, "wait": self.wait}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.best, self.wait = state["best"], int(state["wait"])
+
 
 class GATRule:
     """GAT's own rule (Veličković et al. 2018, execute_cora.py of github.com/PetarV-/GAT): patience counts
@@ -88,3 +95,10 @@ class GATRule:
             return Decision(save=save, stop=False)
         self.wait += 1
         return Decision(save=False, stop=self.wait >= self.patience)
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the rule (harness/results/checkpoints.py): plain numbers only."""
+        return {"best_accuracy": self.best_accuracy, "best_loss": self.best_loss, "wait": self.wait}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.best_accuracy, self.best_loss, self.wait = float(state["best_accuracy"]), float(state["best_loss"]), int(state["wait"])
