@@ -264,14 +264,14 @@ def test_the_cached_catalogue_answers_as_the_full_path_does(capsys, tmp_path, mo
     def full_path(*args, **kwargs):
         raise AssertionError("the cached catalogue should have answered")
 
-    import harness.cli
+    import harness.commands.run_and_tune
     import harness.plan.describe
     import harness.plan.planner
 
     monkeypatch.setattr(harness.plan.describe, "print_list", full_path)
     monkeypatch.setattr(harness.plan.describe, "describe", full_path)
     monkeypatch.setattr(harness.plan.planner, "plan_runs", full_path)
-    monkeypatch.setattr(harness.cli, "_plan_command_line_runs", full_path)
+    monkeypatch.setattr(harness.commands.run_and_tune, "plan_command_line_runs", full_path)
     for argv, (code, captured) in zip(commands, full):
         assert main([*argv, *(["--runs-dir", str(tmp_path / "runs")] if argv[0] in ("run", "tune") else [])]) == code, argv
         fast = capsys.readouterr()

@@ -1,0 +1,155 @@
+"""What several verbs' command lines share: the argument groups (common, precision, logger, data parallel,
+launcher), the parsing of --set and --seeds, and the checks that answer a bad count before anything heavy loads.
+
+Imported by every verb's `add_parser`, so whatever `--help` needs and no more: YAML and the machine's
+description load inside the functions that use them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+
+def parse_sets(pairs: Sequence[str]) -> tuple[dict, dict]:
+    """--set key=value (task parameter) or attention.key=value (variant config); values parse as YAML, and
+    planning checks them against the fields' types (so "5e-5", a string to YAML 1.1, becomes a float there)."""
+    import yaml
+
+    params, attention = {}, {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--set {pair!r}: write key=value, e.g. --set max_epochs=200 or --set attention.alpha=0.5")
+        key, raw = pair.split("=", 1)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        if key.startswith("attention."):
+            attention[key.removeprefix("attention.")] = value
+        else:
+            params[key] = value
+    return params, attention
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-19' or '0,3,5' or '0-4,9' -> the seeds, in order, each once."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            first, last = int(first), int(last or first)
+            if last < first:
+                raise ValueError(f"--seeds {text!r}: the range {part.strip()} ends before it starts; write {last}-{first}")
+            seeds.extend(range(first, last + 1))
+    except ValueError as exc:
+        if str(exc).startswith("--seeds"):
+            raise
+        raise ValueError(f"--seeds {text!r}: expected a range or list of seeds such as 0-19 or 0,3,5") from None
+    if not seeds or min(seeds) < 0:
+        raise ValueError(f"--seeds {text!r}: expected non-negative seeds such as 0-19")
+    return list(dict.fromkeys(seeds))
+
+
+def add_data_parallel(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data parallel (one run over several devices or processes)")
+    group.add_argument("--strategy", choices=["auto", "ddp"], default="auto",
+                       help="ddp: Lightning DistributedDataParallel over --devices processes (gloo on CPU, NCCL on GPUs)")
+    group.add_argument("--devices", type=int, default=1, help="processes per node with --strategy ddp (GPUs, or CPU processes)")
+    group.add_argument("--num-nodes", type=int, default=1, help="nodes with --strategy ddp (start every rank with srun)")
+
+
+LAUNCHERS = ("workers", "local", "slurm")
+"""`--launcher` choices; harness/run/job_array.py runs the submitit ones."""
+
+
+def add_launcher_arguments(parser) -> None:
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="workers",
+                        help="workers: processes on this machine (default); slurm: a SLURM job array through submitit; "
+                             "local: the same through submitit's local executor")
+    parser.add_argument("--shards", type=int, default=None,
+                        help="array tasks the runs are dealt into (default: min(runs, 64) on slurm, min(runs, GPUs or cores) locally)")
+    parser.add_argument("--no-wait", action="store_true", help="submit the array and exit (print the job ids); "
+                        "`attnbench leaderboard` later")
+    parser.add_argument("--submitit-folder", default=None, help="submitit's pickles and logs, %%j = job id (default: <runs-dir>/submitit/%%j)")
+    parser.add_argument("--slurm-partition", default=None)
+    parser.add_argument("--slurm-time-min", type=int, default=None, help="time limit per array task (default: 240); a task that hits it is requeued and resumes")
+    parser.add_argument("--slurm-gpus-per-task", type=int, default=None, help="GPUs per array task, 0 = CPU (default: 1 on slurm)")
+    parser.add_argument("--slurm-cpus-per-task", type=int, default=None)
+    parser.add_argument("--slurm-array-parallelism", type=int, default=None, help="at most this many array tasks at once")
+    parser.add_argument("--slurm-account", default=None)
+
+
+def add_precision(parser: argparse.ArgumentParser) -> None:
+    from harness.plan import PRECISIONS
+
+    parser.add_argument("--precision", choices=PRECISIONS, default="32",
+                        help="Lightning Trainer precision (default: 32); part of the run key and of the hardware group, "
+                             "so runs in different precisions are never ranked together")
+
+
+def add_logger(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--logger", choices=["csv", "tensorboard"], default=None,
+                        help="also log every run through Lightning's CSVLogger or TensorBoardLogger, under <runs-dir>/logs "
+                             "(tensorboard needs the `tensorboard` extra); the record keeps its learning curves either way")
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help="import a plugin file that registers variants or tasks (repeatable)")
+    parser.add_argument("--data-root", default=None, help="local data folder (default: $ATTNBENCH_DATA, else ../shared/data beside "
+                        "the checkout when it holds planetoid/, as make finds it; none = download when online)")
+    parser.add_argument("--runs-dir", default=None, help="where run records live (default: $ATTNBENCH_RUNS or ./runs)")
+    parser.add_argument("--cache-dir", default=None, help="where processed data is cached (default: $ATTNBENCH_CACHE or the user cache dir)")
+
+
+RENAMED = {
+    "bench_devices": "bench --devices N is now --workers N (N independent runs at once, each on one device); "
+                     "--devices N means one data-parallel run over N devices (run/tune --strategy ddp --devices N)",
+}
+"""Old spellings, refused with the new one, so that one flag has one meaning in every subcommand."""
+
+
+def check_counts(args) -> str | None:
+    """Integer flags whose range argparse does not know, counts this machine cannot give (workers, DDP
+    devices, against its cores and GPUs) and tune's storage URL: the one-line message, or None when they
+    are fine. Before the catalogue and the registries, so that none of these waits for torch."""
+    for dest, message in RENAMED.items():
+        if getattr(args, dest, None) is not None:
+            return message
+    if getattr(args, "seed_list", None) is not None:
+        try:
+            parse_seeds(args.seed_list)
+        except ValueError as exc:
+            return str(exc)
+    bounds = {"seed": 0, "seeds": 1, "trials": 1, "repeats": 1, "shards": 1, "num_nodes": 1, "threads": 1}
+    for name, least in bounds.items():
+        value = getattr(args, name, None)
+        if value is not None and value < least:
+            return f"--{name.replace('_', '-')} {value}: expected an integer >= {least} (from the command line)"
+    from harness.plan.machine import Machine
+
+    if args.command == "bench" and args.workers is not None and args.launcher == "workers":
+        return Machine.here().worker_problem(args.workers, getattr(args, "workers_per_gpu", None) or 1)
+    if args.command == "scaling":
+        try:
+            counts = [int(n) for n in args.workers.split(",")]
+        except ValueError:
+            return f"--workers takes comma-separated integers, e.g. 1,2; got {args.workers!r}"
+        if args.seed_counts is not None:
+            try:
+                seeds = [int(n) for n in args.seed_counts.split(",")]
+            except ValueError:
+                return f"--seeds takes comma-separated integers, e.g. 1,20; got {args.seed_counts!r}"
+            if min(seeds) < 1:
+                return f"--seeds {args.seed_counts}: every seed count must be at least 1"
+        return next(filter(None, (Machine.here().worker_problem(n) for n in counts)), None)
+    if args.command in ("run", "tune"):
+        problem = Machine.here().ddp_problem(args.devices, args.strategy)
+        if problem or args.command == "run" or args.storage is None:
+            return problem
+        from harness.studies.storage import StorageError, check_storage
+
+        try:
+            check_storage(args.storage)
+        except StorageError as exc:
+            return str(exc)
+    return None

@@ -1,0 +1,49 @@
+"""`attnbench check FILE.py`: the attention contract on the variants a plugin file registers."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "check"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(NAME, help="run the attention contract (softmax limit, padding invariance, bf16 autocast, "
+                                   "gradients, dense = segment) on the variants a plugin file registers; exit 1 on a failure")
+    p.add_argument("file", metavar="FILE.py", help="a plugin file that registers attention variants")
+    p.add_argument("--variant", action="append", default=None, metavar="NAME", help="only these of the file's variants (repeatable)")
+    return p
+
+
+def main(args) -> int:
+    """The contract checks of modules/attention/contract.py, one line per variant and property."""
+    from modules.attention import list_attentions
+    from modules.attention.registry import ATTENTIONS
+    from modules.registry import load_plugin_file
+
+    before = set(list_attentions())
+    load_plugin_file(args.file)
+    found = sorted(set(list_attentions()) - before)
+    try:
+        return _check_variants(args, found)
+    finally:  # checked, not installed: a caller in the same process (a notebook, the tests) keeps its registry
+        for name in found:
+            ATTENTIONS.unregister(name)
+
+
+def _check_variants(args, found: list[str]) -> int:
+    from modules.attention.contract import check_variant, format_outcomes
+
+    if not found:
+        raise ValueError(f"{args.file} registers no attention variant: decorate an AttentionKernel subclass with "
+                         f"@register_attention(\"my-name\") (README: Adding a variant)")
+    unknown = sorted(set(args.variant or []) - set(found))
+    if unknown:
+        raise ValueError(f"--variant {', '.join(unknown)}: {args.file} registers {', '.join(found)}")
+    failed = 0
+    for name in args.variant or found:
+        outcomes = check_variant(name)
+        print(format_outcomes(outcomes), flush=True)
+        failed += sum(o.status == "FAIL" for o in outcomes)
+    print(f"attnbench check: {failed} failed propert{'y' if failed == 1 else 'ies'}" if failed else "attnbench check: every property holds")
+    return 1 if failed else 0
