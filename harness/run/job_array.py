@@ -111,9 +111,15 @@ class Shard:
     """torch threads; None: every CPU the scheduler gave this task."""
     gpu: str | None = None
     """Local launcher: the GPU this shard runs on; None: whatever the scheduler gave (or CPU)."""
+    checkpoint_every: str | None = None
+    """The submitter's ATTNBENCH_CHECKPOINT_EVERY (harness/results/checkpoints.py), None: the default interval. A
+    requeued task (time limit, preemption) resumes its run in flight from the run's last checkpoint."""
 
     def settings(self) -> WorkerSettings:
+        from harness.results.checkpoints import ENV
+
         return WorkerSettings(self.runs_dir, self.data_root, self.cache_dir, self.plugin_files, self.commit, self.threads, self.gpu,
+                              env={ENV: self.checkpoint_every} if self.checkpoint_every is not None else {},
                               execution={"launcher": "job-array", "shard": self.index})
 
 
@@ -227,6 +233,7 @@ def submit_runs(
             index=i,
             specs=tuple(spec.to_dict() for spec in specs),
             runs_dir=str(runs_root),
+            checkpoint_every=os.environ.get("ATTNBENCH_CHECKPOINT_EVERY"),
             data_root=str(Path(data_root).expanduser().resolve()) if data_root else None,
             cache_dir=str(resolve_cache_dir(cache_dir)),
             plugin_files=tuple(str(Path(p).expanduser().resolve()) for p in plugin_files),

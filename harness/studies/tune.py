@@ -55,6 +55,8 @@ DEFAULTS_ATTR = "defaults"
 """User attribute of the trial that trains the variant's default configuration."""
 SURPLUS_ATTR = "surplus"
 """User attribute of a trial that found the budget already taken by other processes' trials (failed, untrained)."""
+OWNER_ATTR = "attnbench_process"
+"""The "host:pid" of the process that runs a trial (_fail_dead_trials)."""
 
 
 class BudgetReached(Exception):
@@ -205,6 +207,12 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
         # the first trials and epochs run unpruned so that the median means something.
         pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=max(1, resolved.get("max_epochs", 10) // 5)),
     )
+    _fail_dead_trials(study, log)
+    if study.trials:
+        # A resumed study (a killed or earlier `tune`): a sampler seeded as the first process's would draw that
+        # process's random start-up configurations again and train them twice; seeded by the trials already
+        # stored, it goes on drawing new ones, still reproducibly. (A fresh study keeps `sampler_seed` itself.)
+        study.sampler = optuna.samplers.TPESampler(seed=sampler_seed + len(study.trials))
     if not study.trials:
         # Trial 0 trains the defaults as they are (some are None = "the variant decides", which no search
         # range holds), so it suggests nothing; TPE models each parameter from the trials that have it.
@@ -233,6 +241,7 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
             trial.set_user_attr(SURPLUS_ATTR, True)
             study.stop()
             raise BudgetReached(f"study {name} already has {trials} finished or running trials")
+        trial.set_user_attr(OWNER_ATTR, _owner())  # what a restarted tune on this host recognises as dead
         if trial.user_attrs.get(DEFAULTS_ATTR):
             config, overrides = {}, resolved
         else:
@@ -284,6 +293,57 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
     return TuneResult(task, variant, name, task_def.monitor.name, task_def.monitor.higher_is_better, float(best.value),
                       float(default_trial.value) if default_trial else None, best_metrics, default_metrics, attention, task_knobs,
                       counts, seconds, task_params=resolved, storage=storage)
+
+
+def _owner() -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _fail_dead_trials(study, log=print) -> list[int]:
+    """A `tune` restarted after its process was killed (kill -9, a preempted or requeued job): the trial that
+    process was running is still RUNNING in the storage, and heartbeats fail it only after their grace period
+    (GRACE_S); until then it holds a place in the budget and is retried by no one. A RUNNING trial whose owner
+    (OWNER_ATTR: host and pid, set when it started) ran on this host in a process that no longer exists is failed
+    now, and retried once as the heartbeat would (RetryHeartbeatStaleTrialCallback enqueues a copy with the same
+    parameters): the killed trial counts as FAIL, its retry once, so it is never counted twice. Its state change is
+    atomic in the storage: of two processes restarting at once, one fails and retries it, the other sees it failed.
+    Trials of other hosts (or with live processes) are left to the heartbeats. Returns the failed trials' numbers."""
+    import socket
+
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    here = socket.gethostname()
+    storage = study._storage
+    retry = getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        host, _, pid = str(trial.user_attrs.get(OWNER_ATTR, "")).rpartition(":")
+        if host != here or not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                continue
+        except UpdateFinishedTrialError:  # another restarted process failed it first
+            continue
+        failed.append(trial.number)
+        if retry is not None:
+            retry(study, storage.get_trial(trial._trial_id))
+        log(f"attnbench tune: trial {trial.number} was running in process {pid}, which is gone (killed): failed, "
+            f"{'and retried once with the same parameters' if retry is not None else 'not retried (no RDB storage)'}")
+    return failed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _follow_rank_zero(distribution: Distribution, data_root: str | None, cache_dir: str | None) -> None:

@@ -136,3 +136,60 @@ def test_a_killed_seed_batch_resumes_every_unfinished_seed_bit_for_bit(tmp_path)
     assert resumed and all(r["execution"]["resumed_from_epoch"] == 6 for r in resumed)
     assert_same(tmp_path / "runs", tmp_path / "unkilled")
     assert checkpoint_files(tmp_path / "runs") == []
+
+
+TUNE_CHILD = """
+import os, sys
+sys.path.insert(0, os.getcwd())
+from harness.studies.tune import tune
+tune("cora", "softmax", trials=3, params={"max_epochs": 4}, storage=f"sqlite:///{sys.argv[1]}/optuna.db", tune_optimizer=True,
+     runs=sys.argv[1], data_root=sys.argv[2])
+"""
+
+
+def test_a_killed_tune_resumes_its_study_and_retries_the_trial_in_flight_once(tmp_path):
+    """kill -9 of the one `tune` process while a trial runs: the re-run (well within the heartbeats' grace period)
+    fails that trial at once (its process is gone), retries it once with its parameters, and finishes the budget:
+    3 finished trials, the killed one FAIL, never counted twice."""
+    import time
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from harness.studies.tune import OWNER_ATTR
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-c", TUNE_CHILD, str(tmp_path), str(DATA)]
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    db = tmp_path / "optuna.db"
+    deadline = time.time() + 120
+    storage = None
+    try:
+        while time.time() < deadline:  # poll the storage for trial 1 running (trial 0, the defaults, finished)
+            time.sleep(0.5)
+            if db.exists():
+                try:
+                    storage = storage or optuna.storages.RDBStorage(f"sqlite:///{db}")
+                    (summary,) = optuna.get_all_study_summaries(storage)
+                    trials = storage.get_all_trials(summary._study_id, deepcopy=False)
+                except Exception:  # noqa: BLE001 - the schema is being made
+                    continue
+                if any(t.number == 1 and t.state == TrialState.RUNNING and OWNER_ATTR in t.user_attrs for t in trials):
+                    break
+        else:
+            pytest.fail("trial 1 never started")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "trial 1 was running in process" in done.stdout + done.stderr
+    trials = optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{db}").trials
+    states = [t.state for t in trials]
+    assert states.count(TrialState.COMPLETE) + states.count(TrialState.PRUNED) == 3
+    assert trials[1].state == TrialState.FAIL
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == trials[1].number]
+    assert len(retries) == 1 and retries[0].params == trials[1].params and retries[0].state == TrialState.COMPLETE
+    assert states.count(TrialState.RUNNING) == 0
+    # the restarted sampler draws new configurations: the killed trial's is trained once more (its retry), not twice
+    assert sum(1 for t in trials if t.params == trials[1].params and t.state == TrialState.COMPLETE) == 1
