@@ -15,6 +15,7 @@ from harness.report.board import is_fraction_metric
 from harness.report.format import format_duration
 from harness.report.leaderboard import EmptySelection, write_boards
 from harness.report.summary import results_table
+from harness.results.checkpoints import Checkpoints
 from harness.results.record import Status
 from harness.results.store import RecordStore, runs_dir
 from harness.run.job_array import SubmititOptions, submit_runs
@@ -138,6 +139,11 @@ def run_suite(
         f"{finished} already finished, {len(todo)} to run on {f'{workers} worker(s)' if launcher == 'workers' else launcher + ' through submitit'}; "
         f"records in {store.root}"
     )
+    resuming = Checkpoints(runs).resumable(s.key for s in todo)
+    if resuming:  # README, "What survives a kill"
+        files = sorted({p.name for p in resuming.values()})
+        log(f"attnbench: {len(resuming)} of them resume from checkpoint(s) in {store.root.parent / 'checkpoints'}: "
+            + ", ".join(files[:6]) + (f" and {len(files) - 6} more" if len(files) > 6 else ""))
     progress = Progress(len(todo), workers)
     if todo and launcher != "workers":
         outcome = submit_runs(todo, submitit_options or SubmititOptions(launcher=launcher), suite_name=suite.name, runs=runs_dir(runs),

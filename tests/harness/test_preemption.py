@@ -193,3 +193,50 @@ def test_a_killed_tune_resumes_its_study_and_retries_the_trial_in_flight_once(tm
     assert states.count(TrialState.RUNNING) == 0
     # the restarted sampler draws new configurations: the killed trial's is trained once more (its retry), not twice
     assert sum(1 for t in trials if t.params == trials[1].params and t.state == TrialState.COMPLETE) == 1
+
+
+def test_orphaned_checkpoints_are_listed_and_pruned_and_never_exported(tmp_path):
+    """No training: checkpoint files beside records. A checkpoint whose every key has a finished record, or one older
+    than --older-than days, is orphaned; prune deletes those and nothing else; an export carries records only."""
+    import time
+
+    from harness.plan.spec import make_spec
+    from harness.results import checkpoints as cp
+    from harness.results.exchange import export_records
+    from harness.results.record import Record
+    from harness.results.store import RecordStore
+
+    specs = [make_spec("cora", "softmax", seed, {"max_epochs": 2}) for seed in range(4)]
+    store = RecordStore(tmp_path)
+    store.write(Record.ok(specs[0], {"test/acc": {"value": 0.5, "higher_is_better": True}}))
+    store.write(Record.ok(specs[1], {"test/acc": {"value": 0.5, "higher_is_better": True}}))
+    cps = cp.Checkpoints(tmp_path, cp.Interval(1, 0))
+    cps.root.mkdir(parents=True)
+    cps.run_path(specs[0].key).write_bytes(b"x")  # its record is written: orphaned
+    cps.run_path(specs[2].key).write_bytes(b"x")  # unfinished: kept
+    cps.announce_batch([specs[0].key, specs[1].key])
+    cps.batch_path([specs[0].key, specs[1].key]).write_bytes(b"x")  # every seed recorded: orphaned
+    cps.announce_batch([specs[1].key, specs[3].key])
+    cps.batch_path([specs[1].key, specs[3].key]).write_bytes(b"x")  # seed 3 unfinished: kept
+    assert sorted(cps.resumable([s.key for s in specs[2:]])) == sorted([specs[2].key, specs[3].key])
+    assert sorted(e.path.name for e in cp.orphans(tmp_path)) == sorted([f"{specs[0].key}.pt", cps.batch_path([specs[0].key, specs[1].key]).name])
+    listing = cp.describe(tmp_path)
+    assert "4 checkpoint(s)" in listing and "2 orphaned; --prune deletes them" in listing
+    assert len(cp.prune(tmp_path)) == 2
+    assert sorted(p.name for p in cps.root.glob("*.pt")) == sorted([f"{specs[2].key}.pt", cps.batch_path([specs[1].key, specs[3].key]).name])
+    old = cps.run_path(specs[2].key)
+    os.utime(old, (time.time() - 10 * 86400,) * 2)
+    assert [e.path for e in cp.prune(tmp_path, older_than_days=7)] == [old]
+    exported = export_records(store, tmp_path / "export.jsonl")
+    assert "checkpoint" not in (tmp_path / "export.jsonl").read_text() and exported is not None
+
+
+def test_the_interval_reads_epochs_minutes_both_or_off():
+    from harness.results.checkpoints import DEFAULT_EVERY_EPOCHS, Interval
+
+    assert Interval.parse("25") == Interval(25, 0) and Interval.parse("10m") == Interval(0, 10.0)
+    assert Interval.parse("25,10m") == Interval(25, 10.0) and Interval.parse("0").off
+    assert Interval().epochs == DEFAULT_EVERY_EPOCHS and not Interval().off
+    assert Interval(25, 10).due(25, 0) and Interval(25, 10).due(1, 600) and not Interval(25, 10).due(24, 599)
+    with pytest.raises(ValueError):
+        Interval.parse("often")
