@@ -139,9 +139,9 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
 
 
 def _has_knobs(variant: str) -> bool:
-    from harness.studies.tune import variant_knobs
+    from modules.attention.registry import search_space_options
 
-    return bool(variant_knobs(variant))
+    return bool(search_space_options(variant))
 
 
 def params_of_task(task: str, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -3,15 +3,7 @@
 from __future__ import annotations
 
 from typing import Any, Callable
-
-
-def format_duration(seconds: float | None) -> str:
-    """How every rendering of a board shows a time."""
-    if not seconds:
-        return "—"
-    if seconds < 10:
-        return f"{seconds * 1000:.1f} ms"
-    return f"{seconds:.1f} s" if seconds < 600 else f"{seconds / 60:.1f} min"
+from harness.timing import format_duration  # noqa: F401  (re-exported: the boards' name for it)
 
 
 def format_p(p: float | None) -> str:

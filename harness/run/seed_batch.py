@@ -88,7 +88,7 @@ class _Progress:
     def _maybe_print(self) -> None:
         if not self.training or not self.training <= self.reported | self.gone:
             return
-        from harness.report.format import format_duration
+        from harness.timing import format_duration
 
         self.epochs += 1
         self.training -= self.gone

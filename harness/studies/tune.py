@@ -128,14 +128,10 @@ class TuneResult:
 
 
 def variant_knobs(variant: str) -> list[str]:
-    """The option names the variant's search space suggests (what its name fixes excluded), read by asking a
-    throw-away in-memory study for one trial: `suggest` is code, so asking it is the only sure way to know."""
-    import optuna
+    """The option names the variant's search space suggests (modules.attention.registry.search_space_options)."""
+    from modules.attention.registry import search_space_options
 
-    from modules.attention.registry import suggest_config
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return sorted(suggest_config(variant, optuna.create_study().ask()))
+    return search_space_options(variant)
 
 
 def require_a_search_space(variant: str, tune_optimizer: bool) -> None:

@@ -123,3 +123,13 @@ def _check_fields(name: str, config_cls: type[AttentionConfig], values: Mapping[
         raise ValueError(
             f"attention {name!r} has no option(s) {sorted(unknown)}; its options are {sorted(known) or 'none'}"
         )
+
+
+def search_space_options(name: str) -> list[str]:
+    """The option names variant `name`'s search space suggests (what its name fixes excluded), read by asking a
+    throw-away in-memory Optuna study for one trial: `suggest` is code, so asking it is the only sure way to know.
+    Here, beside `suggest_config`, so that planning can ask it without importing the tuning study."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return sorted(suggest_config(name, optuna.create_study().ask()))
