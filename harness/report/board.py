@@ -433,7 +433,39 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
         "epoch_cap": epoch_cap_hits(table_records),
         "rows": ordered,
         "tuning": dict(sorted(tuning.items())),
+        **_mechanism_diagnostics(task_specs, records),
     }
+
+
+def _mechanism_diagnostics(task_specs, records: Mapping[str, Record]) -> dict[str, Any]:
+    """Per row, the final value of each mechanism diagnostic its records carry (mean over the finished seeds; the
+    validation pass's where measured, else training's), read from the records alone so that a board renders without
+    the variants' code. Absent (no line on the board) when no record carries one: records from before them."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for spec in task_specs:
+        record = records.get(spec.key)
+        if record is None or record.status is not Status.OK:
+            continue
+        values = record.diagnostics or {}
+        names = {k.split("/")[-1] for k in values if k.startswith(("diag/", "val/diag/"))}
+        for name in names:
+            value = values.get(f"val/diag/{name}", values.get(f"diag/{name}"))
+            if value is not None and math.isfinite(float(value)):
+                found.setdefault(spec.display, {}).setdefault(name, []).append(float(value))
+    if not found:
+        return {}
+    return {"mechanism": {label: {name: statistics.fmean(v) for name, v in sorted(by_name.items())} for label, by_name in sorted(found.items())}}
+
+
+def mechanism_sentence(table: Mapping[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str | None:
+    """"Mechanism diagnostics (...): `align-ct` qk_distance 0.497; `softmax` qk_distance 0.552"; None without them."""
+    found = table.get("mechanism")
+    if not found:
+        return None
+    rows = "; ".join(f"{code(label)} " + ", ".join(f"{name} {value:.3g}" for name, value in values.items()) for label, values in found.items())
+    return ("Mechanism diagnostics (each variant's evidence that its idea was at work: the final value, mean over the "
+            "finished seeds, validation where measured; what each means and when it counts as active: `attnbench describe "
+            f"<variant>` and modules/attention/mechanism.py): {rows}.")
 
 
 def _finding(rows: Mapping[str, dict[str, Any]], baseline: str | None, metrics: list[dict[str, Any]]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from harness.report.format import format_duration, format_p, resolution_sentence
-from harness.report.board import (CLIPPED, clipped_sentence, epoch_cap_sentence, finding_sentence, overall_finding_sentence, problem_lines,
+from harness.report.board import (mechanism_sentence, CLIPPED, clipped_sentence, epoch_cap_sentence, finding_sentence, overall_finding_sentence, problem_lines,
                                   reproducibility_line, row_settings_sentence, versions_sentence)
 from harness.report.stats import metric_range
 
@@ -290,6 +290,9 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
             parts.append(f"<li><code>{_e(label)}</code>: {sum(trials.values())} trials ({_e(detail)}), "
                          f"{_e(format_duration(tuning.get('seconds')))} of training</li>\n")
         parts.append("</ul>\n")
+    mechanism = mechanism_sentence(task, lambda text: f"<code>{_e(text)}</code>")
+    if mechanism:
+        parts.append(f"<p class=\"mechanism\">{mechanism}</p>\n")
     versions = versions_sentence(task, lambda text: f"<code>{_e(text)}</code>")
     if versions:
         parts.append(f"<p class=\"generated\">{versions}</p>\n")

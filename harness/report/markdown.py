@@ -6,7 +6,7 @@ import io
 from typing import Any
 
 from harness.report.format import format_duration, format_p, resolution_sentence
-from harness.report.board import (CLIPPED, NO_RECORDS, clipped_sentence, epoch_cap_sentence, finding_sentence, overall_finding_sentence,
+from harness.report.board import (mechanism_sentence, CLIPPED, NO_RECORDS, clipped_sentence, epoch_cap_sentence, finding_sentence, overall_finding_sentence,
                                   problem_lines, reproducibility_line, row_settings_sentence, versions_sentence)
 
 MARKS = {"better": "▲", "worse": "▼"}
@@ -162,6 +162,9 @@ def _write_task(out: io.StringIO, table: dict[str, Any], several_classes: bool) 
             trials = tuning.get("trials", {})
             out.write(f"- `{label}`: {sum(trials.values())} trials ({', '.join(f'{v} {k}' for k, v in sorted(trials.items()))}), "
                       f"{format_duration(tuning.get('seconds'))} of training\n")
+    line = mechanism_sentence(table)
+    if line:
+        out.write(f"\n{line}\n")
     line = versions_sentence(table)
     if line:
         out.write(f"\n{line}\n")
