@@ -68,8 +68,8 @@ def check_raw_files(name: str, root: Path) -> Path:
     if missing:
         raise MissingDataError(
             f"{NAMES[name]}: missing {', '.join(missing)} in {raw}. Put the eight Planetoid files "
-            f"ind.{name}.{{{','.join(RAW_PARTS)}}} (github.com/kimiyoung/planetoid, data/) there, or unset "
-            f"ATTNBENCH_DATA to let PyG download them when online."
+            f"ind.{name}.{{{','.join(RAW_PARTS)}}} (github.com/kimiyoung/planetoid, data/) there, or point at a data "
+            f"root that has them (--data-root or ATTNBENCH_DATA); with neither set, PyG downloads them when online."
         )
     corrupt = [f for f in files if sha256_of(raw / f) != RAW_SHA256[f]]
     if corrupt:
