@@ -33,6 +33,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     q.add_argument("--seed-batched", action="store_true", help="select only records trained in a seed batch")
     q.add_argument("--dry-run", action="store_true", help="list what would be retracted; change nothing")
     q.add_argument("--runs-dir", default=None, help="the store (default: $ATTNBENCH_RUNS or runs; the committed records: leaderboards)")
+    q = verbs.add_parser("checkpoints", help="list the mid-run checkpoints of --runs-dir (what a killed run or seed batch resumes from); "
+                                             "--prune deletes the orphaned ones (every run they hold recorded, or older than --older-than)")
+    q.add_argument("--prune", action="store_true", help="delete the orphaned checkpoints")
+    q.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="with --prune: also checkpoints older than DAYS")
+    q.add_argument("--runs-dir", default=None, help="the runs folder (default: $ATTNBENCH_RUNS or runs)")
     return p
 
 
@@ -133,5 +138,13 @@ def _compare_results(args) -> int:
     return 0 if all(a.identical == a.shared for a in agreements) else 3
 
 
-SUBVERBS = {"export": _export_results, "import": _import_results, "compare": _compare_results, "retract": _retract_results}
+def _checkpoint_results(args) -> int:
+    from harness.results.checkpoints import describe
+
+    print(describe(args.runs_dir, args.older_than, do_prune=args.prune))
+    return 0
+
+
+SUBVERBS = {"export": _export_results, "import": _import_results, "compare": _compare_results, "retract": _retract_results,
+            "checkpoints": _checkpoint_results}
 """Each sub-verb's handler; a new sub-verb adds its parser in `add_parser` and its handler here."""

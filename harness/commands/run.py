@@ -75,10 +75,17 @@ def main(args) -> int:
         if rank == 0:
             print(f"attnbench: running {args.task} x {spec.variant} seed={args.seed} (key {spec.key})"
                   f"{f' on {distribution.world_size} DDP processes' if distribution.is_distributed else ''}", flush=True)
-        record = execute(spec, data_root=args.data_root, cache_dir=args.cache_dir, verbose=True, distribution=distribution)
+        from harness.results.checkpoints import Checkpoints
+
+        # a killed `run` resumes from its last checkpoint, as bench's workers do (README: what survives a kill)
+        checkpoints = Checkpoints(args.runs_dir)
+        record = execute(spec, data_root=args.data_root, cache_dir=args.cache_dir, verbose=True, distribution=distribution,
+                         checkpoints=checkpoints)
         if record is None:  # a DDP rank other than 0: rank 0 tests and writes the record
             return 0
         store.write(record)
+        if not record.retryable:
+            checkpoints.remove_run(spec.key)
     print(json.dumps(record.summary(), indent=1, default=str))
     return 0 if record.status is Status.OK else 1
 
