@@ -414,7 +414,7 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
         row["chance"] is None and len(row["metrics"][primary]["values"]) == 1 for row in rows.values())
     ordered = _rank(list(rows.values()), primary, metrics[0]["higher_is_better"])
     table_records = _unique_records(records[s.key] for s in task_specs if s.key in records)
-    tuning = {s.display: _plain(s.extra["tuning"]) for s in task_specs if s.extra.get("tuning")}
+    tuning = {s.display: {**_plain(s.extra["tuning"]), "values": _tuned_values(s, task_specs)} for s in task_specs if s.extra.get("tuning")}
     return {
         "task": task_name,
         "versions": {"task": sorted({s.task_version for s in task_specs}),
@@ -853,6 +853,27 @@ def _overall(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
     # mean_rank is None exactly when tasks_covered is 0, so None never meets a number here
     overall.sort(key=lambda o: (-o["tasks_covered"], o["mean_rank"] or 0, o["variant"]))
     return overall
+
+
+def _tuned_values(tuned, task_specs) -> dict[str, Any]:
+    """What tuning chose: the attention options and task parameters in which a "(tuned)" row differs from the same
+    variant's default row, so that a reader sees the configuration a tuned row ran (temperature 0.852), not only
+    that it was tuned."""
+    default = next((s for s in task_specs if s.variant == tuned.variant and not s.extra.get("tuning") and s.seed == tuned.seed), None)
+    if default is None:
+        return {}
+    options = {f"attention.{k}": v for k, v in tuned.attention.items() if default.attention.get(k) != v}
+    params = {k: v for k, v in tuned.params.items() if default.params.get(k) != v}
+    return _plain({**options, **params})
+
+
+def _format_value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def tuned_values_text(values: Mapping[str, Any]) -> str:
+    """"attention.kl_weight=0.1317, attention.prior=fixed", or "the defaults" when tuning kept them."""
+    return ", ".join(f"{k}={_format_value(v)}" for k, v in values.items()) or "the defaults"
 
 
 def _plain(value: Any) -> Any:

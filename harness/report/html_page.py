@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from harness.report.format import format_duration, format_p, resolution_sentence
-from harness.report.board import (mechanism_sentence, CLIPPED, clipped_sentence, epoch_cap_sentence, finding_sentence, overall_finding_sentence, problem_lines,
+from harness.report.board import (mechanism_sentence, tuned_values_text, CLIPPED, clipped_sentence, epoch_cap_sentence, finding_sentence, overall_finding_sentence, problem_lines,
                                   reproducibility_line, row_settings_sentence, versions_sentence)
 from harness.report.stats import metric_range
 
@@ -287,7 +287,7 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
         for label, tuning in sorted(task["tuning"].items()):
             trials = tuning.get("trials", {})
             detail = ", ".join(f"{v} {k}" for k, v in sorted(trials.items()))
-            parts.append(f"<li><code>{_e(label)}</code>: {sum(trials.values())} trials ({_e(detail)}), "
+            parts.append(f"<li><code>{_e(label)}</code>: {_e(tuned_values_text(tuning.get('values') or {}))}; {sum(trials.values())} trials ({_e(detail)}), "
                          f"{_e(format_duration(tuning.get('seconds')))} of training</li>\n")
         parts.append("</ul>\n")
     mechanism = mechanism_sentence(task, lambda text: f"<code>{_e(text)}</code>")
@@ -361,7 +361,7 @@ def _plots(task: dict[str, Any], alpha: float, plot_ids) -> str:
     label = f"{task['primary']}{unit}"
     bounds = tuple(None if bound is None else bound * scale for bound in metric_range(task["primary"]))
     min_span = _min_span(task, [metric["mean"] * scale for _, metric in points], scale)
-    spans = (f"the axis spans at least twice the table's resolution ({_e(_num(round(min_span, 4)))}{' points' if scale == 100.0 else ''})"
+    spans = (f"the axis spans at least {_e(f'{min_span:.2f}')}{' points' if scale == 100.0 else ''}, twice the table's resolution"
              if (task.get("resolution") or {}).get("difference") else
              f"the axis spans at least {_e(_num(round(min_span, 4)))}{' points' if scale == 100.0 else ''} (no resolution: too few paired seeds)")
     bar, bar_axis = _bar_plot(points, task, scale, label, min_span, bounds)

@@ -6,7 +6,7 @@ import io
 from typing import Any
 
 from harness.report.format import format_duration, format_p, resolution_sentence
-from harness.report.board import (mechanism_sentence, CLIPPED, NO_RECORDS, clipped_sentence, epoch_cap_sentence, finding_sentence, overall_finding_sentence,
+from harness.report.board import (mechanism_sentence, tuned_values_text, CLIPPED, NO_RECORDS, clipped_sentence, epoch_cap_sentence, finding_sentence, overall_finding_sentence,
                                   problem_lines, reproducibility_line, row_settings_sentence, versions_sentence)
 
 MARKS = {"better": "▲", "worse": "▼"}
@@ -160,8 +160,8 @@ def _write_task(out: io.StringIO, table: dict[str, Any], several_classes: bool) 
         out.write("\nTuning cost (`attnbench tune`, validation only, one seed; rows marked (tuned) re-ran the best trial on the suite's seeds):\n")
         for label, tuning in table["tuning"].items():
             trials = tuning.get("trials", {})
-            out.write(f"- `{label}`: {sum(trials.values())} trials ({', '.join(f'{v} {k}' for k, v in sorted(trials.items()))}), "
-                      f"{format_duration(tuning.get('seconds'))} of training\n")
+            out.write(f"- `{label}`: {tuned_values_text(tuning.get('values') or {})}; {sum(trials.values())} trials "
+                      f"({', '.join(f'{v} {k}' for k, v in sorted(trials.items()))}), {format_duration(tuning.get('seconds'))} of training\n")
     line = mechanism_sentence(table)
     if line:
         out.write(f"\n{line}\n")

@@ -52,3 +52,22 @@ def test_a_suites_tuned_variants_get_rows_from_the_committed_parameters(tmp_path
     assert {s.display for s in plan(load_suite(suite_file(tmp_path))).specs} == {"softmax", "bam-weibull"}
     with pytest.raises(SuiteError, match="'bam-weibul' is not one of the suite's variants. Did you mean 'bam-weibull'"):
         load_suite(suite_file(tmp_path, tuned=["bam-weibul"]))
+
+
+def test_a_tuned_row_shows_the_values_tuning_chose(tmp_path, monkeypatch):
+    """Issue 39: the (tuned) row said it was tuned, not what it ran (temperature 0.852)."""
+    from harness.plan import planner
+    from harness.report.board import build_board
+    from harness.report.markdown import render_markdown
+
+    params = tmp_path / "params" / "cora"
+    params.mkdir(parents=True)
+    (params / "bam-weibull.yaml").write_text(yaml.safe_dump({
+        "task": "cora", "variant": "bam-weibull", "attention": {"name": "bam-weibull", "kl_weight": 0.1317, "prior": "fixed"},
+        "params": {}, "budget": {"trials": 20, "max_epochs": 2}, "tuning": {"trials": {"complete": 20}, "seconds": 60.0}}))
+    monkeypatch.setattr(planner, "COMMITTED_PARAMS", tmp_path / "params")
+    the_plan = plan(load_suite(suite_file(tmp_path, tuned=["bam-weibull"])))
+    board = build_board(the_plan.suite, the_plan, {})
+    cora = next(t for g in board["groups"] for t in g["tasks"] if t["task"] == "cora")
+    assert cora["tuning"]["bam-weibull (tuned)"]["values"] == {"attention.kl_weight": 0.1317, "attention.prior": "fixed"}
+    assert "- `bam-weibull (tuned)`: attention.kl_weight=0.1317, attention.prior=fixed; 20 trials" in render_markdown(board)
