@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch.callbacks import ProgressBar
 
 from datamodules.paths import is_environment_fault
+from modules.attention.kernel import attention_paths
 from modules.tasks import get_task
 
 from harness.plan.spec import RunSpec
@@ -219,7 +220,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
     context = run_context(spec, commit, distribution)
     timer = EpochTimer()
     history = History()
-    resumable = ckpt_path = None
+    resumable = ckpt_path = module = None
     outcome: dict[str, Any]
     try:
         task = get_task(spec.task)
@@ -263,7 +264,8 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         peak_memory_mb=memory.peak_mb(),
         history=history.compact(),
         finished=utc_now(),
-        execution=execution_metadata({**(execution or {}), **resumed_metadata(resumable)}, distribution),
+        # which attention path (sdpa / flex / eager) ran: metadata, so the key and the results stay as they were
+        execution=execution_metadata({**(execution or {}), **resumed_metadata(resumable), **attention_paths(module)}, distribution),
         **context,
     )
     if "error" in outcome:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,116 @@ class FusedAttention:
     """Aux losses that do not need the weights (alignment's regulariser), returned with the output."""
     diagnostics: dict[str, Tensor] = field(default_factory=dict)
     """Detached diagnostics that do not need the weights (the query/key distance), returned with the output."""
+    flex: "FlexForm | None" = None
+    """The same logits as a FlexAttention score_mod, for CUDA (see `select_path`); None: SDPA only."""
+
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass
+class FlexForm:
+    """softmax(score_mod(scale·<q, k>)) @ v as FlexAttention computes it. The score_mod's captured tensors
+    are per head, shape [H] and never 0-d: a 0-d captured parameter breaks FlexAttention's backward
+    (pytorch #145208). A variant's own tensor form of the logits (SDPA's q', k' and bias) can differ from
+    this one: gmm's SDPA form appends a column to q and k, which FlexAttention need not pay for."""
+
+    q: Tensor
+    k: Tensor
+    scale: float
+    score_mod: ScoreMod
+
+
+PATHS = ("sdpa", "flex", "eager")
+"""How a kernel call ran: torch SDPA on a FusedAttention, FlexAttention on its FlexForm, or the weights
+materialised (`normalize` then `aggregate`)."""
+
+_flex_on_cpu = False
+
+
+@contextmanager
+def flex_on_cpu(enabled: bool = True) -> Iterator[None]:
+    """Let `select_path` pick FlexAttention on CPU too. Only for tests: on CPU its forward runs unfused
+    (slower than SDPA) and it has no backward, but it shows there that a FlexForm computes the eager logits."""
+    global _flex_on_cpu
+    previous, _flex_on_cpu = _flex_on_cpu, enabled
+    try:
+        yield
+    finally:
+        _flex_on_cpu = previous
+
+
+def flex_cpu_allowed() -> bool:
+    """Whether `flex_on_cpu` is on: kernels then build their FlexForm on CPU tensors too."""
+    return _flex_on_cpu
+
+
+def select_path(fused: FusedAttention | None, groups: Groups, q: Tensor, *, need_weights: bool,
+                dropout_p: float = 0.0) -> str:
+    """Which path a kernel call takes, decided once per call as timm's Attention picks its fused path.
+
+    - 'eager' whenever the host needs the weights (need_weights=True: hosts ask for them for probes and for
+      the diagnostics that read them), the layout has no fused kernel (segment groups), or the kernel
+      returned no fused form (its weights are not a softmax of a dot product, or the config turns on terms
+      that need the weights: gmm's EM);
+    - 'flex' on CUDA where the kernel gives a FlexForm and no attention dropout is asked for (FlexAttention
+      has no dropout): its score_mod keeps per-head factors out of the q projection, where SDPA needs them
+      folded into q' and k';
+    - 'sdpa' otherwise. On CPU that keeps every result as it was before FlexAttention existed here."""
+    if need_weights or fused is None or not groups.has_fused_attention:
+        return "eager"
+    if fused.flex is not None and dropout_p == 0.0 and (q.is_cuda or _flex_on_cpu) and _flex_attention() is not None:
+        return "flex"
+    return "sdpa"
+
+
+def _flex_attention():
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:  # torch before 2.5
+        return None
+    return flex_attention
+
+
+_compiled_flex: dict[str, Any] = {}
+
+
+def run_flex(form: FlexForm, v: Tensor, groups: Groups) -> Tensor:
+    """FlexAttention on `form` within dense groups: the boolean mask becomes -inf in the score_mod (a
+    BlockMask would skip blocks, but building one per call costs more than it saves at these lengths).
+    Compiled on CUDA, where uncompiled FlexAttention materialises the scores; eager on CPU (tests only)."""
+    flex = _flex_attention()
+    if form.q.is_cuda:
+        if "cuda" not in _compiled_flex:
+            _compiled_flex["cuda"] = torch.compile(flex, dynamic=False)
+        flex = _compiled_flex["cuda"]
+    score_mod = form.score_mod
+    mask = getattr(groups, "mask", None)
+    if mask is not None:
+        full = mask.expand(form.q.shape[0], 1, form.q.shape[2], form.k.shape[2])
+        inner = score_mod
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return torch.where(full[b, 0, q_idx, kv_idx], inner(score, b, h, q_idx, kv_idx), float("-inf"))
+
+    q, k = form.q, form.k
+    if v.dtype != q.dtype:  # FlexAttention wants one dtype; autocast may leave v in another
+        q, k = q.to(v.dtype), k.to(v.dtype)
+    return flex(q, k, v, score_mod=score_mod, scale=form.scale)
+
+
+def attention_paths(model: nn.Module | None) -> dict[str, list[str]]:
+    """{'attention_paths': the paths its kernels ran, sorted}, for `Record.execution` (metadata, not part of
+    the run key): which implementation a cost column measured. Empty when every call ran eager, so that a
+    record without the field ran eager (every graph run: segment groups have no fused kernel) and records
+    from before this field read the same."""
+    if model is None:
+        return {}
+    ran = set()
+    for module in model.modules():
+        if isinstance(module, AttentionKernel):
+            ran |= module.paths_run
+    return {"attention_paths": sorted(ran)} if ran - {"eager"} else {}
 
 
 MECHANISM_RULES = ("max>", "final>", "final<", "moved", "below-baseline")
@@ -241,6 +351,9 @@ class AttentionKernel(nn.Module):
         self.site = shape.site
         self.config = config.for_site(shape.site)
         self.shape = shape
+        self.paths_run: set[str] = set()
+        """The paths (PATHS) this kernel's calls took: read into `Record.execution` by `attention_paths`."""
+        self.last_path: str | None = None
 
     def score(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> Tensor:
         return groups.scores(q, k, scale)
@@ -278,17 +391,27 @@ class AttentionKernel(nn.Module):
         need_weights: bool = True,
     ) -> tuple[Tensor, AttentionResult]:
         scale = q.shape[-1] ** -0.5 if scale is None else scale
+        fused = None
         if not need_weights and groups.has_fused_attention:
             fused = self.fused_attention(q, k, groups, scale=scale)
-            if fused is not None:
-                out = groups.fused_attention(fused.q, fused.k, v, bias=fused.bias, scale=fused.scale,
-                                             dropout_p=dropout_p if self.training else 0.0)
-                return out, AttentionResult(None, fused.aux_losses, fused.diagnostics)
+        dropout_p = dropout_p if self.training else 0.0
+        path = select_path(fused, groups, q, need_weights=need_weights, dropout_p=dropout_p)
+        self._record_path(path)
+        if path == "flex":
+            return run_flex(fused.flex, v, groups), AttentionResult(None, fused.aux_losses, fused.diagnostics)
+        if path == "sdpa":
+            out = groups.fused_attention(fused.q, fused.k, v, bias=fused.bias, scale=fused.scale, dropout_p=dropout_p)
+            return out, AttentionResult(None, fused.aux_losses, fused.diagnostics)
         logits = self.score(q, k, groups, scale=scale)
         values = {"v": v} if self.needs_values else {}
         result = self.normalize(logits, groups, q=q, k=k, **values)
         weights = F.dropout(result.weights, dropout_p, self.training) if dropout_p > 0 else result.weights
         return groups.aggregate(weights, v), result
+
+    def _record_path(self, path: str) -> None:
+        if path != self.last_path:  # the set is touched only on a change: no cost in a steady training step
+            self.last_path = path
+            self.paths_run.add(path)
 
     def loss_weights(self, step: int, epoch: int | None = None) -> dict[str, float]:
         """Aux-loss weights at optimiser `step` (and completed `epoch`), in the config's schedule unit."""

@@ -56,7 +56,9 @@ from ..kernel import (
     AttentionConfig,
     AttentionKernel,
     AttentionResult,
+    FlexForm,
     FusedAttention,
+    flex_cpu_allowed,
     HeadShape,
     MechanismDiagnostic,
     full_precision,
@@ -257,10 +259,36 @@ class FenchelAttention(AttentionKernel):
 
     def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
         # softmax(α·scale·<q,k> + log u) is the fused kernel with q scaled per head and an additive bias.
+        flex = self._flex_form(q, k, groups, scale)
+        raw_q = q
         if self.fixed_alpha != 1.0:
             q = q * per_head(self.alpha(), q).to(q.dtype)
-        bias = self.log_prior(q.new_zeros(()).expand(*q.shape[:-1], k.shape[-2]), groups)
-        return FusedAttention(q, k, scale, bias)
+        bias = self.log_prior(raw_q.new_zeros(()).expand(*raw_q.shape[:-1], k.shape[-2]), groups)
+        return FusedAttention(q, k, scale, bias, flex=flex)
+
+    def _flex_form(self, q: Tensor, k: Tensor, groups: Groups, scale: float) -> FlexForm | None:
+        """`α[h]·s + log u` as a FlexAttention score_mod, built only where it can run (CUDA, or a test that
+        asks for it). log u is read from its factors (the bucket table, the degrees) instead of an L×L bias,
+        so that FlexAttention never materialises it; captured tensors are [H] or larger, never 0-d."""
+        if not (q.is_cuda or flex_cpu_allowed()):
+            return None
+        alpha = self.alpha()
+        batch, heads, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        if self.position_bias is not None and self.site.sequence:
+            table, buckets = self.position_bias.weight, self._buckets(lq, lk, q.device)
+
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return alpha[h] * score + table[buckets[q_idx, kv_idx], h]
+        elif self.degree_weight is not None and groups.key_degree() is not None:
+            weight = self.degree_weight
+            log_degree = groups.key_degree().clamp_min(1).log().expand(batch, 1, lk)[:, 0].contiguous()
+
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return alpha[h] * score + weight[h] * log_degree[b, kv_idx]
+        else:
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return alpha[h] * score
+        return FlexForm(q, k, scale, score_mod)
 
 
 class FenchelNotConverged(RuntimeError):

@@ -59,7 +59,9 @@ from ..kernel import (
     AttentionConfig,
     AttentionKernel,
     AttentionResult,
+    FlexForm,
     FusedAttention,
+    flex_cpu_allowed,
     HeadShape,
     full_precision,
     per_head,
@@ -308,9 +310,27 @@ class GaussianMixtureAttention(AttentionKernel):
         holding the bias on this CPU, measured, and the mask stays boolean)."""
         if self._runs_value_em() or self._adapting():
             return None
+        flex = self._flex_form(q, k)
         scaled_q = q * per_head(self.alpha, q)
         key_terms = self._key_terms(k)
         if key_terms is not None:
             scaled_q = torch.cat([scaled_q, scaled_q.new_ones(scaled_q.shape[:-1]).unsqueeze(-1)], dim=-1)
             k = torch.cat([k, key_terms.unsqueeze(-1)], dim=-1)
-        return FusedAttention(scaled_q, k, scale=1.0)
+        return FusedAttention(scaled_q, k, scale=1.0, flex=flex)
+
+    def _flex_form(self, q: Tensor, k: Tensor) -> FlexForm | None:
+        """`α[h]·s + (ρ-1)·α[h]/2·‖ξ‖² + ⟨c, ξ⟩` as a FlexAttention score_mod (ρ = 0: the issue's
+        `α·s − α/2·‖k‖² + log π`; the ‖q‖² term cancels in the softmax). The per-key terms are one captured
+        [B, H, Lk] tensor, so gradients reach the keys, α, ρ and c through it; α is captured as [H], never 0-d
+        (pytorch #145208). Built only where it can run: CUDA, or a test that asks for it."""
+        if not (q.is_cuda or flex_cpu_allowed()):
+            return None
+        alpha = self.alpha
+        key_terms = self._key_terms(k)
+        if key_terms is None:
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return alpha[h] * score
+        else:
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return alpha[h] * score + key_terms[b, h, kv_idx]
+        return FlexForm(q, k, 1.0, score_mod)
