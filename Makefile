@@ -16,7 +16,7 @@ endif
 export ATTNBENCH_DATA
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser postgres bench paper-gat perf startup gpu-smoke scaling probe tune leaderboard test test-slow mutation clean
+.PHONY: help install browser postgres bench paper-gat perf startup gpu-smoke gpu-perf scaling probe tune leaderboard test test-slow mutation clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ startup: install ## how fast --help, --version, list, describe and argument erro
 
 gpu-smoke: install ## on a GPU machine (< 10 min): versions, every variant dense bf16/fp32, on Cora, in MiniLM, one captioning epoch; writes leaderboards/gpu-smoke/<gpu>.md. Without a GPU: says so, exits 0
 	$(BIN)/python -m harness.studies.gpu_smoke
+
+gpu-perf: install ## on a GPU machine (<= 8 min): fused-vs-eager correctness, the dense table at L=512/2048/8192, Cora epochs, scaling; writes leaderboards/gpu-perf/<gpu>.md. Without a GPU: says so, exits 0
+	$(BIN)/python -m harness.studies.gpu_perf
 
 scaling: install ## the SUITE (default quick) with 1 and with 2 workers in one command: prints the speed-up
 	$(BIN)/attnbench scaling --suite $(SUITE) --workers 1,2

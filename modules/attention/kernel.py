@@ -132,8 +132,10 @@ def run_flex(form: FlexForm, v: Tensor, groups: Groups) -> Tensor:
             return torch.where(full[b, 0, q_idx, kv_idx], inner(score, b, h, q_idx, kv_idx), float("-inf"))
 
     q, k = form.q, form.k
-    if v.dtype != q.dtype:  # FlexAttention wants one dtype; autocast may leave v in another
-        q, k = q.to(v.dtype), k.to(v.dtype)
+    # FlexAttention is not on autocast's lists: cast as SDPA would be, or bf16 autocast would run it in fp32
+    device = q.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else v.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     return flex(q, k, v, score_mod=score_mod, scale=form.scale)
 
 

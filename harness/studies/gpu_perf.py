@@ -1,0 +1,432 @@
+"""`make gpu-perf`: what issue 37 measures on one GPU, in at most eight minutes.
+
+Writes leaderboards/gpu-perf/<gpu>.md with, in order:
+(a) correctness first: every fused path (SDPA on a FusedAttention, FlexAttention on a FlexForm) against the
+    eager path of the same kernel, forward and backward (weights, output, gradients of q, k, v and of the
+    kernel's own parameters), fp32 and bf16; the max relative error per variant and path, FAILED past
+    1e-5 (fp32) or 1e-2 (bf16);
+(b) dense forward+backward of every variant at L = 512, 2048, 8192 (B=32, H=12, d=64; B=4 at 8192), fp32
+    and bf16 autocast: time, peak memory and both as ratios to SDPA softmax measured in the same run; OOM
+    reported as such;
+(c) a Cora epoch of softmax, lone and as a 20-seed batch;
+(d) `attnbench scaling --suite paper-gat --variants softmax --seeds 1,20`;
+(e) the `quick` suite's wall time at 1, 2 and 4 workers per GPU.
+(c)-(e) run with reduced epochs to fit the budget; the page says which. Each section stops starting items
+once its share of the budget is spent and says so. Exits non-zero at the end if a correctness check
+FAILED. Without a GPU it says so and exits 0.
+
+    python -m harness.studies.gpu_perf [--data-root DIR] [--budget-s 480] [--out leaderboards/gpu-perf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+NO_GPU = "no GPU: make gpu-perf needs a CUDA device"
+
+# Shares of the budget, in section order; what a section leaves unspent goes to the next.
+SHARES = {"correctness": 0.15, "dense": 0.40, "cora": 0.10, "scaling": 0.15, "quick": 0.20}
+DENSE = [(512, 32), (2048, 32), (8192, 4)]  # (L, B) at H=12, d=64
+HEADS, DIM = 12, 64
+TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}
+# Reduced budgets of (c)-(e), printed on the page.
+CORA_EPOCHS = 50
+PAPER_GAT_EPOCHS = 100
+QUICK_EPOCHS = 20
+
+# Fused forms to check: each FlexForm shape (per-head α alone, the position table, key degrees under a
+# causal mask, gmm's per-key terms or none) and the SDPA forms (softmax, align-*: plain softmax).
+CORRECTNESS = [
+    ({"name": "softmax"}, False),
+    ({"name": "align-gan"}, False),
+    ({"name": "align-ct"}, False),
+    ({"name": "align-ot"}, False),
+    ({"name": "fenchel", "alpha": 1.7}, False),
+    ({"name": "fenchel", "alpha": 0.6, "prior": "position"}, False),
+    ({"name": "fenchel", "prior": "degree", "learn_alpha": True}, True),
+    ({"name": "gmm"}, False),
+    ({"name": "gmm", "prior": "magnitude"}, False),
+    ({"name": "gmm", "prior_offset": True}, True),
+]
+
+
+class Page:
+    def __init__(self, budget_s: float):
+        self.lines: list[str] = []
+        self.start = time.perf_counter()
+        self.budget_s = budget_s
+        self.deadline = self.start
+        self.failed: list[str] = []
+
+    def say(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def section(self, name: str) -> None:
+        """Start a section: its deadline is its share of the budget after the previous one's (unspent time carries)."""
+        self.deadline += SHARES[name] * self.budget_s
+
+    def left_s(self) -> float:
+        return self.deadline - time.perf_counter()
+
+
+def slug(device: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
+
+
+# ---- (a) correctness -------------------------------------------------------------------------------------
+
+DEVICE = "cuda"
+"""Where (a) runs: a test sets "cpu" to check this section's bookkeeping on its SDPA paths (FlexAttention has
+no backward on CPU)."""
+
+
+def _relative(a, b) -> float:
+    a, b = a.float(), b.float()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+
+
+def _case(config: dict, causal: bool, dtype):
+    import torch
+
+    from modules.attention import AttentionSite, DenseGroups, build_attention
+
+    torch.manual_seed(0)
+    kernel = build_attention(config, num_heads=4, head_dim=DIM, site=AttentionSite("text", "self", sequence=True)).to(DEVICE).train()
+    with torch.no_grad():  # off the initial values, so that every term of the fused form counts
+        for p in kernel.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    batch, length = 2, DIM  # L = d: v = the identity then makes the output the weights themselves
+    q, k, v = (torch.randn(batch, 4, length, DIM, device=DEVICE).to(dtype) for _ in range(3))
+    valid = torch.ones(batch, length, dtype=torch.bool, device=DEVICE)
+    valid[1, length * 3 // 4:] = False
+    return kernel, q, k, v, DenseGroups.from_key_padding(valid, causal=causal)
+
+
+def _fused_paths(kernel, q, k, groups):
+    """{path: function (q, k, v) -> output} for every fused path the kernel offers here."""
+    from modules.attention.kernel import flex_on_cpu, run_flex
+
+    scale = DIM ** -0.5
+    paths = {}
+
+    def sdpa(q, k, v):
+        fused = kernel.fused_attention(q, k, groups, scale=scale)
+        return groups.fused_attention(fused.q, fused.k, v, bias=fused.bias, scale=fused.scale, dropout_p=0.0)
+
+    def flex(q, k, v):
+        return run_flex(kernel.fused_attention(q, k, groups, scale=scale).flex, v, groups)
+
+    with flex_on_cpu(False):
+        fused = kernel.fused_attention(q, k, groups, scale=scale)
+    if fused is not None:
+        paths["sdpa"] = sdpa
+        if fused.flex is not None:
+            paths["flex"] = flex
+    return paths
+
+
+def check(config: dict, causal: bool, precision: str) -> dict[str, float]:
+    """Max relative error of each fused path against eager: weights, output and every gradient."""
+    import torch
+
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    kernel, q, k, v, groups = _case(config, causal, dtype)
+    rows = groups.mask.any(-1, keepdim=True).expand_as(q)  # padded query rows: no key, no output to compare
+    upstream = torch.randn_like(q)
+    identity = torch.eye(DIM, device=DEVICE, dtype=dtype).expand_as(v)
+
+    def run(forward):
+        inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        kernel.zero_grad(set_to_none=True)
+        out = forward(*inputs)
+        (out.float() * upstream.float() * rows).sum().backward()
+        with torch.no_grad():
+            weights = forward(q, k, identity)
+        grads = {f"d{n}": t.grad for n, t in zip("qkv", inputs)}
+        grads.update({f"d{n}": p.grad.clone() for n, p in kernel.named_parameters() if p.grad is not None})
+        return weights, out.detach(), grads
+
+    def eager(q_, k_, v_):
+        return kernel(q_, k_, v_, groups, need_weights=True)[0]
+
+    w0, o0, g0 = run(eager)
+    errors = {}
+    for path, forward in _fused_paths(kernel, q, k, groups).items():
+        w, o, g = run(forward)
+        if g.keys() != g0.keys():
+            raise RuntimeError(f"{path}: gradients reach {sorted(g)}, eager's reach {sorted(g0)}")
+        parts = [_relative(w[rows], w0[rows]), _relative(o[rows], o0[rows]), *(_relative(g[n], g0[n]) for n in g0)]
+        errors[path] = max(parts)
+    return errors
+
+
+def correctness(page: Page) -> None:
+    page.section("correctness")
+    page.say("## (a) Correctness: fused paths against the eager path")
+    page.say()
+    page.say("Max relative error (max |fused − eager| / max |eager|) over the weights, the output and the gradients "
+             "of q, k, v and the kernel's parameters; B=2, H=4, L=d=64, one sample padded. "
+             f"Limits: fp32 {TOLERANCE['fp32']:g}, bf16 {TOLERANCE['bf16']:g}.")
+    page.say()
+    page.say("| variant | path | fp32 | bf16 | status |")
+    page.say("|---|---|---:|---:|---|")
+    for config, causal in CORRECTNESS:
+        label = ", ".join(f"{k}={v}" for k, v in config.items() if k != "name")
+        name = config["name"] + (f" ({label})" if label else "") + (" causal" if causal else "")
+        if page.left_s() < 0:
+            page.say(f"| {name} | | | | skipped (time budget spent) |")
+            continue
+        found: dict[str, dict[str, float]] = {}
+        try:
+            for precision in ("fp32", "bf16"):
+                for path, error in check(config, causal, precision).items():
+                    found.setdefault(path, {})[precision] = error
+        except Exception as exc:  # noqa: BLE001 - reported, counted as a failure, the page goes on
+            traceback.print_exc(limit=3)
+            page.failed.append(name)
+            page.say(f"| {name} | | | | FAILED: {type(exc).__name__}: {str(exc)[:120].replace('|', '/')} |")
+            continue
+        for path, errors in found.items():
+            bad = [p for p, e in errors.items() if not e <= TOLERANCE[p]]
+            if bad:
+                page.failed.append(f"{name} {path}")
+            page.say(f"| {name} | {path} | {errors.get('fp32', float('nan')):.1e} | {errors.get('bf16', float('nan')):.1e} | "
+                     f"{'FAILED (' + ', '.join(bad) + ')' if bad else 'ok'} |")
+    page.say()
+
+
+# ---- (b) dense forward+backward ---------------------------------------------------------------------------
+
+def dense_step(name: str, length: int, batch: int, bf16: bool, repeats: int = 3) -> tuple[float, float, str]:
+    """(median ms per forward+backward, peak GiB, the path that ran) after one warm-up (FlexAttention compiles there)."""
+    import torch
+
+    from modules.attention import AttentionSite, DenseGroups, build_attention
+
+    kernel = build_attention({"name": name}, num_heads=HEADS, head_dim=DIM, site=AttentionSite("text", "self", sequence=True)).cuda().train()
+    q, k, v = (torch.randn(batch, HEADS, length, DIM, device="cuda", requires_grad=True) for _ in range(3))
+    groups = DenseGroups.from_key_padding(torch.ones(batch, length, dtype=torch.bool, device="cuda"))
+    times = []
+    for i in range(repeats + 1):
+        if i == 1:
+            torch.cuda.reset_peak_memory_stats()
+        for t in (q, k, v):
+            t.grad = None
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            out, result = kernel(q, k, v, groups, need_weights=False)
+            loss = out.float().square().mean() + sum(a.float() for a in result.aux_losses.values())
+        loss.backward()
+        torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times), torch.cuda.max_memory_allocated() / 2**30, kernel.last_path or "?"
+
+
+def dense(page: Page) -> None:
+    import torch
+
+    from modules.attention import list_attentions
+
+    page.section("dense")
+    page.say("## (b) Dense forward+backward")
+    page.say()
+    page.say(f"H={HEADS}, d={DIM}, no padding, `need_weights=False` (each kernel's fastest path); median of 3 after a "
+             "warm-up; ratios are to SDPA softmax at the same L and precision, measured in this run.")
+    variants = ["softmax", *[n for n in list_attentions() if n != "softmax"]]
+    last_ms: dict[tuple[str, str], float] = {}
+    for length, batch in DENSE:
+        page.say()
+        page.say(f"### L = {length}, B = {batch}")
+        page.say()
+        page.say("| variant | path | bf16 ms | × SDPA | fp32 ms | × SDPA | peak GiB bf16 | × SDPA |")
+        page.say("|---|---|---:|---:|---:|---:|---:|---:|")
+        base: dict[str, tuple[float, float]] = {}
+        for name in variants:
+            cells, path = {}, ""
+            for precision in ("bf16", "fp32"):
+                previous = last_ms.get((name, precision))
+                # cost grows as L² for the materialising paths: skip what would not finish in the time left
+                estimate_s = None if previous is None else previous / 1000 * 4 * (length / prev_length) ** 2 * (batch / prev_batch)
+                if page.left_s() < 0 or (estimate_s is not None and estimate_s > page.left_s()):
+                    cells[precision] = "skipped (time budget)" if estimate_s is None else f"skipped (≈{estimate_s:.0f} s)"
+                    continue
+                torch.cuda.empty_cache()
+                try:
+                    ms, peak, path = dense_step(name, length, batch, precision == "bf16")
+                except torch.OutOfMemoryError:
+                    cells[precision] = "OOM"
+                    last_ms.pop((name, precision), None)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a row says what broke; the table goes on
+                    traceback.print_exc(limit=3)
+                    cells[precision] = f"error: {type(exc).__name__}"
+                    continue
+                last_ms[(name, precision)] = ms
+                if name == "softmax":
+                    base[precision] = (ms, peak)
+                cells[precision] = (ms, peak)
+            page.say("| " + " | ".join([name, path, *_cells(cells, base)]) + " |")
+        prev_length, prev_batch = length, batch
+    page.say()
+
+
+def _cells(cells: dict, base: dict) -> list[str]:
+    out = []
+    for precision in ("bf16", "fp32"):
+        cell = cells.get(precision)
+        if not isinstance(cell, tuple):
+            out += [str(cell), ""]
+            continue
+        ratio = f"{cell[0] / base[precision][0]:.2f}" if precision in base else ""
+        out += [f"{cell[0]:.1f}", ratio]
+    bf16 = cells.get("bf16")
+    if isinstance(bf16, tuple):
+        out += [f"{bf16[1]:.2f}", f"{bf16[1] / base['bf16'][1]:.2f}" if "bf16" in base else ""]
+    else:
+        out += ["", ""]
+    return out
+
+
+# ---- (c) Cora epochs --------------------------------------------------------------------------------------
+
+def cora(page: Page, data_root: str | None) -> None:
+    page.section("cora")
+    page.say(f"## (c) Cora epoch time, softmax ({CORA_EPOCHS} epochs, no early stop)")
+    page.say()
+    if page.left_s() < 0:
+        page.say("skipped (time budget spent)")
+        page.say()
+        return
+    try:
+        from harness.plan.spec import make_spec
+        from harness.run import runner
+        from harness.run.seed_batch import execute_batch
+
+        params = {"max_epochs": CORA_EPOCHS, "patience": CORA_EPOCHS + 1}
+        started = time.perf_counter()
+        lone = runner.execute(make_spec("cora", "softmax", 0, params), data_root=data_root)
+        lone_s = time.perf_counter() - started
+        started = time.perf_counter()
+        batch = execute_batch([make_spec("cora", "softmax", s, params) for s in range(20)], data_root=data_root, on_record=lambda r: None)
+        batch_s = time.perf_counter() - started
+        failed = [r.error for r in [lone, *batch] if r.error]
+        if failed:
+            raise RuntimeError(failed[0])
+        batch_epoch = statistics.median(r.time_per_epoch_s for r in batch)
+        page.say("| run | ms per epoch | wall s | throughput vs lone |")
+        page.say("|---|---:|---:|---:|")
+        page.say(f"| lone seed | {1000 * lone.time_per_epoch_s:.1f} | {lone_s:.1f} | 1.0× |")
+        page.say(f"| 20-seed batch | {1000 * batch_epoch:.1f} (all 20 seeds) | {batch_s:.1f} | "
+                 f"{20 * lone.time_per_epoch_s / batch_epoch:.1f}× by epoch, {20 * lone_s / batch_s:.1f}× by wall time |")
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc(limit=3)
+        page.say(f"error: {type(exc).__name__}: {str(exc)[:200]}")
+    page.say()
+
+
+# ---- (d), (e): the scaling command on reduced suites ------------------------------------------------------
+
+def capped_suite(name: str, epochs: int, folder: Path) -> Path:
+    """The built-in suite `name` with max_epochs capped (and patience with it), as a suite file."""
+    import yaml
+
+    source = Path(__file__).resolve().parents[1] / "suites" / f"{name}.yaml"
+    suite = yaml.safe_load(source.read_text())
+    suite["name"] = f"{name}-{epochs}ep"
+    params = suite.setdefault("params", {})
+    params["max_epochs"] = min(epochs, params.get("max_epochs", epochs))
+    params["patience"] = min(params.get("patience", epochs), params["max_epochs"])
+    path = folder / f"{suite['name']}.yaml"
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    return path
+
+
+def scaling(page: Page, section: str, title: str, arguments: list[str], data_root: str | None, work: Path) -> None:
+    page.section(section)
+    page.say(title)
+    page.say()
+    timeout = page.left_s()
+    if timeout < 30:
+        page.say("skipped (time budget spent)")
+        page.say()
+        return
+    command = [sys.executable, "-m", "harness.cli", "scaling", *arguments, "--runs-dir", str(work / f"runs-{section}")]
+    if data_root:
+        command += ["--data-root", data_root]
+    page.say(f"`{' '.join(['attnbench', *command[3:]])}`")
+    page.say()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        lines = [line for line in done.stdout.splitlines() if line.strip()][-12:]
+        page.say("```")
+        for line in lines:
+            page.say(line)
+        page.say("```")
+        if done.returncode:
+            page.say(f"exit {done.returncode}: {done.stderr.strip()[-300:]}")
+    except subprocess.TimeoutExpired:
+        page.say(f"stopped after {timeout:.0f} s (its share of the budget)")
+    page.say()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-root", default=os.environ.get("ATTNBENCH_DATA"))
+    parser.add_argument("--budget-s", type=float, default=480.0, help="the whole command's time; each section gets its share")
+    parser.add_argument("--out", default="leaderboards/gpu-perf")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print(NO_GPU)
+        return 0
+
+    from harness.run.runner import quiet_lightning
+
+    quiet_lightning()
+    page = Page(args.budget_s)
+    device = torch.cuda.get_device_name(0)
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    page.say(f"# GPU perf: {device}")
+    page.say()
+    page.say(f"- torch {torch.__version__}, CUDA {torch.version.cuda}; commit {commit}; budget {args.budget_s:.0f} s")
+    page.say(f"- reduced budgets: Cora {CORA_EPOCHS} epochs; paper-gat capped at {PAPER_GAT_EPOCHS} epochs; "
+             f"quick capped at {QUICK_EPOCHS} epochs (its 72 runs)")
+    page.say()
+    correctness(page)
+    dense(page)
+    cora(page, args.data_root)
+    with tempfile.TemporaryDirectory(prefix="gpu-perf-") as folder:
+        work = Path(folder)
+        scaling(page, "scaling", f"## (d) paper-gat softmax, 1 and 20 seeds (max {PAPER_GAT_EPOCHS} epochs)",
+                ["--suite", str(capped_suite("paper-gat", PAPER_GAT_EPOCHS, work)), "--variants", "softmax",
+                 "--seeds", "1,20", "--workers", "1"], args.data_root, work)
+        scaling(page, "quick", f"## (e) quick suite at 1, 2 and 4 workers per GPU (max {QUICK_EPOCHS} epochs)",
+                ["--suite", str(capped_suite("quick", QUICK_EPOCHS, work)), "--workers", "1,2,4"], args.data_root, work)
+    page.say(f"total {time.perf_counter() - page.start:.0f} s")
+    if page.failed:
+        page.say()
+        page.say("FAILED: " + "; ".join(page.failed))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{slug(device)}.md"
+    path.write_text("\n".join(page.lines) + "\n")
+    print(f"gpu-perf: written to {path}")
+    return 1 if page.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""`make gpu-perf` (issue 37) on a machine without a GPU, and its correctness section's bookkeeping on CPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from harness.studies import gpu_perf
+
+
+def test_without_a_gpu_it_says_so_and_exits_0(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_perf.main(["--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.strip() == gpu_perf.NO_GPU
+    assert not (tmp_path / "out").exists()  # the report is written only on a GPU
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without a GPU")
+def test_the_make_target_s_command_exits_0_here():
+    done = subprocess.run([sys.executable, "-m", "harness.studies.gpu_perf"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and gpu_perf.NO_GPU in done.stdout
+
+
+@pytest.mark.parametrize("config,causal", [({"name": "softmax"}, False), ({"name": "align-ct"}, False),
+                                          ({"name": "fenchel", "alpha": 1.7}, False),
+                                          ({"name": "fenchel", "prior": "degree", "learn_alpha": True}, True),
+                                          ({"name": "gmm", "prior_offset": True}, True)], ids=str)
+def test_the_correctness_check_compares_weights_output_and_gradients_on_cpu_sdpa(monkeypatch, config, causal):
+    """On CPU only the SDPA path exists (no FlexForm there); the check must find it within the fp32 limit."""
+    monkeypatch.setattr(gpu_perf, "DEVICE", "cpu")
+    errors = gpu_perf.check(config, causal, "fp32")
+    assert set(errors) == {"sdpa"} and errors["sdpa"] <= gpu_perf.TOLERANCE["fp32"]
+
+
+def test_a_broken_fused_path_is_reported_as_failed(monkeypatch):
+    monkeypatch.setattr(gpu_perf, "DEVICE", "cpu")
+    real = gpu_perf._fused_paths
+
+    def skewed(kernel, q, k, groups):
+        return {path: (lambda q, k, v, f=f: 1.01 * f(q, k, v)) for path, f in real(kernel, q, k, groups).items()}
+
+    monkeypatch.setattr(gpu_perf, "_fused_paths", skewed)
+    page = gpu_perf.Page(60)
+    monkeypatch.setattr(gpu_perf, "CORRECTNESS", [({"name": "softmax"}, False)])
+    gpu_perf.correctness(page)
+    assert page.failed == ["softmax sdpa"] and any("FAILED" in line for line in page.lines)
