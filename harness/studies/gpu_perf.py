@@ -394,8 +394,13 @@ def main(argv: list[str] | None = None) -> int:
         print(NO_GPU)
         return 0
 
+    import torch._dynamo
+
     from harness.run.runner import quiet_lightning
 
+    # One process compiles FlexAttention for every form, shape and dtype on the page, past dynamo's default
+    # limit, beyond which it would time the unfused fallback instead.
+    torch._dynamo.config.recompile_limit = 256
     quiet_lightning()
     page = Page(args.budget_s)
     device = torch.cuda.get_device_name(0)

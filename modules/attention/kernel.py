@@ -91,15 +91,21 @@ def select_path(fused: FusedAttention | None, groups: Groups, q: Tensor, *, need
       the diagnostics that read them), the layout has no fused kernel (segment groups), or the kernel
       returned no fused form (its weights are not a softmax of a dot product, or the config turns on terms
       that need the weights: gmm's EM);
-    - 'flex' on CUDA where the kernel gives a FlexForm and no attention dropout is asked for (FlexAttention
-      has no dropout): its score_mod keeps per-head factors out of the q projection, where SDPA needs them
-      folded into q' and k';
+    - 'flex' on CUDA where the kernel gives a FlexForm, no attention dropout is asked for (FlexAttention
+      has no dropout) and the head dimension is a power of two of at least 16 (what its Triton kernels
+      tile without padding): its score_mod keeps per-head factors out of the q projection, where SDPA needs
+      them folded into q' and k';
     - 'sdpa' otherwise. On CPU that keeps every result as it was before FlexAttention existed here."""
     if need_weights or fused is None or not groups.has_fused_attention:
         return "eager"
-    if fused.flex is not None and dropout_p == 0.0 and (q.is_cuda or _flex_on_cpu) and _flex_attention() is not None:
+    if (fused.flex is not None and dropout_p == 0.0 and (q.is_cuda or _flex_on_cpu) and _flex_head_dim(fused.flex.q.shape[-1])
+            and _flex_attention() is not None):
         return "flex"
     return "sdpa"
+
+
+def _flex_head_dim(dim: int) -> bool:
+    return dim >= 16 and dim & (dim - 1) == 0
 
 
 def _flex_attention():
@@ -116,11 +122,13 @@ _compiled_flex: dict[str, Any] = {}
 def run_flex(form: FlexForm, v: Tensor, groups: Groups) -> Tensor:
     """FlexAttention on `form` within dense groups: the boolean mask becomes -inf in the score_mod (a
     BlockMask would skip blocks, but building one per call costs more than it saves at these lengths).
-    Compiled on CUDA, where uncompiled FlexAttention materialises the scores; eager on CPU (tests only)."""
+    Compiled on CUDA, where uncompiled FlexAttention materialises the scores; eager on CPU (tests only).
+    Shapes are left to compile's automatic dynamic marking: text batches vary in length, and one
+    static graph per length would exhaust the recompile limit and fall back to the unfused form."""
     flex = _flex_attention()
     if form.q.is_cuda:
         if "cuda" not in _compiled_flex:
-            _compiled_flex["cuda"] = torch.compile(flex, dynamic=False)
+            _compiled_flex["cuda"] = torch.compile(flex)
         flex = _compiled_flex["cuda"]
     score_mod = form.score_mod
     mask = getattr(groups, "mask", None)

@@ -14,7 +14,7 @@ from modules.attention import AttentionSite, DenseGroups, build_attention
 from modules.attention.kernel import FlexForm, FusedAttention, attention_paths, flex_on_cpu, select_path
 
 SITE = AttentionSite("text", "self", sequence=True)
-B, H, L, D = 2, 3, 12, 8
+B, H, L, D = 2, 3, 12, 16  # d >= 16: FlexAttention's kernels need it (select_path)
 
 # Fused forms that differ in what their score_mod reads: a per-head α alone, a relative-position table, a
 # per-key degree (it needs a mask whose rows differ, hence causal), gmm's per-key terms or none.
@@ -59,9 +59,18 @@ def test_select_path_is_eager_when_the_weights_are_needed_or_nothing_fuses():
     assert select_path(_fused_q(), no_fused_layout, q, need_weights=False) == "eager"
 
 
+def test_flex_needs_a_head_dimension_its_kernels_tile():
+    dense = DenseGroups.from_key_padding(torch.ones(1, 4, dtype=torch.bool))
+    cuda_q = SimpleNamespace(is_cuda=True)
+    for dim, path in ((8, "sdpa"), (16, "flex"), (24, "sdpa"), (64, "flex")):
+        form = torch.zeros(1, 1, 4, dim)
+        flex = FlexForm(form, form, 1.0, lambda s, b, h, qi, ki: s)
+        assert select_path(_fused_q(flex=flex), dense, cuda_q, need_weights=False) == path, dim
+
+
 def test_select_path_uses_sdpa_on_cpu_and_flex_on_cuda_without_dropout():
     dense = DenseGroups.from_key_padding(torch.ones(1, 4, dtype=torch.bool))
-    cpu_q = torch.zeros(1, 1, 4, 2)
+    cpu_q = torch.zeros(1, 1, 4, 16)
     cuda_q = SimpleNamespace(is_cuda=True)  # the rule reads only the device
     flex = FlexForm(cpu_q, cpu_q, 1.0, lambda s, b, h, qi, ki: s)
     assert select_path(_fused_q(flex=flex), dense, cpu_q, need_weights=False) == "sdpa"
