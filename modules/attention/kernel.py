@@ -157,7 +157,7 @@ def attention_paths(model: nn.Module | None) -> dict[str, list[str]]:
     ran = set()
     for module in model.modules():
         if isinstance(module, AttentionKernel):
-            ran |= module.paths_run
+            ran |= getattr(module, "paths_run", set())
     return {"attention_paths": sorted(ran)} if ran - {"eager"} else {}
 
 
@@ -419,9 +419,11 @@ class AttentionKernel(nn.Module):
         return groups.aggregate(weights, v), result
 
     def _record_path(self, path: str) -> None:
-        if path != self.last_path:  # the set is touched only on a change: no cost in a steady training step
+        # the set is touched only on a change: no cost in a steady training step; a plugin kernel built without
+        # AttentionKernel.__init__ gets its set here
+        if path != getattr(self, "last_path", None):
             self.last_path = path
-            self.paths_run.add(path)
+            vars(self).setdefault("paths_run", set()).add(path)
 
     def loss_weights(self, step: int, epoch: int | None = None) -> dict[str, float]:
         """Aux-loss weights at optimiser `step` (and completed `epoch`), in the config's schedule unit."""
