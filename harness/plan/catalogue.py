@@ -249,7 +249,9 @@ def save_plan(the_plan, path: Path) -> None:
             found = None if task in the_plan.missing_data else the_plan.trivial_baseline(task)
         except MissingDataError:
             # data that could not be loaded now (offline, no data root) may load next time: a snapshot
-            # without its baseline would hide it from every later board, so none is written
+            # without its baseline would hide it from every later board, so none is kept (one written
+            # earlier for this plan, e.g. while planning, is removed too)
+            path.unlink(missing_ok=True)
             return
         baselines[task] = None if found is None else {"predictor": found.predictor, "metrics": dict(found.metrics),
                                                       "test_sizes": dict(found.test_sizes), "note": found.note}

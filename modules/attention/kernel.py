@@ -554,8 +554,8 @@ def qk_distance(q: Tensor, k: Tensor, groups: Groups) -> Tensor:
 def qk_diagnostics(kernel: "AttentionKernel", q: Tensor, k: Tensor, groups: Groups) -> dict[str, Tensor]:
     """{"qk_distance": ...} where the kernel measures it and sits at a self-attention site (queries and keys of
     the same items, where aligning them means something)."""
-    if not kernel.measures("qk_distance") or kernel.site.role != "self":
-        return {}
+    if not kernel.measures("qk_distance") or kernel.site.role != "self" or q is None or k is None:
+        return {}  # a caller that normalises logits alone (no queries or keys) gets the weights without the distance
     return {"qk_distance": qk_distance(q, k, groups)}
 
 

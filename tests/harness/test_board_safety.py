@@ -163,7 +163,9 @@ def test_a_store_without_a_record_of_the_suite_is_refused_naming_the_folder(tmp_
     empty = tmp_path / "empty"
     assert main(["leaderboard", "--suite", suite, "--runs-dir", str(empty), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"{empty / 'records'} holds no record of suite safety" in err and "--allow-empty" in err and "leave out --suite" in err
+    # a folder that is not there says so (and is not created: a mistyped --runs-dir must not become an empty store)
+    assert f"{empty / 'records'} does not exist, so it holds no record of suite" in err and "--allow-empty" in err
+    assert not (empty / "records").exists()
     assert not out.exists()
     # --allow-empty: the board of missing runs, as before this refusal existed
     assert main(["leaderboard", "--suite", suite, "--runs-dir", str(empty), "--out", str(out), "--allow-empty"]) == 0

@@ -137,7 +137,8 @@ def test_tuned_rows_and_their_cost_are_listed_and_never_the_baseline(tmp_path):
     cora = table_lines(cpu_part, "### cora")
     assert cells(cora, "softmax")[4] == "baseline"
     assert cells(cora, "softmax (tuned)")[4] != "baseline"
-    assert "- `gmm (tuned)`: 20 trials (7 complete, 0 fail, 13 pruned), 22.7 min of training" in cpu_part
+    # what it ran: the tuned learning rate, and the kernel scale the task derives from it (1e-2 / lr)
+    assert "- `gmm (tuned)`: kernel_lr_scale=2.5, lr=0.004; 20 trials (7 complete, 0 fail, 13 pruned), 22.7 min of training" in cpu_part
 
 
 def test_same_records_in_any_order_give_byte_identical_files(tmp_path):

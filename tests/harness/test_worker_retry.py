@@ -25,12 +25,19 @@ SPECS = [make_spec("cora", "softmax", seed, {"max_epochs": 1}) for seed in range
 DIES, FAILS, WRITES_THEN_DIES, OK, EXITS = SPECS
 
 
+def checkpoints_off(settings):
+    """A RunWorker's checkpoint store, turned off: the stand-ins below save nothing mid-run (run_item asks for it)."""
+    from harness.results.checkpoints import Checkpoints, Interval
+
+    return Checkpoints(settings.runs_dir, Interval(0, 0))
+
+
 class StandInWorker:
     """What each seed does: 0 dies by SIGKILL mid-run, 1 fails normally, 2 writes its ok record then dies,
     3 finishes ok, 4 exits with status 3 mid-run."""
 
     def __init__(self, settings):
-        self.store = RecordStore(settings.runs_dir)
+        self.store, self.checkpoints = RecordStore(settings.runs_dir), checkpoints_off(settings)
 
     def run(self, spec_dict):
         seed = spec_dict["seed"]
@@ -147,6 +154,7 @@ class ScriptedWorker:
 
     def __init__(self, settings):
         ScriptedWorker.made.append(settings)
+        self.checkpoints = checkpoints_off(settings)
 
     def run(self, spec_dict):
         spec = next(s for s in SPECS if s.seed == spec_dict["seed"])
@@ -189,7 +197,7 @@ class GpuStandIn:
     the rest are ok. Every record names the GPU its worker was given."""
 
     def __init__(self, settings):
-        self.settings, self.store = settings, RecordStore(settings.runs_dir)
+        self.settings, self.store, self.checkpoints = settings, RecordStore(settings.runs_dir), checkpoints_off(settings)
 
     def run(self, spec_dict):
         spec = next(s for s in SPECS if s.seed == spec_dict["seed"])
@@ -271,7 +279,7 @@ class SlowStandIn:
     """Seed 3 takes 2.5 s; the others finish at once, so the other worker answers while seed 3 still runs."""
 
     def __init__(self, settings):
-        self.store = RecordStore(settings.runs_dir)
+        self.store, self.checkpoints = RecordStore(settings.runs_dir), checkpoints_off(settings)
 
     def run(self, spec_dict):
         import time
