@@ -24,13 +24,12 @@ import hashlib
 import os
 import re
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from harness.results.store import RecordStore, runs_dir
+from harness.results.store import RecordStore, runs_dir, write_atomically
 
 FORMAT = 1
 """Bump when what a checkpoint holds changes meaning: older ones are then discarded as stale."""
@@ -117,46 +116,14 @@ def say(message: str) -> None:
 
 
 def save_atomically(payload: Mapping[str, Any], target: Path) -> Path:
-    """torch.save through a temp file in the same folder, fsync, rename, fsync of the folder (as RecordStore)."""
+    """torch.save through the store's atomic write (temp file, fsync, rename, fsync of the folder)."""
     import torch
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(dict(payload), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(target.parent)
-    return target
+    return write_atomically(target, lambda fh: torch.save(dict(payload), fh))
 
 
 def write_text_atomically(text: str, target: Path) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(target.parent)
-    return target
-
-
-def _fsync_dir(folder: Path) -> None:
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    return write_atomically(target, lambda fh: fh.write(text.encode()))
 
 
 def load_trusted(path: Path, *, keys: Sequence[str], commit: str | None, kind: str) -> dict[str, Any] | None:

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from harness.results.record import Record, utc_now
 
@@ -59,6 +59,29 @@ _UNREADABLE = object()
 nor a record (the arriving one is kept beside it as a conflicting copy)."""
 
 _NUMBER_LIST = re.compile(r"\[\s*((?:-?[0-9][0-9.eE+-]*|null|NaN|-?Infinity)(?:,\s*(?:-?[0-9][0-9.eE+-]*|null|NaN|-?Infinity))*)\s*\]")
+
+
+def write_atomically(target: Path, write: Callable[[Any], Any]) -> Path:
+    """`write(binary file)` into a temp file beside `target`, fsync, rename over it, fsync of the folder: a reader
+    (or a process killed meanwhile) sees the old file or the new one, never half of one, and the rename survives a
+    power cut. The one place the store's records and the runs' checkpoints are written."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+    return target
 
 
 def record_json(record: Record) -> str:
@@ -112,23 +135,7 @@ class RecordStore:
         return self._write_text_atomically(record_json(record), target)
 
     def _write_text_atomically(self, text: str, target: Path) -> Path:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # make the rename itself durable
-        finally:
-            os.close(dir_fd)
-        return target
+        return write_atomically(target, lambda fh: fh.write(text.encode()))
 
     def read_checked(self, key: str) -> Record | None:
         """The record of `key`, None when there is none; raises UnreadableRecord when its file does not load."""
