@@ -246,7 +246,9 @@ def save_plan(the_plan, path: Path) -> None:
     baselines = {}
     for task in the_plan.metrics:
         try:
-            found = None if task in the_plan.missing_data else the_plan.trivial_baseline(task)
+            if task in the_plan.missing_data:  # the same case as a baseline that does not load: it may load next time
+                raise MissingDataError(the_plan.missing_data[task])
+            found = the_plan.trivial_baseline(task)
         except MissingDataError:
             # data that could not be loaded now (offline, no data root) may load next time: a snapshot
             # without its baseline would hide it from every later board, so none is kept (one written
