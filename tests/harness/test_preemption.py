@@ -174,7 +174,9 @@ def test_a_killed_tune_resumes_its_study_and_retries_the_trial_in_flight_once(tm
                     trials = storage.get_all_trials(summary._study_id, deepcopy=False)
                 except Exception:  # noqa: BLE001 - the schema is being made
                     continue
-                if any(t.number == 1 and t.state == TrialState.RUNNING and OWNER_ATTR in t.user_attrs for t in trials):
+                # trial 1 running with its configuration drawn (a kill before its first suggestion would leave no
+                # parameters to retry with, and its retry would draw a configuration of its own)
+                if any(t.number == 1 and t.state == TrialState.RUNNING and OWNER_ATTR in t.user_attrs and t.params for t in trials):
                     break
         else:
             pytest.fail("trial 1 never started")
