@@ -46,17 +46,21 @@ QUICK_EPOCHS = 20
 # Fused forms to check: each FlexForm shape (per-head α alone, the position table, key degrees under a
 # causal mask, gmm's per-key terms or none) and the SDPA forms (softmax, align-*: plain softmax).
 CORRECTNESS = [
-    ({"name": "softmax"}, False),
-    ({"name": "align-gan"}, False),
-    ({"name": "align-ct"}, False),
-    ({"name": "align-ot"}, False),
-    ({"name": "fenchel", "alpha": 1.7}, False),
-    ({"name": "fenchel", "alpha": 0.6, "prior": "position"}, False),
-    ({"name": "fenchel", "prior": "degree", "learn_alpha": True}, True),
-    ({"name": "gmm"}, False),
-    ({"name": "gmm", "prior": "magnitude"}, False),
-    ({"name": "gmm", "prior_offset": True}, True),
+    ({"name": "softmax"}, False, True),
+    ({"name": "align-gan"}, False, True),
+    ({"name": "align-ct"}, False, True),
+    ({"name": "align-ot"}, False, True),
+    ({"name": "fenchel", "alpha": 1.7}, False, True),
+    ({"name": "fenchel", "alpha": 0.6, "prior": "position"}, False, True),
+    ({"name": "fenchel", "prior": "degree", "learn_alpha": True}, True, True),
+    ({"name": "gmm"}, False, True),
+    ({"name": "gmm", "prior": "magnitude"}, False, True),
+    ({"name": "gmm", "prior_offset": True}, True, True),
+    # AdaSplash takes no boolean mask (entmax.py): its batches are unpadded
+    ({"name": "sparsemax"}, False, False),
+    ({"name": "entmax15"}, False, False),
 ]
+"""(config, causal, padded): the fused forms to check."""
 
 
 class Page:
@@ -95,7 +99,7 @@ def _relative(a, b) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
 
-def _case(config: dict, causal: bool, dtype):
+def _case(config: dict, causal: bool, dtype, padded: bool = True):
     import torch
 
     from modules.attention import AttentionSite, DenseGroups, build_attention
@@ -107,8 +111,11 @@ def _case(config: dict, causal: bool, dtype):
             p.add_(0.2 * torch.randn_like(p))
     batch, length = 2, DIM  # L = d: v = the identity then makes the output the weights themselves
     q, k, v = (torch.randn(batch, 4, length, DIM, device=DEVICE).to(dtype) for _ in range(3))
+    if not padded and not causal:
+        return kernel, q, k, v, DenseGroups()
     valid = torch.ones(batch, length, dtype=torch.bool, device=DEVICE)
-    valid[1, length * 3 // 4:] = False
+    if padded:
+        valid[1, length * 3 // 4:] = False
     return kernel, q, k, v, DenseGroups.from_key_padding(valid, causal=causal)
 
 
@@ -126,22 +133,28 @@ def _fused_paths(kernel, q, k, groups):
     def flex(q, k, v):
         return run_flex(kernel.fused_attention(q, k, groups, scale=scale).flex, v, groups)
 
+    def library(q, k, v):
+        return kernel.fused_attention(q, k, groups, scale=scale).library.run(v)
+
     with flex_on_cpu(False):
         fused = kernel.fused_attention(q, k, groups, scale=scale)
-    if fused is not None:
+    if fused is not None and fused.library is not None:
+        paths[fused.library.path] = library
+    elif fused is not None:
         paths["sdpa"] = sdpa
         if fused.flex is not None:
             paths["flex"] = flex
     return paths
 
 
-def check(config: dict, causal: bool, precision: str) -> dict[str, float]:
+def check(config: dict, causal: bool, precision: str, padded: bool = True) -> dict[str, float]:
     """Max relative error of each fused path against eager: weights, output and every gradient."""
     import torch
 
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-    kernel, q, k, v, groups = _case(config, causal, dtype)
-    rows = groups.mask.any(-1, keepdim=True).expand_as(q)  # padded query rows: no key, no output to compare
+    kernel, q, k, v, groups = _case(config, causal, dtype, padded)
+    # padded query rows: no key, no output to compare
+    rows = torch.ones_like(q, dtype=torch.bool) if groups.mask is None else groups.mask.any(-1, keepdim=True).expand_as(q)
     upstream = torch.randn_like(q)
     identity = torch.eye(DIM, device=DEVICE, dtype=dtype).expand_as(v)
 
@@ -180,16 +193,16 @@ def correctness(page: Page) -> None:
     page.say()
     page.say("| variant | path | fp32 | bf16 | status |")
     page.say("|---|---|---:|---:|---|")
-    for config, causal in CORRECTNESS:
+    for config, causal, padded in CORRECTNESS:
         label = ", ".join(f"{k}={v}" for k, v in config.items() if k != "name")
-        name = config["name"] + (f" ({label})" if label else "") + (" causal" if causal else "")
+        name = config["name"] + (f" ({label})" if label else "") + (" causal" if causal else "") + ("" if padded else " unpadded")
         if page.left_s() < 0:
             page.say(f"| {name} | | | | skipped (time budget spent) |")
             continue
         found: dict[str, dict[str, float]] = {}
         try:
             for precision in ("fp32", "bf16"):
-                for path, error in check(config, causal, precision).items():
+                for path, error in check(config, causal, precision, padded).items():
                     found.setdefault(path, {})[precision] = error
         except Exception as exc:  # noqa: BLE001 - reported, counted as a failure, the page goes on
             traceback.print_exc(limit=3)
@@ -215,7 +228,7 @@ def dense_step(name: str, length: int, batch: int, bf16: bool, repeats: int = 3)
 
     kernel = build_attention({"name": name}, num_heads=HEADS, head_dim=DIM, site=AttentionSite("text", "self", sequence=True)).cuda().train()
     q, k, v = (torch.randn(batch, HEADS, length, DIM, device="cuda", requires_grad=True) for _ in range(3))
-    groups = DenseGroups.from_key_padding(torch.ones(batch, length, dtype=torch.bool, device="cuda"))
+    groups = DenseGroups()  # no mask: SDPA's flash backend, and AdaSplash, which takes no boolean mask
     times = []
     for i in range(repeats + 1):
         if i == 1:
@@ -242,7 +255,7 @@ def dense(page: Page) -> None:
     page.section("dense")
     page.say("## (b) Dense forward+backward")
     page.say()
-    page.say(f"H={HEADS}, d={DIM}, no padding, `need_weights=False` (each kernel's fastest path); median of 3 after a "
+    page.say(f"H={HEADS}, d={DIM}, no mask, `need_weights=False` (each kernel's fastest path); median of 3 after a "
              "warm-up; ratios are to SDPA softmax at the same L and precision, measured in this run.")
     variants = ["softmax", *[n for n in list_attentions() if n != "softmax"]]
     last_ms: dict[tuple[str, str], float] = {}

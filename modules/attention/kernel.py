@@ -28,10 +28,11 @@ class AttentionResult:
 @dataclass
 class FusedAttention:
     """What a kernel hands the layout's fused kernel (SDPA on dense groups): the output is
-    softmax(scale·<q, k> + bias) @ v, computed without forming the weights."""
+    softmax(scale·<q, k> + bias) @ v, computed without forming the weights. A kernel whose map is not a
+    softmax (α-entmax) gives q = k = None and a `library` form instead: then SDPA is not an option."""
 
-    q: Tensor
-    k: Tensor
+    q: Tensor | None
+    k: Tensor | None
     scale: float
     bias: Tensor | None = None
     """Additive logits bias broadcastable to [B, H, Lq, Lk] (e.g. a log prior), or None."""
@@ -41,6 +42,9 @@ class FusedAttention:
     """Detached diagnostics that do not need the weights (the query/key distance), returned with the output."""
     flex: "FlexForm | None" = None
     """The same logits as a FlexAttention score_mod, for CUDA (see `select_path`); None: SDPA only."""
+    library: "LibraryForm | None" = None
+    """A field library's fused kernel for a map that is not a softmax (adasplash's α-entmax), built only
+    where it can run; None: none."""
 
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -59,9 +63,19 @@ class FlexForm:
     score_mod: ScoreMod
 
 
-PATHS = ("sdpa", "flex", "eager")
-"""How a kernel call ran: torch SDPA on a FusedAttention, FlexAttention on its FlexForm, or the weights
-materialised (`normalize` then `aggregate`)."""
+@dataclass
+class LibraryForm:
+    """The output `run(v)` of a library kernel that never forms the weights, for the call's q and k. `fits(v)`
+    says whether this v is in the library's contract (e.g. v shaped as q); `path` is the name recorded."""
+
+    path: str
+    run: Callable[[Tensor], Tensor]
+    fits: Callable[[Tensor], bool] = lambda v: True
+
+
+PATHS = ("sdpa", "flex", "adasplash", "eager")
+"""How a kernel call ran: torch SDPA on a FusedAttention, FlexAttention on its FlexForm, a library kernel on
+its LibraryForm (adasplash for α-entmax), or the weights materialised (`normalize` then `aggregate`)."""
 
 _flex_on_cpu = False
 
@@ -84,7 +98,7 @@ def flex_cpu_allowed() -> bool:
 
 
 def select_path(fused: FusedAttention | None, groups: Groups, q: Tensor, *, need_weights: bool,
-                dropout_p: float = 0.0) -> str:
+                dropout_p: float = 0.0, v: Tensor | None = None) -> str:
     """Which path a kernel call takes, decided once per call as timm's Attention picks its fused path.
 
     - 'eager' whenever the host needs the weights (need_weights=True: hosts ask for them for probes and for
@@ -95,8 +109,15 @@ def select_path(fused: FusedAttention | None, groups: Groups, q: Tensor, *, need
       has no dropout) and the head dimension is a power of two of at least 16 (what its Triton kernels
       tile without padding): its score_mod keeps per-head factors out of the q projection, where SDPA needs
       them folded into q' and k';
+    - the library form's path (adasplash) where the kernel built one (it does so only where the library can
+      run), no attention dropout is asked for (the library has none) and `v` fits its contract; else eager,
+      since such a map has no SDPA form;
     - 'sdpa' otherwise. On CPU that keeps every result as it was before FlexAttention existed here."""
     if need_weights or fused is None or not groups.has_fused_attention:
+        return "eager"
+    if fused.library is not None:
+        return fused.library.path if dropout_p == 0.0 and (v is None or fused.library.fits(v)) else "eager"
+    if fused.q is None:
         return "eager"
     if (fused.flex is not None and dropout_p == 0.0 and (q.is_cuda or _flex_on_cpu) and _flex_head_dim(fused.flex.q.shape[-1])
             and _flex_attention() is not None):
@@ -405,8 +426,10 @@ class AttentionKernel(nn.Module):
         if not need_weights and groups.has_fused_attention:
             fused = self.fused_attention(q, k, groups, scale=scale)
         dropout_p = dropout_p if self.training else 0.0
-        path = select_path(fused, groups, q, need_weights=need_weights, dropout_p=dropout_p)
+        path = select_path(fused, groups, q, need_weights=need_weights, dropout_p=dropout_p, v=v)
         self._record_path(path)
+        if fused is not None and fused.library is not None and path == fused.library.path:
+            return fused.library.run(v), AttentionResult(None, fused.aux_losses, fused.diagnostics)
         if path == "flex":
             return run_flex(fused.flex, v, groups), AttentionResult(None, fused.aux_losses, fused.diagnostics)
         if path == "sdpa":

@@ -44,6 +44,6 @@ def test_a_broken_fused_path_is_reported_as_failed(monkeypatch):
 
     monkeypatch.setattr(gpu_perf, "_fused_paths", skewed)
     page = gpu_perf.Page(60)
-    monkeypatch.setattr(gpu_perf, "CORRECTNESS", [({"name": "softmax"}, False)])
+    monkeypatch.setattr(gpu_perf, "CORRECTNESS", [({"name": "softmax"}, False, True)])
     gpu_perf.correctness(page)
     assert page.failed == ["softmax sdpa"] and any("FAILED" in line for line in page.lines)

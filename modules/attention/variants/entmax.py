@@ -22,6 +22,14 @@ with Newton's method and segment sums (`segment_solver="newton"`, `GroupedEntmax
 destination's edges to a dense row and runs the package. On Cora's graph (13k edges, 8 heads, max
 in-degree 169) padding inflates the work ~30-fold and ran 20-30x slower than Newton here, which takes
 3-15 steps (measured).
+
+Fused path (issue 37). On CUDA, where the weights are not asked for, a fixed α (sparsemax, entmax15) runs
+AdaSplash (Gonçalves et al. 2025, arXiv 2502.12082; PyPI `adasplash`), which finds τ per query block with
+Halley-bisection inside a FlashAttention-style Triton kernel and never forms the L × L weights. It runs only
+where its contract fits: no mask (it takes right-padding lengths and a causal flag, not an arbitrary boolean
+mask, and deciding that a mask is plain right padding would cost a host read per call), queries and keys of
+one length, v shaped as q, a head dimension of 16 to 256, no attention dropout. The learned-α `entmax` keeps
+the package's `entmax_bisect`: AdaSplash returns no gradient for α, which `entmax` trains.
 """
 
 from __future__ import annotations
@@ -35,12 +43,41 @@ from annotated_types import Ge, Interval
 import torch
 from torch import Tensor, nn
 
-from ..groups import Groups
-from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, HeadShape, MechanismDiagnostic, full_precision,
+from ..groups import DenseGroups, Groups
+from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, FusedAttention, HeadShape, LibraryForm,
+                      MechanismDiagnostic, full_precision,
                       standard_diagnostics, per_head)
 from ..registry import register_attention
 
 SEGMENT_SOLVERS = ("newton", "pad")
+
+ADASPLASH_HEAD_DIMS = (16, 32, 64, 128, 256)
+"""What AdaSplash's kernels tile (its forward asserts it)."""
+ADASPLASH_STEPS = 10
+"""Halley-bisection steps for τ: AdaSplash's own default for its block-mask kernel."""
+
+_adasplash_reference = None
+
+
+def adasplash_kernel():
+    """AdaSplash's non-causal block-mask attention, (q, k, v, alpha, is_causal, varlen, niter) -> output, or
+    None where it cannot run: not installed, or no CUDA (its Triton kernels need a GPU). A test may set a
+    reference function (`use_adasplash_reference`) to exercise the path on CPU."""
+    if _adasplash_reference is not None:
+        return _adasplash_reference
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from adasplash import adasplash_v1
+    except ImportError:
+        return None
+    return adasplash_v1
+
+
+def use_adasplash_reference(function) -> None:
+    """Tests only: stand `function` in for AdaSplash (also on CPU); None restores the library."""
+    global _adasplash_reference
+    _adasplash_reference = function
 
 
 NEWTON_STEP_CAP = 100
@@ -249,6 +286,31 @@ class EntmaxAttention(AttentionKernel):
         if (self.alpha_logit is not None and not self.training) or self.measures("alpha"):
             diagnostics["alpha"] = alpha.detach().mean() if isinstance(alpha, Tensor) else weights.new_tensor(float(alpha))
         return AttentionResult(weights, diagnostics=diagnostics)
+
+    def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
+        """AdaSplash where its contract fits (module docstring); None (the eager path) elsewhere."""
+        if self.alpha_logit is not None or not isinstance(groups, DenseGroups):
+            return None
+        if groups.mask is not None or groups.query_valid is not None:
+            return None
+        if q.shape != k.shape or q.shape[-1] not in ADASPLASH_HEAD_DIMS:
+            return None
+        library = adasplash_kernel()
+        if library is None or not (q.is_cuda or _adasplash_reference is not None):
+            return None
+        alpha = float(self.config.alpha)
+        # AdaSplash scales the scores by d^-1/2 itself: a kernel called with another scale hands it q rescaled
+        rescale = scale * q.shape[-1] ** 0.5
+
+        def run(v: Tensor) -> Tensor:
+            device = q.device.type
+            # not on autocast's lists: cast as SDPA would be, else bf16 autocast would run it in fp32
+            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else v.dtype
+            scaled_q = q if rescale == 1.0 else q * rescale
+            return library(scaled_q.to(dtype).contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous(),
+                           alpha=alpha, is_causal=False, varlen=None, niter=ADASPLASH_STEPS)
+
+        return FusedAttention(None, None, scale, library=LibraryForm("adasplash", run, fits=lambda v: v.shape == q.shape))
 
     def _partial_sort_size(self, num_keys: int) -> int | None:
         """The package's `k`: sort only the top k scores (it retries with 2k for rows whose support fills
