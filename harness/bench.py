@@ -132,6 +132,7 @@ def run_suite(
                              f"suite {suite.name} plans no run (every task skipped?)")
     store = RecordStore(runs)
     todo = [s for s in the_plan.specs if not store.finished(s.key, retry_failed)]
+    the_plan.require_checkpoints(s.key for s in todo)
     finished = len(the_plan.specs) - len(todo)
     log(
         f"attnbench: suite {suite.name}: {len(the_plan.specs)} runs "

@@ -75,7 +75,7 @@ def main(args) -> int:
 
 def _print_bench_plan(args) -> int:
     from harness.plan.planner import plan
-    from harness.report.preview import format_table, preview_runs, read_records, this_device
+    from harness.report.preview import NO_CHECKPOINT, format_table, preview_runs, read_records, this_device
     from harness.plan.suite import load_suite
     from harness.results.store import runs_dir
 
@@ -88,6 +88,13 @@ def _print_bench_plan(args) -> int:
     the_plan.require_data()
     if not the_plan.specs:
         raise ValueError(f"suite {the_plan.suite.name}: the selection (--variants {args.variants!r}) has no run")
-    rows = preview_runs(the_plan.specs, read_records(runs_dir(args.runs_dir)), this_device(), args.retry_failed)
+    # A missing checkpoint blocks runs, not the plan: the dry run still lists them, marked, and says what a real
+    # bench would refuse with (a dry run trains nothing, so it exits 0).
+    missing = the_plan.missing_checkpoints()
+    rows = preview_runs(the_plan.specs, read_records(runs_dir(args.runs_dir)), this_device(), args.retry_failed, missing)
     print(format_table(rows, args.workers))
+    blocked = [r.key for r in rows if r.status == NO_CHECKPOINT]
+    if blocked:
+        print(f"attnbench: {len(blocked)} run(s) marked '{NO_CHECKPOINT}': without their checkpoint a real bench refuses the suite "
+              f"before anything runs:\n{the_plan.checkpoint_report(blocked)}")
     return 0

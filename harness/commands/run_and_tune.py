@@ -7,6 +7,7 @@ replace one here and know neither verb goes the full way."""
 from __future__ import annotations
 
 import contextlib
+import sys
 
 
 @contextlib.contextmanager
@@ -47,6 +48,12 @@ def plan_command_line_runs(args, jobs: list[tuple[str, str | dict, int, dict]], 
 
         catalogue.refresh()
     the_plan.require_data()
+    if not getattr(args, "dry_run", False):
+        the_plan.require_checkpoints()
+    elif the_plan.checkpoint_report():
+        # a dry run trains nothing: it says what a real one would refuse with and goes on
+        print(f"attnbench: without its checkpoint a real run is refused before anything runs:\n{the_plan.checkpoint_report()}",
+              file=sys.stderr)
     return the_plan
 
 

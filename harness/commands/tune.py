@@ -54,6 +54,8 @@ def main(args) -> int:
             raise ValueError("give either TASK VARIANT or --suite, not both")
         suite_plan = plan(load_suite(args.suite), args.data_root)
         suite_plan.require_data()
+        if not args.dry_run:
+            suite_plan.require_checkpoints()
         pairs = sorted({(s.task, s.variant, tuple(sorted(s.params.items()))) for s in suite_plan.specs})
         jobs = [(task, variant, {**dict(suite_params), **params}) for task, variant, suite_params in pairs]
         if not args.tune_optimizer:

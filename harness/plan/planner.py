@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from datamodules.paths import MissingDataError
 from modules.tasks import Metric, TrivialBaseline, get_task
@@ -44,6 +45,7 @@ class Plan:
     """A board of records (harness/report/records_plan.py) names its tables after task and parameters: table ->
     the registered task, or None where its plugin is not loaded (no trivial baseline then). Empty: tables are tasks."""
     _baselines: dict[str, TrivialBaseline | None] = field(default_factory=dict, repr=False)
+    _checkpoints: dict[str, str] | None = field(default=None, repr=False)
 
     def trivial_baseline(self, task: str) -> TrivialBaseline | None:
         """The task's input-blind baseline (Task.trivial_baseline) from the data this plan checked, computed on
@@ -62,6 +64,46 @@ class Plan:
     def require_data(self) -> None:
         if self.missing_data:
             raise MissingDataError("\n".join(self.missing_data.values()))
+
+    def missing_checkpoints(self) -> dict[str, str]:
+        """Run key -> why the pretrained weights the run starts from cannot be loaded here (Task.checkpoint_problem):
+        not missing data, so the runs stay planned; a dry run marks them and a command that trains refuses them
+        (`require_checkpoints`). Checked on first use, once per task and parameters: boards never ask, so
+        rendering one looks nothing up on the Hub."""
+        if self._checkpoints is None:
+            problems: dict[str, str | None] = {}
+            self._checkpoints = {}
+            for spec in self.specs:
+                which = (spec.task, json.dumps(dict(spec.params), sort_keys=True, default=str))
+                if which not in problems:
+                    task_def = get_task(spec.task)
+                    problems[which] = task_def.checkpoint_problem(task_def.params(spec.params))
+                if problems[which]:
+                    self._checkpoints[spec.key] = problems[which]
+        return self._checkpoints
+
+    def checkpoint_report(self, keys: Iterable[str] | None = None) -> str | None:
+        """Why runs (these `keys`, default all) cannot start for want of a checkpoint, one line per problem with
+        the tasks it blocks; None when nothing is missing."""
+        missing = self.missing_checkpoints()
+        task_of = {spec.key: spec.task for spec in self.specs}
+        tasks_by_problem: dict[str, dict[str, None]] = {}
+        for key in missing if keys is None else keys:
+            if key in missing:
+                tasks_by_problem.setdefault(missing[key], {})[task_of[key]] = None
+        return "\n".join(f"{', '.join(tasks)}: {problem}" for problem, tasks in tasks_by_problem.items()) or None
+
+    def require_checkpoints(self, keys: Iterable[str] | None = None) -> None:
+        """Refuses, before anything runs or is recorded, runs (these `keys`, default all) whose checkpoint cannot
+        be loaded; finished runs left out of `keys` need none."""
+        report = self.checkpoint_report(keys)
+        if report:
+            raise MissingCheckpointError(report)
+
+
+class MissingCheckpointError(ValueError):
+    """A run's pretrained checkpoint is neither in the Hugging Face cache nor reachable; the message names the
+    model, the cache looked in and how to fetch it. A ValueError: the CLI reports it and exits 2."""
 
 
 def _check_tasks(tasks: Mapping[str, tuple[Mapping[str, Any], bool]], data_root: str | None) -> tuple[dict[str, str], dict[str, str]]:
@@ -164,8 +206,6 @@ def plan_runs(jobs: list[tuple[str, str | Mapping[str, Any], int, Mapping[str, A
 
 def configuration(spec: RunSpec) -> str:
     """What the seeds of one seed batch share: everything in the key but the seed."""
-    import json
-
     return json.dumps([spec.task, spec.task_version, spec.variant, spec.variant_version, spec.precision,
                        dict(spec.attention), dict(spec.params)], sort_keys=True, default=str)
 

@@ -11,7 +11,7 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from harness.plan.spec import RunSpec
 from harness.results.record import Record, Status
@@ -24,9 +24,15 @@ class PreviewRow:
     seed: int | str
     key: str
     status: str
-    """finished, failed (kept; --retry-failed runs it again) or pending."""
+    """finished, failed (kept; --retry-failed runs it again), pending, or NO_CHECKPOINT (would run, but the
+    pretrained checkpoint it starts from is not available here; a real run refuses it)."""
     estimate_s: float | None
     """Expected seconds for a run that will run; None when unknown or nothing will run."""
+
+
+NO_CHECKPOINT = "no checkpoint"
+WAITING = ("pending", NO_CHECKPOINT)
+"""The statuses of runs that have still to run."""
 
 
 def read_records(runs_root: Path) -> list[Record]:
@@ -44,7 +50,10 @@ def _same_configuration(spec: RunSpec) -> str:
     return json.dumps(identity, sort_keys=True, default=str)
 
 
-def preview_runs(specs: Sequence[RunSpec], records: Iterable[Record], device: str, retry_failed: bool = False) -> list[PreviewRow]:
+def preview_runs(specs: Sequence[RunSpec], records: Iterable[Record], device: str, retry_failed: bool = False,
+                 missing_checkpoints: Mapping[str, str] | None = None) -> list[PreviewRow]:
+    """`missing_checkpoints`: run key -> why its checkpoint is not available (Plan.missing_checkpoints); those
+    runs that would run are marked NO_CHECKPOINT, still with their estimate."""
     by_key = {r.key: r for r in records}
     here = [r for r in by_key.values() if (r.hardware or {}).get("device") == device and r.wall_time_s]
     times_by_configuration: dict[str, list[float]] = {}
@@ -62,7 +71,8 @@ def preview_runs(specs: Sequence[RunSpec], records: Iterable[Record], device: st
         own = record.wall_time_s if record is not None and (record.hardware or {}).get("device") == device else None
         others = times_by_configuration.get(_same_configuration(spec))
         estimate = own or (statistics.fmean(others) if others else None)
-        rows.append(PreviewRow(spec.task, spec.display, spec.seed, spec.key, "pending", estimate))
+        status = NO_CHECKPOINT if spec.key in (missing_checkpoints or {}) else "pending"
+        rows.append(PreviewRow(spec.task, spec.display, spec.seed, spec.key, status, estimate))
     return rows
 
 
@@ -73,16 +83,17 @@ def format_table(rows: Sequence[PreviewRow], workers: int = 1, noun: str = "runs
 
     header = ("task", "variant", "seed", "key", "status", "estimate")
     cells = [header] + [(r.task, r.variant, str(r.seed), r.key, r.status,
-                         format_duration(r.estimate_s) if r.estimate_s is not None else ("?" if r.status == "pending" else ""))
+                         format_duration(r.estimate_s) if r.estimate_s is not None else ("?" if r.status in WAITING else ""))
                         for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
-    pending = [r for r in rows if r.status == "pending"]
+    pending = [r for r in rows if r.status in WAITING]
     known = [r.estimate_s for r in pending if r.estimate_s is not None]
-    counts = {status: sum(1 for r in rows if r.status == status) for status in ("finished", "failed", "pending")}
+    counts = {status: sum(1 for r in rows if r.status == status) for status in ("finished", "failed", *WAITING)}
+    blocked = f", {counts[NO_CHECKPOINT]} of them {NO_CHECKPOINT}" if counts[NO_CHECKPOINT] else ""
     total = f"about {format_duration(sum(known) / max(1, workers))} on {workers} worker(s)" if known else "time unknown"
     unknown = len(pending) - len(known)
-    lines.append(f"{len(rows)} {noun}: {counts['finished']} finished, {counts['failed']} failed, {counts['pending']} pending "
+    lines.append(f"{len(rows)} {noun}: {counts['finished']} finished, {counts['failed']} failed, {len(pending)} pending{blocked} "
                  f"({total}{f'; {unknown} without an earlier record on this device' if known and unknown else ''})")
     return "\n".join(lines)
 

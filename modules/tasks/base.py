@@ -107,6 +107,13 @@ class Task:
             return self.data_problem(data_root, params=params)
         return self.data_problem(data_root)
 
+    def checkpoint_problem(self, params: TrainParams | None = None) -> str | None:
+        """None when the pretrained weights these params start from can be loaded here; otherwise which, where
+        they were looked for and how to fetch them. Kept apart from `data_problem`: a missing checkpoint says
+        nothing about the data, so planning still lists the runs it blocks (a dry run shows them) and only a
+        command that would train refuses them (harness/plan/planner.py, Plan.require_checkpoints)."""
+        return None
+
     def build(self, params: TrainParams, attention: Mapping[str, Any], *, data_root: str | None, cache_dir: str | None) -> tuple[L.LightningDataModule, L.LightningModule]:
         raise NotImplementedError
 

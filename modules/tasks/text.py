@@ -102,13 +102,13 @@ class TextTask(Task):
     def splits(self, params: TextParams, data_root: str | None) -> TextSplits:
         raise NotImplementedError
 
-    def checkpoint_problem(self, params: TextParams | None) -> str | None:
-        """What stops the backbone from loading (a checkpoint neither cached nor reachable), checked with the data
-        before any run starts or is recorded."""
+    def checkpoint_problem(self, params: TextParams | None = None) -> str | None:
+        """What stops the backbone from loading (a checkpoint neither cached nor reachable), checked before any
+        run starts or is recorded."""
         if params is None or params.backbone in BACKBONES:
             return None
         problem = backbone_problem(params.backbone)
-        return None if problem is None else f"{self.name}: backbone must be one of {BACKBONES} or a loadable checkpoint: {problem}"
+        return None if problem is None else f"backbone must be one of {BACKBONES} or a loadable checkpoint: {problem}"
 
     def trivial_baseline(self, params: TextParams, data_root) -> TrivialBaseline:
         """Classification: the class prior of the train labels, predicted for every test example (so always the
@@ -231,7 +231,7 @@ class GlueTask(TextTask):
         self.monitor = Metric(f"val/{official[0]}")
 
     def data_problem(self, data_root, params=None):
-        return glue.data_problem(self.spec.name, data_root) or self.checkpoint_problem(params)
+        return glue.data_problem(self.spec.name, data_root)
 
     def splits(self, params: GlueParams, data_root) -> TextSplits:
         train, val = holdout(glue.read_split(self.spec.name, "train", data_root), params.val_fraction, max_size=params.max_val_examples)
@@ -274,7 +274,7 @@ class DomainShiftTask(TextTask):
     monitor = Metric("val/acc")
 
     def data_problem(self, data_root, params=None):
-        return reviews.data_problem(self.preset["source"], self.preset["target"], data_root) or self.checkpoint_problem(params)
+        return reviews.data_problem(self.preset["source"], self.preset["target"], data_root)
 
     def splits(self, params: ShiftParams, data_root) -> TextSplits:
         train = reviews.read_reviews(params.source, "train", data_root)

@@ -141,14 +141,38 @@ def test_glue_albert_dry_run_lists_its_runs_without_downloading(shared_data, off
     assert sorted(p.relative_to(offline) for p in offline.rglob("*")) == before
 
 
-@pytest.mark.xfail(strict=True, reason="the dry run shares bench's checkpoint check (planner.Plan.require_data): offline with "
-                                       "no cached albert-base-v2 it is refused; listing the runs needs the checkpoint problem "
-                                       "kept apart from missing data in harness/plan (not changed here)")
 def test_glue_albert_dry_run_lists_its_runs_offline_with_no_checkpoint(shared_data, offline, tmp_path, capsys):
+    """A missing checkpoint is not missing data: the dry run lists every run, marks each as blocked and says what a
+    real bench refuses with (the model, the cache looked in, how to fetch it); it trains nothing, so it exits 0."""
     from harness.cli import main
 
-    code = main(["bench", "--suite", "glue-albert", "--dry-run", "--data-root", str(shared_data), "--runs-dir", str(tmp_path / "runs")])
+    runs = tmp_path / "runs"
+    code = main(["bench", "--suite", "glue-albert", "--dry-run", "--data-root", str(shared_data), "--runs-dir", str(runs)])
+    out = capsys.readouterr().out
     assert code == 0
+    for task in PRESENT:
+        assert task in out
+    assert out.count("no checkpoint") >= 300  # 5 tasks x 12 variants x 5 seeds, each marked
+    assert "300 runs: 0 finished, 0 failed, 300 pending, 300 of them no checkpoint" in out
+    assert "albert-base-v2" in out and str(offline) in out and "from_pretrained('albert-base-v2')" in out
+    assert not runs.exists()
+    assert not any(offline.iterdir())
+
+
+def test_a_missing_checkpoint_blocks_only_the_runs_still_to_run(shared_data, offline):
+    """A real bench checks the checkpoint of the runs it would start: finished runs need none, so a suite run to
+    the end renders its board on a machine without the checkpoint. A missing checkpoint leaves the data checks,
+    and so the trivial baselines, alone."""
+    from harness.plan.planner import MissingCheckpointError
+
+    the_plan = plan(load_suite("glue-albert"), str(shared_data))
+    assert not the_plan.missing_data
+    assert set(the_plan.missing_checkpoints()) == {s.key for s in the_plan.specs}
+    the_plan.require_checkpoints([])
+    with pytest.raises(MissingCheckpointError, match="albert-base-v2"):
+        the_plan.require_checkpoints(s.key for s in the_plan.specs[:1])
+    assert the_plan.trivial_baseline("glue-rte") is not None
+    assert not any(offline.iterdir())
 
 
 def test_glue_minilm_is_glue_paper_renamed_with_the_same_runs(shared_data):

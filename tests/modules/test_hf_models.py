@@ -263,6 +263,24 @@ def test_an_uncached_checkpoint_is_refused_offline_before_anything_runs(shared_d
     assert not any(runs.rglob("*.json")) if runs.exists() else True
 
 
+def test_a_dry_run_of_an_uncached_checkpoint_says_what_a_real_run_refuses_with(shared_data, tmp_path, capsys, monkeypatch):
+    """A dry run trains nothing: it prints the run's configuration, exits 0 and says why a real run would stop."""
+    from huggingface_hub import constants
+
+    from harness.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    runs = tmp_path / "runs"
+    code = main(["run", "glue-rte", "softmax", "--set", "backbone=albert-base-v2", "--dry-run", "--data-root", str(shared_data),
+                 "--runs-dir", str(runs)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "albert-base-v2" in captured.out
+    assert "real run is refused" in captured.err and "from_pretrained('albert-base-v2')" in captured.err
+    assert not any(runs.rglob("*.json")) if runs.exists() else True
+
+
 def test_describe_lists_the_backbones_a_text_task_takes():
     from harness.plan.describe import describe
 
