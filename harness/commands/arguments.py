@@ -141,7 +141,11 @@ def check_counts(args) -> str | None:
                 return f"--seeds takes comma-separated integers, e.g. 1,20; got {args.seed_counts!r}"
             if min(seeds) < 1:
                 return f"--seeds {args.seed_counts}: every seed count must be at least 1"
-        return next(filter(None, (Machine.here().worker_problem(n) for n in counts)), None)
+        from harness.plan.machine import gpu_sharing
+
+        machine = Machine.here()
+        # on a GPU node a count above the GPUs measures workers sharing each GPU (issue 37: 1, 2, 4 per GPU)
+        return next(filter(None, (machine.worker_problem(n, gpu_sharing(n, machine.gpus)) for n in counts)), None)
     if args.command in ("run", "tune"):
         problem = Machine.here().ddp_problem(args.devices, args.strategy)
         if problem or args.command == "run" or args.storage is None:

@@ -84,3 +84,9 @@ class Machine:
             return (f"--devices {devices}: {self.describe()}; DDP on CPU runs one process per device, "
                     f"so at most --devices {self.cores} (one per core)")
         return None
+
+
+def gpu_sharing(workers: int, gpus: int) -> int:
+    """Workers per GPU when `workers` are dealt over `gpus` (1 without GPUs): what `scaling --workers 1,2,4`
+    on a one-GPU node measures."""
+    return max(1, -(-workers // gpus)) if gpus else 1

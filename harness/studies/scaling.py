@@ -17,11 +17,12 @@ import tempfile
 import time
 from typing import Sequence
 
+from harness.plan.machine import gpu_sharing
 from harness.plan.planner import plan, seed_batches
 from harness.plan.suite import load_suite
 from harness.results.record import Status
 from harness.run.runner import git_commit
-from harness.run.worker_pool import LocalExecutor, WorkerOptions, log
+from harness.run.worker_pool import LocalExecutor, WorkerOptions, log, visible_gpus
 
 
 def measure_scaling(suite_name: str, worker_counts: Sequence[int], *, variant_filter: str | None = None,
@@ -50,7 +51,8 @@ def measure_scaling(suite_name: str, worker_counts: Sequence[int], *, variant_fi
 
     def execute_all(items, workers: int) -> float:
         with tempfile.TemporaryDirectory(prefix=f"attnbench-scaling-{workers}w-") as runs:
-            options = WorkerOptions(runs_dir=runs, data_root=data_root, cache_dir=cache_dir, commit=commit, workers=workers)
+            options = WorkerOptions(runs_dir=runs, data_root=data_root, cache_dir=cache_dir, commit=commit, workers=workers,
+                                    workers_per_gpu=gpu_sharing(workers, len(visible_gpus())))
             start = time.perf_counter()
             LocalExecutor(options).run(items, lambda spec, summary: summary.get("status") == Status.OK or failures.append(spec.display))
             return time.perf_counter() - start

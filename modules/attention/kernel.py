@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator, Mapping
@@ -92,6 +93,20 @@ def flex_on_cpu(enabled: bool = True) -> Iterator[None]:
         _flex_on_cpu = previous
 
 
+FLEX_ENV = "ATTNBENCH_FLEX"
+"""Set to 1 to let CUDA calls take FlexAttention where a kernel gives a FlexForm. Off by default because it was
+measured slower than the same kernels' SDPA forms: on an H100 with torch 2.11 (leaderboards/gpu-perf/, commit
+11bd97f; B=32, H=12, L=512, d=64) fenchel took 99.8 ms in fp32 against 21.7 ms for SDPA softmax, gmm 183 ms in
+bf16 against 2.7 ms, and fenchel's bf16 backward did not compile (its Triton template needed 344 KB of shared
+memory against the H100's 227 KB). The FlexForms stay (their fp32 forward and backward matched eager there),
+so that a later gpu-perf run can time them again."""
+
+
+def flex_wanted() -> bool:
+    """FlexAttention on CUDA is asked for (FLEX_ENV=1) or a test turned it on for CPU (`flex_on_cpu`)."""
+    return _flex_on_cpu or os.environ.get(FLEX_ENV, "") == "1"
+
+
 def flex_cpu_allowed() -> bool:
     """Whether `flex_on_cpu` is on: kernels then build their FlexForm on CPU tensors too."""
     return _flex_on_cpu
@@ -105,7 +120,8 @@ def select_path(fused: FusedAttention | None, groups: Groups, q: Tensor, *, need
       the diagnostics that read them), the layout has no fused kernel (segment groups), or the kernel
       returned no fused form (its weights are not a softmax of a dot product, or the config turns on terms
       that need the weights: gmm's EM);
-    - 'flex' on CUDA where the kernel gives a FlexForm, no attention dropout is asked for (FlexAttention
+    - 'flex' on CUDA, when asked for (FLEX_ENV: it was measured slower than SDPA), where the kernel gives a
+      FlexForm, no attention dropout is asked for (FlexAttention
       has no dropout) and the head dimension is a power of two of at least 16 (what its Triton kernels
       tile without padding): its score_mod keeps per-head factors out of the q projection, where SDPA needs
       them folded into q' and k';
@@ -119,8 +135,8 @@ def select_path(fused: FusedAttention | None, groups: Groups, q: Tensor, *, need
         return fused.library.path if dropout_p == 0.0 and (v is None or fused.library.fits(v)) else "eager"
     if fused.q is None:
         return "eager"
-    if (fused.flex is not None and dropout_p == 0.0 and (q.is_cuda or _flex_on_cpu) and _flex_head_dim(fused.flex.q.shape[-1])
-            and _flex_attention() is not None):
+    if (fused.flex is not None and dropout_p == 0.0 and (q.is_cuda or _flex_on_cpu) and flex_wanted()
+            and _flex_head_dim(fused.flex.q.shape[-1]) and _flex_attention() is not None):
         return "flex"
     return "sdpa"
 

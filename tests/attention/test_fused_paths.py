@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from modules.attention import AttentionSite, DenseGroups, build_attention
-from modules.attention.kernel import FlexForm, FusedAttention, attention_paths, flex_on_cpu, select_path
+from modules.attention.kernel import FLEX_ENV, FlexForm, FusedAttention, attention_paths, flex_on_cpu, select_path
 
 SITE = AttentionSite("text", "self", sequence=True)
 B, H, L, D = 2, 3, 12, 16  # d >= 16: FlexAttention's kernels need it (select_path)
@@ -59,7 +59,8 @@ def test_select_path_is_eager_when_the_weights_are_needed_or_nothing_fuses():
     assert select_path(_fused_q(), no_fused_layout, q, need_weights=False) == "eager"
 
 
-def test_flex_needs_a_head_dimension_its_kernels_tile():
+def test_flex_needs_a_head_dimension_its_kernels_tile(monkeypatch):
+    monkeypatch.setenv(FLEX_ENV, "1")
     dense = DenseGroups.from_key_padding(torch.ones(1, 4, dtype=torch.bool))
     cuda_q = SimpleNamespace(is_cuda=True)
     for dim, path in ((8, "sdpa"), (16, "flex"), (24, "sdpa"), (64, "flex")):
@@ -68,11 +69,14 @@ def test_flex_needs_a_head_dimension_its_kernels_tile():
         assert select_path(_fused_q(flex=flex), dense, cuda_q, need_weights=False) == path, dim
 
 
-def test_select_path_uses_sdpa_on_cpu_and_flex_on_cuda_without_dropout():
+def test_select_path_uses_sdpa_on_cpu_and_flex_on_cuda_without_dropout(monkeypatch):
     dense = DenseGroups.from_key_padding(torch.ones(1, 4, dtype=torch.bool))
     cpu_q = torch.zeros(1, 1, 4, 16)
     cuda_q = SimpleNamespace(is_cuda=True)  # the rule reads only the device
     flex = FlexForm(cpu_q, cpu_q, 1.0, lambda s, b, h, qi, ki: s)
+    # opt-in (kernel.FLEX_ENV: measured slower than SDPA on an H100): without it CUDA calls stay on SDPA
+    assert select_path(_fused_q(flex=flex), dense, cuda_q, need_weights=False) == "sdpa"
+    monkeypatch.setenv(FLEX_ENV, "1")
     assert select_path(_fused_q(flex=flex), dense, cpu_q, need_weights=False) == "sdpa"
     assert select_path(_fused_q(flex=flex), dense, cuda_q, need_weights=False) == "flex"
     assert select_path(_fused_q(), dense, cuda_q, need_weights=False) == "sdpa"  # no FlexForm: softmax, align-*
@@ -139,29 +143,19 @@ def _relative(a, b):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("config,causal", FLEX_CONFIGS, ids=lambda c: str(c))
-def test_flex_forward_and_backward_equal_eager_on_cuda(config, causal, dtype, tolerance):
-    """Output and the gradients of q, k, v and the kernel's own parameters: FlexAttention has no backward
-    on CPU, so this is where gradients through the captured [H] tensors are checked."""
-    kernel = _kernel(config, "cuda").train()
-    q, k, v, groups = _inputs(causal, "cuda", dtype)
-    upstream = torch.randn(B, H, L, D, device="cuda", dtype=dtype)
-    rows = groups.mask.any(-1, keepdim=True).expand(B, H, L, D)
-    grads = {}
-    for need_weights in (True, False):
-        inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        kernel.zero_grad(set_to_none=True)
-        out, _ = kernel(*inputs, groups, need_weights=need_weights)
-        (out * upstream * rows).sum().backward()
-        grads[need_weights] = (out.detach(), [t.grad for t in inputs],
-                               {n: p.grad.clone() for n, p in kernel.named_parameters() if p.grad is not None})
-        if not need_weights:
-            assert kernel.last_path == "flex"
-    (eager_out, eager_in, eager_par), (flex_out, flex_in, flex_par) = grads[True], grads[False]
-    assert _relative(flex_out[rows], eager_out[rows]) < tolerance
-    for name, a, b in zip("qkv", flex_in, eager_in):
-        assert _relative(a, b) < tolerance, f"grad {name}"
-    assert eager_par.keys() == flex_par.keys()
-    for name in eager_par:
-        assert _relative(flex_par[name], eager_par[name]) < tolerance, f"grad {name}"
+def test_flex_forward_and_backward_equal_eager_on_cuda(config, causal, precision):
+    """Weights, output and the gradients of q, k, v and the kernel's own parameters, by `make gpu-perf`'s own
+    check: FlexAttention has no backward on CPU, so this is where gradients through the captured [H] tensors
+    are checked. bf16 as training runs it (autocast), judged by `gpu_perf.bf16_verdict`: two bf16 results of
+    one gradient differed by up to 4.6e-2 on an H100 while each stayed as close to fp32 as bf16 allows."""
+    from harness.studies import gpu_perf
+
+    with gpu_perf.flex_requested(True):
+        errors = gpu_perf.check(config, causal, precision)
+    assert "flex" in errors
+    if precision == "fp32":
+        assert errors["flex"] <= gpu_perf.TOLERANCE["fp32"], errors
+    else:
+        assert gpu_perf.bf16_verdict(errors, "flex"), errors

@@ -62,6 +62,7 @@ from ..kernel import (
     FlexForm,
     FusedAttention,
     flex_cpu_allowed,
+    flex_wanted,
     HeadShape,
     full_precision,
     per_head,
@@ -323,7 +324,7 @@ class GaussianMixtureAttention(AttentionKernel):
         `α·s − α/2·‖k‖² + log π`; the ‖q‖² term cancels in the softmax). The per-key terms are one captured
         [B, H, Lk] tensor, so gradients reach the keys, α, ρ and c through it; α is captured as [H], never 0-d
         (pytorch #145208). Built only where it can run: CUDA, or a test that asks for it."""
-        if not (q.is_cuda or flex_cpu_allowed()):
+        if not ((q.is_cuda and flex_wanted()) or flex_cpu_allowed()):
             return None
         alpha = self.alpha
         key_terms = self._key_terms(k)
