@@ -118,7 +118,9 @@ def run_suite(
     suite = load_suite(suite_name)
     the_plan = plan(suite, data_root, variant_filter, tuned_dir=tuned_params_dir, precision=precision)
     for pair in the_plan.untuned:
-        log(f"attnbench: {pair} has no tuned parameters in {tuned_params_dir} (run `attnbench tune`); only its default row runs")
+        # without --params-dir a suite's `tuned` rows read the committed parameters (leaderboards/params)
+        where = tuned_params_dir if tuned_params_dir is not None else "leaderboards/params (the suite's `tuned` rows)"
+        log(f"attnbench: {pair} has no tuned parameters in {where} (run `attnbench tune ... --promote`); only its default row runs")
     for pair in the_plan.tuned_budget:
         log(f"attnbench: warning: {pair}; its tuned parameters may not carry over to this suite's budget")
     for pair in the_plan.tuned_as_defaults:
