@@ -819,6 +819,9 @@ def _cost(here: list[tuple[Any, Record]], ok: list[tuple[Any, Record]]) -> dict[
     totals = [float(r.fit_time_s or r.wall_time_s) for _, r in ok if r.fit_time_s or r.wall_time_s]
     memory = [float(r.peak_memory_mb) for _, r in ok if r.peak_memory_mb]
     parameters = [r.parameters for _, r in ok if r.parameters]
+    # which implementation the time and memory measured (issue 37): records list the attention paths their
+    # kernels took (kernel.attention_paths); a record without the list ran every call eager, or predates the list
+    paths = sorted({path for _, r in ok for path in (r.execution or {}).get("attention_paths", ())})
     # What the row cost on the accelerator, failed runs included: every run held its GPUs for its wall time.
     gpu_seconds = [float(r.wall_time_s or 0.0) * int((r.hardware or {}).get("device_count") or 1)  # at least the one it ran on
                    for _, r in here if (r.hardware or {}).get("accelerator") == "gpu"]
@@ -829,6 +832,7 @@ def _cost(here: list[tuple[Any, Record]], ok: list[tuple[Any, Record]]) -> dict[
         "gpu_hours": sum(gpu_seconds) / 3600 if gpu_seconds else None,
         "peak_memory_mb": max(memory) if memory else None,
         "parameters": parameters[0] if parameters else None,
+        "attention_paths": paths,
     }
 
 

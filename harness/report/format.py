@@ -28,3 +28,9 @@ def resolution_sentence(table: dict[str, Any], quote: Callable[[str], str] = str
             f"{resolution['difference'] * scale:.{digits}f}{unit} in {quote(primary['name'])} is detected with 80% power "
             f"(median paired spread {resolution['spread'] * scale:.{digits}f}{unit} over {variants} variant{'s' if variants != 1 else ''}{wider}); "
             "smaller differences are invisible here.")
+
+
+def path_note(cost: dict[str, Any]) -> str:
+    """" (eager+sdpa)": the attention paths the time was measured on, where the records name any fused one."""
+    paths = cost.get("attention_paths") or []
+    return f" ({'+'.join(paths)})" if paths else ""

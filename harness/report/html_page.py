@@ -16,7 +16,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from harness.report.format import format_duration, format_p, resolution_sentence
+from harness.report.format import format_duration, format_p, path_note, resolution_sentence
 from harness.report.board import (mechanism_sentence, tuned_values_text, CLIPPED, clipped_sentence, epoch_cap_sentence, finding_sentence, overall_finding_sentence, problem_lines,
                                   reproducibility_line, row_settings_sentence, versions_sentence)
 from harness.report.stats import metric_range
@@ -195,7 +195,7 @@ _COST_COLUMNS = ("epochs", "time/epoch", "total time", "peak mem", "params")
 def _cost_cells(cost: dict[str, Any]) -> list[str]:
     return [
         _cell(_e(_fixed(cost.get("epochs"), 0)), cost.get("epochs")),
-        _cell(_e(format_duration(cost.get("time_per_epoch_s"))), cost.get("time_per_epoch_s")),
+        _cell(_e(format_duration(cost.get("time_per_epoch_s")) + path_note(cost)), cost.get("time_per_epoch_s")),
         _cell(_e(format_duration(cost.get("total_time_s"))), cost.get("total_time_s")),
         _cell(_e(_unit(cost.get("peak_memory_mb"), "MB")), cost.get("peak_memory_mb")),
         _cell(_e(f"{cost['parameters']:,}" if cost.get("parameters") else "—"), cost.get("parameters")),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from harness.report.format import format_duration, format_p, resolution_sentence
+from harness.report.format import format_duration, format_p, path_note, resolution_sentence
 from harness.report.board import (mechanism_sentence, tuned_values_text, CLIPPED, NO_RECORDS, clipped_sentence, epoch_cap_sentence, finding_sentence, overall_finding_sentence,
                                   problem_lines, reproducibility_line, row_settings_sentence, versions_sentence)
 
@@ -80,7 +80,7 @@ COST_HEADER = ["epochs", "time/epoch", "total time", "peak mem", "params"]
 def _cost_cells(cost: dict[str, Any]) -> list[str]:
     return [
         f"{cost['epochs']:.0f}" if cost["epochs"] is not None else "—",
-        format_duration(cost["time_per_epoch_s"]),
+        format_duration(cost["time_per_epoch_s"]) + path_note(cost),
         format_duration(cost["total_time_s"]),
         f"{cost['peak_memory_mb']:.0f} MB" if cost["peak_memory_mb"] else "—",
         f"{cost['parameters']:,}" if cost["parameters"] else "—",

@@ -24,3 +24,25 @@ def test_a_table_lists_the_final_diagnostics_of_each_row_that_records_them(share
         object.__setattr__(record, "diagnostics", None)
     board = build_board(the_plan.suite, the_plan, records)
     assert all(mechanism_sentence(t) is None for g in board["groups"] for t in g["tasks"])  # records from before them
+
+
+def test_cost_columns_name_the_attention_paths_the_time_was_measured_on(shared_data):
+    """Issue 37: a record lists the fused paths its kernels took; the row's time says which it measured."""
+    from harness.plan.planner import plan
+    from harness.plan.suite import load_suite
+    from harness.report.markdown import render_markdown
+
+    the_plan = plan(load_suite("paper-gat"), str(shared_data))
+    records = {r["key"]: Record.from_dict(r) for r in claim_records(the_plan)}
+    specs = {s.key: s for s in the_plan.specs}
+    for key, record in records.items():
+        if specs[key].variant == "fenchel":
+            object.__setattr__(record, "execution", {**(record.execution or {}), "attention_paths": ["eager", "sdpa"]})
+    board = build_board(the_plan.suite, the_plan, records)
+    cora = next(t for g in board["groups"] for t in g["tasks"] if t["task"] == "cora")
+    rows = {row["variant"]: row for row in cora["rows"]}
+    assert rows["fenchel"]["cost"]["attention_paths"] == ["eager", "sdpa"]
+    assert rows["softmax"]["cost"]["attention_paths"] == []  # no list: all eager (graph runs) or a record from before the list
+    text = render_markdown(board)
+    assert any("`fenchel`" in line and "(eager+sdpa)" in line for line in text.splitlines())
+    assert not any("(eager" in line for line in text.splitlines() if "`softmax`" in line)
