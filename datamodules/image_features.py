@@ -55,15 +55,29 @@ def create_image_encoder(spec: ImageEncoderSpec) -> nn.Module:
         try:
             encoder = timm.create_model(spec.backbone, pretrained=True, features_only=True, out_indices=(stage,))
         except Exception as exc:  # timm raises whatever the hub client raises offline
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise MissingWeightsError(
-                f"could not load pretrained weights for timm model {spec.backbone!r} ({type(exc).__name__}: {exc}). "
-                "Go online once (or fill $HF_HOME with them), or run with --set image_weights=random"
+                f"image_weights=pretrained: could not load timm's ImageNet weights for {spec.backbone!r} from {weights_cache(spec.backbone)} "
+                f"nor download them ({type(exc).__name__}{': ' + reason if reason else ''}); fetch them once online "
+                f"(python -c \"import timm; timm.create_model('{spec.backbone}', pretrained=True)\"), or run with --set image_weights=random"
             ) from exc
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(ENCODER_SEED)
             encoder = timm.create_model(spec.backbone, pretrained=False, features_only=True, out_indices=(stage,))
     return encoder.eval().requires_grad_(False)
+
+
+def weights_cache(backbone: str) -> str:
+    """Where timm looks for `backbone`'s pretrained weights, for a message that says which folder to fill: the
+    Hugging Face cache for the models timm publishes on the Hub (its first choice), else torch hub's folder."""
+    import timm
+    from huggingface_hub import constants
+
+    config = timm.models.get_pretrained_cfg(backbone)
+    if config is not None and config.hf_hub_id:
+        return f"the Hugging Face cache ({constants.HF_HUB_CACHE}, as {config.hf_hub_id})"
+    return f"torch hub's checkpoint folder ({Path(torch.hub.get_dir()) / 'checkpoints'})"
 
 
 def image_transform(encoder: nn.Module, spec: ImageEncoderSpec):
@@ -148,9 +162,10 @@ def cached_grid_features(paths: Sequence[str | Path], spec: ImageEncoderSpec, ca
 
 
 def pretrained_weights_problem(backbone: str, weights: str) -> str | None:
-    """Checked before any run (a task's data_problem): None unless pretrained weights were asked for and do
-    not load (offline without a filled cache), in which case the fix. Every vl-paper run would otherwise fail
-    on its own, one after another, on an offline node."""
+    """A vision-language task's checkpoint_problem (modules/tasks/base.py): None unless pretrained weights were
+    asked for and do not load (offline without a filled cache), in which case which model, the cache looked in
+    and how to fetch them. Checked before any run, or every vl-paper run would fail on its own, one after
+    another, on an offline node; not a data problem, so a dry run still lists the runs it blocks."""
     if weights != "pretrained":
         return None
     try:

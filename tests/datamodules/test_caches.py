@@ -62,13 +62,18 @@ def test_fingerprint_stats_a_sample_and_sees_added_images(tmp_path, monkeypatch)
     assert image_features._fingerprint(images[:-1], spec) != first  # a different image list, a different key
 
 
-def test_pretrained_weights_problem_names_the_fix(monkeypatch):
+def test_pretrained_weights_problem_names_the_model_the_cache_and_the_fix(monkeypatch, tmp_path):
+    """Offline with an empty cache: the message says which weights, the folder looked in and how to fetch them."""
+    import socket
+
+    from huggingface_hub import constants
+
     assert image_features.pretrained_weights_problem("resnet18", "random") is None
-
-    def offline(spec):
-        raise image_features.MissingWeightsError("could not load pretrained weights for timm model 'resnet50' (...). "
-                                                 "Go online once (or fill $HF_HOME with them), or run with --set image_weights=random")
-
-    monkeypatch.setattr(image_features, "create_image_encoder", offline)
-    problem = image_features.pretrained_weights_problem("resnet50", "pretrained")
-    assert "image_weights=random" in problem and "HF_HOME" in problem
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(socket.socket, "connect", lambda *a, **k: pytest.fail(f"a network connection was attempted: {a}"))
+    problem = image_features.pretrained_weights_problem("resnet18", "pretrained")
+    assert "'resnet18'" in problem and str(cache) in problem and "timm/resnet18" in problem
+    assert "timm.create_model('resnet18', pretrained=True)" in problem and "--set image_weights=random" in problem
+    assert not cache.exists() or not any(cache.iterdir())
