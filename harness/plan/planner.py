@@ -102,8 +102,9 @@ class Plan:
 
 
 class MissingCheckpointError(ValueError):
-    """A run's pretrained checkpoint is neither in the Hugging Face cache nor reachable; the message names the
-    model, the cache looked in and how to fetch it. A ValueError: the CLI reports it and exits 2."""
+    """A run's pretrained checkpoint (a text backbone, a vision-language task's timm encoder weights) is neither
+    cached nor reachable; the message names the model, the cache looked in and how to fetch it. A ValueError: the
+    CLI reports it and exits 2."""
 
 
 def _check_tasks(tasks: Mapping[str, tuple[Mapping[str, Any], bool]], data_root: str | None) -> tuple[dict[str, str], dict[str, str]]:

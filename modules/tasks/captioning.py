@@ -92,7 +92,11 @@ class CocoCaptionsTask(Task):
                 coco.karpathy_split(coco.read_captions(data_root), params.karpathy_split, data_root)
             except coco.MissingDataError as exc:
                 return str(exc)
-        return problem or (pretrained_weights_problem(params.backbone, params.image_weights) if params else None)
+        return problem
+
+    def checkpoint_problem(self, params: CaptionParams | None = None) -> str | None:
+        # Apart from data_problem: missing encoder weights block the runs, they do not make the data missing.
+        return pretrained_weights_problem(params.backbone, params.image_weights) if params is not None else None
 
     def splits(self, params: CaptionParams, data_root) -> coco.CaptionSplits:
         items = coco.read_captions(data_root)

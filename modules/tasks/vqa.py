@@ -111,7 +111,12 @@ class VQATask(Task):
         if self.preset["dataset"] == "easy-vqa":
             return easy_vqa_problem()
         vqa_dir = params.vqa_dir if params is not None else self.preset.get("vqa_dir", VQAParams.vqa_dir)
-        return vqa_problem(data_root, vqa_dir) or (pretrained_weights_problem(params.backbone, params.image_weights) if params else None)
+        return vqa_problem(data_root, vqa_dir)
+
+    def checkpoint_problem(self, params: VQAParams | None = None) -> str | None:
+        # Apart from data_problem: missing encoder weights block the runs, they do not make the data missing
+        # (a dry run still lists the runs, and boards keep the trivial baseline the data gives).
+        return pretrained_weights_problem(params.backbone, params.image_weights) if params is not None else None
 
     def splits(self, params: VQAParams, data_root) -> VQASplits:
         if params.dataset == "easy-vqa":
