@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from harness.results.store import RecordStore, runs_dir, write_atomically
 
@@ -220,6 +220,15 @@ class Checkpoints:
     def remove_batch(self, path: Path) -> None:
         path.unlink(missing_ok=True)
         path.with_suffix(".keys").unlink(missing_ok=True)
+
+    def remove_finished_batches(self, keys: Iterable[str], finished: Callable[[str], bool]) -> list[Path]:
+        """Remove every batch checkpoint holding any of `keys` whose seeds all have a final record (`finished`); returns
+        what went."""
+        keys = set(keys)
+        gone = [pt for pt, named in self.batch_keys().items() if keys & set(named) and all(finished(k) for k in named)]
+        for pt in gone:
+            self.remove_batch(pt)
+        return gone
 
     def resumable(self, keys: Iterable[str]) -> dict[str, Path]:
         """Of `keys`, those with a checkpoint here (lone or in a batch) -> its file; no file is loaded."""

@@ -152,7 +152,7 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
         records[index] = rec
         on_record(rec)
 
-    saving, resumed_path, resumed = _checkpointing(specs, checkpoints, context["commit"])
+    saving, _, resumed = _checkpointing(specs, checkpoints, context["commit"])
     if resumed is not None:
         execution = {**execution, "resumed_from_epoch": resumed["epoch"], "resumes": resumed["resumes"]}
 
@@ -212,15 +212,14 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
                 record(index, Record.failed(spec, error, traceback=traceback.format_exc(limit=8)[-4000:], **extra,
                                             **measured(0, None, None, [])))
     if checkpoints is not None and not any(r.retryable for r in records.values()):
-        # every seed has its record: nothing resumes from this batch's checkpoint, nor from the one it resumed
-        # from once all of that one's seeds are recorded (another batch may still be resuming its other seeds)
-        checkpoints.remove_batch(checkpoints.batch_path([s.key for s in specs]))
-        if resumed_path is not None:
-            from harness.results.store import RecordStore
+        # every seed has its record: nothing resumes from this batch's checkpoint, nor from any other holding some of
+        # these seeds once all of that one's seeds are recorded (another batch may still be resuming its other seeds).
+        # Not only the one it resumed from: a batch killed as its seeds stopped leaves a chain (6 seeds, then the 4
+        # left resumed from it and saved their own, then 3 from that), and the older links would outlive every record.
+        from harness.results.store import RecordStore
 
-            store = RecordStore(checkpoints.root.parent)
-            if all(store.finished(k) for k in checkpoints.batch_keys().get(resumed_path, [])):
-                checkpoints.remove_batch(resumed_path)
+        checkpoints.remove_batch(checkpoints.batch_path([s.key for s in specs]))
+        checkpoints.remove_finished_batches([s.key for s in specs], RecordStore(checkpoints.root.parent).finished)
     return [records[i] for i in range(len(specs))]
 
 

@@ -242,3 +242,51 @@ def test_the_interval_reads_epochs_minutes_both_or_off():
     assert Interval(25, 10).due(25, 0) and Interval(25, 10).due(1, 600) and not Interval(25, 10).due(24, 599)
     with pytest.raises(ValueError):
         Interval.parse("often")
+
+
+class _Killed(BaseException):
+    """Ends a seed batch where a kill would, right after a save: not an Exception, so the batch records nothing."""
+
+
+def test_a_finished_batch_leaves_no_checkpoint_of_a_chain_of_resumes(tmp_path, monkeypatch):
+    """Found by tests/preemption/kill_bench.py: a batch of 3 saved (A) and was killed; seed 0 stopped and was recorded; the
+    2 seeds left resumed from A, saved their own (B) and were killed; the next batch of them resumed from B and, once
+    recorded, removed B but left A, although each of A's seeds now has its record. In process: the kills are an
+    exception out of the save, as a SIGKILL leaves the same files."""
+    from harness.plan.spec import make_spec
+    from harness.results import checkpoints as cp
+    from harness.results.record import Record
+    from harness.results.store import RecordStore
+    from harness.run.seed_batch import execute_batch
+
+    specs = [make_spec("cora", "softmax", seed, {"max_epochs": 3, "patience": 3}) for seed in range(3)]
+    store = RecordStore(tmp_path)
+    cps = cp.Checkpoints(tmp_path, cp.Interval(1, 0))
+    save = cp.save_atomically
+
+    def killed_after(epoch):
+        def saving(payload, target):
+            save(payload, target)
+            if payload["attnbench"]["epoch"] == epoch:
+                raise _Killed
+
+        return saving
+
+    def batch(seeds):
+        return execute_batch([specs[s] for s in seeds], data_root=str(DATA), commit="test", on_record=store.write, checkpoints=cps)
+
+    monkeypatch.setattr(cp, "save_atomically", killed_after(1))
+    with pytest.raises(_Killed):
+        batch([0, 1, 2])
+    a = cps.batch_path([s.key for s in specs])
+    store.write(Record.ok(specs[0], {"test/acc": {"value": 0.5, "higher_is_better": True}}))  # seed 0 stopped
+    monkeypatch.setattr(cp, "save_atomically", killed_after(2))
+    with pytest.raises(_Killed):
+        batch([1, 2])
+    b = cps.batch_path([specs[1].key, specs[2].key])
+    assert a.is_file() and b.is_file()
+    monkeypatch.setattr(cp, "save_atomically", save)
+    records = batch([1, 2])
+    assert [r.execution["resumed_from_epoch"] for r in records] == [2, 2]  # from B, the newer
+    assert sorted(p.name for p in cps.root.iterdir()) == [], "every seed of A and B is recorded: neither resumes anything now"
+
