@@ -10,8 +10,9 @@ Where: `<runs>/checkpoints/`, beside `<runs>/records/`:
 Every file is written as the store writes records (temp file, fsync, rename, fsync of the folder): a kill leaves
 the previous checkpoint or the new one, never half of one. Every load is `torch.load(weights_only=True)`: a
 checkpoint holds plain tensors, numbers, strings, lists and dicts, never pickled objects. A checkpoint that does
-not load, or one written by another code version (attnbench commit, torch, Lightning, Python) is not trusted: it
-is discarded with a one-line message and the run starts afresh.
+not load, or one written by another code version (attnbench commit, torch, Lightning, Python) or on another number
+of data-parallel processes, is not trusted: it is discarded with a one-line message and the run starts afresh.
+Data-parallel, rank 0 alone writes (Lightning's strategy) and reads it, and tells the other ranks whether to resume.
 
 A checkpoint is removed once its run's record is written; `orphans`/`prune` find those a killed-for-good run
 left (its key finished by another execution, or older than N days). Checkpoints are never results: exports
@@ -126,9 +127,10 @@ def write_text_atomically(text: str, target: Path) -> Path:
     return write_atomically(target, lambda fh: fh.write(text.encode()))
 
 
-def load_trusted(path: Path, *, keys: Sequence[str], commit: str | None, kind: str) -> dict[str, Any] | None:
+def load_trusted(path: Path, *, keys: Sequence[str], commit: str | None, kind: str, world_size: int = 1) -> dict[str, Any] | None:
     """The checkpoint at `path` when it loads (weights_only) and was written for `keys` (all of them among its
-    keys) by this code; otherwise None, and a file that exists but is not trusted is discarded with one line."""
+    keys) by this code, on `world_size` processes; otherwise None, and a file that exists but is not trusted is
+    discarded with one line."""
     import torch
 
     if not path.is_file():
@@ -139,7 +141,7 @@ def load_trusted(path: Path, *, keys: Sequence[str], commit: str | None, kind: s
     except Exception as exc:  # noqa: BLE001 - any failure to load: not trusted
         discard(path, f"does not load ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})")
         return None
-    why = stale(meta, keys=keys, commit=commit, kind=kind)
+    why = stale(meta, keys=keys, commit=commit, kind=kind, world_size=world_size)
     if why:
         discard(path, why)
         return None
@@ -150,8 +152,8 @@ def load_trusted(path: Path, *, keys: Sequence[str], commit: str | None, kind: s
     return payload
 
 
-def stale(meta: Mapping[str, Any], *, keys: Sequence[str], commit: str | None, kind: str) -> str | None:
-    """Why a checkpoint's metadata makes it untrustworthy for `keys`, or None."""
+def stale(meta: Mapping[str, Any], *, keys: Sequence[str], commit: str | None, kind: str, world_size: int = 1) -> str | None:
+    """Why a checkpoint's metadata makes it untrustworthy for `keys` on `world_size` processes, or None."""
     if not isinstance(meta, Mapping) or meta.get("kind") != kind:
         return f"is not a {kind} checkpoint"
     theirs, ours = meta.get("code") or {}, code_identity(commit)
@@ -160,6 +162,10 @@ def stale(meta: Mapping[str, Any], *, keys: Sequence[str], commit: str | None, k
         return "was written by another code version (" + ", ".join(changed) + ")"
     if kind == "run" and list(meta.get("keys") or []) != list(keys):
         return "was written for another run"
+    theirs_world = int(meta.get("world_size", 1))
+    if theirs_world != world_size:
+        # the key is the same on any number of DDP processes, but the data each rank saw and its generators are not
+        return f"was written by a run on {theirs_world} process(es), not {world_size}"
     return None
 
 
@@ -168,9 +174,10 @@ def discard(path: Path, why: str) -> None:
     path.unlink(missing_ok=True)
 
 
-def metadata(kind: str, keys: Sequence[str], commit: str | None, epoch: int, resumes: int, active: Sequence[str] | None = None) -> dict[str, Any]:
+def metadata(kind: str, keys: Sequence[str], commit: str | None, epoch: int, resumes: int, active: Sequence[str] | None = None,
+             world_size: int = 1) -> dict[str, Any]:
     return {"kind": kind, "keys": list(keys), "active": list(active if active is not None else keys), "epoch": int(epoch),
-            "resumes": int(resumes), "saved": time.time(), "code": code_identity(commit)}
+            "resumes": int(resumes), "saved": time.time(), "code": code_identity(commit), "world_size": int(world_size)}
 
 
 class Checkpoints:

@@ -312,7 +312,11 @@ class ResumableRun(Callback):
     epoch, where the unkilled run's generators stood after the saved epoch.
 
     Attach it after History and EpochTimer: Lightning calls callbacks' on_train_epoch_end in list order, and the
-    saved state must include the epoch's history row."""
+    saved state must include the epoch's history row.
+
+    Data-parallel, saving is a collective (Lightning gathers the state on every rank, rank 0 writes), so rank 0's
+    clock decides when it is due, and the state holds every rank's generators ("ranks"): a rank's draws follow its
+    own shard of the data, so they need not match rank 0's."""
 
     def __init__(self, path, interval, meta) -> None:
         self.path, self.interval, self.meta = path, interval, meta
@@ -324,8 +328,16 @@ class ResumableRun(Callback):
 
     def state_dict(self) -> dict:
         trainer = self._trainer
-        return {"epoch": trainer.current_epoch + 1, "resumes": self.resumes, "rng": global_rng_state(),
+        mine = {"rng": global_rng_state(),
                 "noise": {name: stream.state_dict() for name, stream in noise_streams(trainer.lightning_module).items()}}
+        state = {"epoch": trainer.current_epoch + 1, "resumes": self.resumes, **mine}
+        if trainer.world_size > 1:
+            import torch.distributed as dist
+
+            ranks: list = [None] * trainer.world_size
+            dist.all_gather_object(ranks, mine)
+            state["ranks"] = ranks
+        return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._pending = state_dict
@@ -338,17 +350,24 @@ class ResumableRun(Callback):
         self._since = time.perf_counter()
         if self._pending is None:
             return
+        # a checkpoint holds "ranks" only when written on as many processes as this run has (checkpoints.stale)
+        mine = self._pending["ranks"][trainer.global_rank] if "ranks" in self._pending else self._pending
         streams = noise_streams(pl_module)
-        for name, state in self._pending["noise"].items():
+        for name, state in mine["noise"].items():
             streams[name].load_state_dict(state)
-        set_global_rng_state(self._pending["rng"])
+        set_global_rng_state(mine["rng"])
         self._pending = None
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self._epochs_since += 1
         last = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
         # Not at the epoch that ends fitting: nothing would resume from it (Lightning keeps no should_stop either).
-        if trainer.should_stop or last or not self.interval.due(self._epochs_since, time.perf_counter() - self._since):
+        if trainer.should_stop or last:
+            return
+        due = self.interval.due(self._epochs_since, time.perf_counter() - self._since)
+        if trainer.world_size > 1:
+            due = trainer.strategy.broadcast(due, src=0)  # a rank that saved alone would wait in its barrier for ever
+        if not due:
             return
         trainer.save_checkpoint(self.path)
         self._epochs_since, self._since = 0, time.perf_counter()

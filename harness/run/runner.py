@@ -228,16 +228,21 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
             from harness.results import checkpoints as cp
 
             path = checkpoints.run_path(spec.key)
-            ckpt = cp.load_trusted(path, keys=[spec.key], commit=context["commit"], kind="run")
+            # data-parallel, rank 0 alone judges (and may discard) the checkpoint: another rank reading it meanwhile
+            # could decide otherwise, and ranks that disagree on resuming train different epochs and hang
+            ckpt = cp.load_trusted(path, keys=[spec.key], commit=context["commit"], kind="run", world_size=distribution.world_size) \
+                if distributed.global_rank() == 0 else None
             resumable = ResumableRun(str(path), checkpoints.interval,
-                                     lambda epoch, resumes: cp.metadata("run", [spec.key], context["commit"], epoch, resumes))
+                                     lambda epoch, resumes: cp.metadata("run", [spec.key], context["commit"], epoch, resumes,
+                                                                        world_size=distribution.world_size))
         trainer, datamodule, module, best = _prepare(spec, data_root, cache_dir,
                                                      [timer, history, *([resumable] if resumable else []),
                                                       *(live_progress(task.monitor.name) if verbose else [])], distribution)
-        if resumable is not None and ckpt is not None:
-            if _fits(ckpt, module, path):
+        if resumable is not None:
+            resume = ckpt is not None and _fits(ckpt, module, path)
+            ckpt = None
+            if distributed.broadcast(resume):  # every rank loads the file rank 0 trusted
                 ckpt_path = str(path)
-            del ckpt
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         if distribution.is_distributed:
             is_rank_zero = trainer.is_global_zero

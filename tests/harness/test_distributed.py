@@ -133,3 +133,36 @@ def test_ranks_see_the_same_lengths_at_every_step():
     # the plan is the same on every rank, so the shards are disjoint apart from the padding
     shards = [{i for b in batches for i in b} for batches in per_rank]
     assert sum(len(s) for s in shards) - len(set().union(*shards)) == 1
+
+
+def test_a_killed_ddp_run_resumes_from_rank_zeros_checkpoint_to_the_unkilled_record(env, shared_data, tmp_path):
+    """Issue 40 on 2 gloo processes: the run's process group is SIGKILLed (both ranks) right after rank 0 wrote the
+    checkpoint of epoch 4; the re-run resumes both ranks from it (each with its own generators) and writes the record
+    the unkilled run wrote, bit for bit but for timings and execution. bam-weibull: each rank's noise stream too."""
+    import signal
+
+    from tests.harness.test_preemption import assert_same
+
+    child = REPO / "tests" / "harness" / "preemption_cli_child.py"
+    argv = ["run", "cora", "bam-weibull", "--strategy", "ddp", "--devices", "2", "--set", "max_epochs=8", "--set", "patience=8",
+            "--data-root", str(shared_data)]
+    env = {**env, "ATTNBENCH_CHECKPOINT_EVERY": "2"}
+    env.pop("KILL_AFTER", None)
+
+    def run(runs, kill_after=None):
+        return subprocess.run([sys.executable, str(child), *argv, "--runs-dir", str(runs)], cwd=REPO, capture_output=True, text=True,
+                              timeout=300, start_new_session=True,  # its own process group: the one the kill takes
+                              env={**env, **({"KILL_AFTER": str(kill_after)} if kill_after is not None else {})})
+
+    unkilled = run(tmp_path / "unkilled")
+    assert unkilled.returncode == 0, unkilled.stdout[-2000:] + unkilled.stderr[-3000:]
+    killed = run(tmp_path / "runs", kill_after=4)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
+    assert not list((tmp_path / "runs").glob("records/*.json")) and len(list((tmp_path / "runs" / "checkpoints").glob("*.pt"))) == 1
+    resumed = run(tmp_path / "runs")
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert "discarding" not in resumed.stderr
+    assert_same(tmp_path / "runs", tmp_path / "unkilled")
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "runs" / "records").glob("*.json")]
+    assert record["execution"]["resumed_from_epoch"] == 4 and record["execution"]["world_size"] == 2 and record["epochs"] == 8
+    assert not list((tmp_path / "runs" / "checkpoints").glob("*.pt"))  # recorded: nothing resumes from it now

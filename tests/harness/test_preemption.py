@@ -244,6 +244,18 @@ def test_the_interval_reads_epochs_minutes_both_or_off():
         Interval.parse("often")
 
 
+def test_a_checkpoint_from_another_number_of_ddp_processes_is_not_trusted():
+    """The key is the same on 1 or N processes, the data each rank saw is not: such a checkpoint is stale."""
+    from harness.results import checkpoints as cp
+
+    meta = cp.metadata("run", ["k"], "c", 4, 0, world_size=2)
+    assert cp.stale(meta, keys=["k"], commit="c", kind="run", world_size=2) is None
+    assert cp.stale(meta, keys=["k"], commit="c", kind="run") == "was written by a run on 2 process(es), not 1"
+    older = {k: v for k, v in cp.metadata("run", ["k"], "c", 4, 0).items() if k != "world_size"}  # before world sizes were kept
+    assert cp.stale(older, keys=["k"], commit="c", kind="run") is None
+    assert "process(es)" in cp.stale(older, keys=["k"], commit="c", kind="run", world_size=2)
+
+
 class _Killed(BaseException):
     """Ends a seed batch where a kill would, right after a save: not an Exception, so the batch records nothing."""
 
@@ -290,3 +302,34 @@ def test_a_finished_batch_leaves_no_checkpoint_of_a_chain_of_resumes(tmp_path, m
     assert [r.execution["resumed_from_epoch"] for r in records] == [2, 2]  # from B, the newer
     assert sorted(p.name for p in cps.root.iterdir()) == [], "every seed of A and B is recorded: neither resumes anything now"
 
+
+def test_data_parallel_ranks_save_when_rank_zero_says_and_resume_their_own_generators(tmp_path):
+    """Saving is a collective: a rank whose own clock found the interval due while rank 0's did not (the minutes of
+    "25,10m" straddled by two ranks) must not save alone, or it would wait in the save's barrier while the others train.
+    And each rank resumes its own generators, which its shard of the data moved on by its own draws."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from harness.results.checkpoints import Interval
+    from harness.run.callbacks import ResumableRun, global_rng_state, set_global_rng_state
+
+    saved = []
+    rank_zero_says = SimpleNamespace(broadcast=lambda due, src=0: False)
+    trainer = SimpleNamespace(world_size=2, global_rank=1, should_stop=False, max_epochs=10, current_epoch=3, strategy=rank_zero_says,
+                              save_checkpoint=saved.append)
+    run = ResumableRun(str(tmp_path / "k.pt"), Interval(0, 1e-9), lambda epoch, resumes: {})  # due on this rank's clock
+    run.on_train_epoch_end(trainer, None)
+    assert saved == []
+    before = global_rng_state()
+    try:
+        torch.manual_seed(0)
+        zero = {"rng": global_rng_state(), "noise": {}}
+        torch.manual_seed(1)
+        one = {"rng": global_rng_state(), "noise": {}}
+        run.load_state_dict({"epoch": 4, "resumes": 0, **zero, "ranks": [zero, one]})
+        torch.manual_seed(2)
+        run.on_train_start(trainer, torch.nn.Linear(1, 1))
+        assert torch.equal(torch.get_rng_state(), one["rng"]["torch"])
+    finally:
+        set_global_rng_state(before)
