@@ -288,9 +288,11 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record]) 
                               "failed": sum(1 for s in own + base if s.key in records and records[s.key].status is not Status.OK),
                               "softmax": summarize(list(softmax.values()))}
     if source == "tuned":
-        from harness.plan.tuned import DEFAULT_ROOT, load_tuned
+        from harness.plan.planner import COMMITTED_PARAMS
+        from harness.plan.tuned import load_tuned
 
-        tuned = load_tuned(task, variant, DEFAULT_ROOT) or {}
+        # the checkout's committed parameters, as the planner read them, whatever the working directory
+        tuned = load_tuned(task, variant, COMMITTED_PARAMS) or {}
         trials = (tuned.get("tuning") or {}).get("trials") or {}
         result["tuning"] = {"trials": sum(trials.values()) if isinstance(trials, dict) else trials,
                             "metric": (tuned.get("validation") or {}).get("metric"), "kept_defaults": kept_defaults}

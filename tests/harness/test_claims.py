@@ -50,7 +50,7 @@ def measured(claims, plans, paper_gat):
     return _by_id(_board(claims, plans, records)), records
 
 
-def test_every_verdict_branch_on_synthetic_records(measured):
+def test_every_verdict_branch_on_synthetic_records(measured, paper_gat):
     rows, _ = measured
     assert rows["aa-gat-cora-gan"]["verdict"] == REPRODUCED                  # CI excludes 0, the paper's sign, Holm p < 0.05
     assert rows["aa-gat-cora-ct"]["verdict"] == INCONCLUSIVE                 # CI holds 0 and +0.80
@@ -66,10 +66,28 @@ def test_every_verdict_branch_on_synthetic_records(measured):
     assert "albert-base-v2" in rows["aa-glue-rte-gan"]["reason"] and "SUITE=glue-albert" in rows["aa-glue-rte-gan"]["reason"]
     assert rows["aa-glue-rte-gan-proxy"]["verdict"] == NOT_RUN_HERE and "glue-minilm" in rows["aa-glue-rte-gan-proxy"]["reason"]
     assert rows["bam-translation"]["verdict"] == NOT_RUN_HERE
-    for claim_id in ("bam-cora-weibull", "bam-citeseer-lognormal"):     # tuned rows: none committed at this suite's budget
-        assert rows[claim_id]["verdict"] == NOT_RUN_YET and "tune" in rows[claim_id]["reason"]
+    for claim_id, task, variant in (("bam-cora-weibull", "cora", "bam-weibull"), ("bam-citeseer-lognormal", "citeseer", "bam-lognormal")):
+        # a tuned claim is measured once the committed parameters plan its "(tuned)" row, and then from that row
+        tuned = [s for s in paper_gat.specs if s.task == task and s.label == f"{variant} (tuned)"]
+        assert (rows[claim_id]["verdict"] == NOT_RUN_YET) == (not tuned)
+        if tuned:
+            assert rows[claim_id]["attention"] == dict(tuned[0].attention)
     assert rows["gat-cora"]["verdict"] == REPRODUCED and rows["gat-citeseer"]["verdict"] == NOT_REPRODUCED
     assert rows["fenchel-dual"]["verdict"] == "structural"
+
+
+def test_a_tuned_claim_without_committed_parameters_is_not_run_yet_and_says_how(claims, plans, shared_data, tmp_path):
+    """The tuned rows read their parameters from a folder with none (as before `tune --promote`): every BAM
+    graph claim then waits, naming the command, whatever this checkout has committed."""
+    from harness.plan.planner import plan
+    from harness.plan.suite import load_suite
+
+    untuned = plan(load_suite("paper-gat"), str(shared_data), tuned_dir=tmp_path)
+    records = {r["key"]: Record.from_dict(r) for r in claim_records(untuned)}
+    rows = _by_id(_board(claims, {**plans, "paper-gat": untuned}, records))
+    for claim_id in ("bam-cora-weibull", "bam-cora-lognormal", "bam-citeseer-weibull", "bam-citeseer-lognormal"):
+        assert rows[claim_id]["verdict"] == NOT_RUN_YET, claim_id
+        assert "attnbench tune" in rows[claim_id]["reason"] and "--promote" in rows[claim_id]["reason"]
 
 
 def test_every_measured_claim_row_names_its_configuration_source(measured):
