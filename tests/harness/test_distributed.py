@@ -135,6 +135,7 @@ def test_ranks_see_the_same_lengths_at_every_step():
     assert sum(len(s) for s in shards) - len(set().union(*shards)) == 1
 
 
+@pytest.mark.slow  # two gloo processes trained three times: about 50 s, which the default run's 15 minutes cannot spare
 def test_a_killed_ddp_run_resumes_from_rank_zeros_checkpoint_to_the_unkilled_record(env, shared_data, tmp_path):
     """Issue 40 on 2 gloo processes: the run's process group is SIGKILLed (both ranks) right after rank 0 wrote the
     checkpoint of epoch 4; the re-run resumes both ranks from it (each with its own generators) and writes the record
