@@ -10,6 +10,8 @@ forced. Every file records its study's budget (finished trials and the task's ep
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -95,7 +97,9 @@ def promote(task: str, variant: str, source_root: str | Path, target_root: str |
                 f"({budget_text(budget_of(new))}; {'; '.join(larger)}); not replaced. Tune with at least that budget, "
                 "or add --force to replace it anyway")
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_suffix(".tmp")
-    temporary.write_text(source.read_text())
-    temporary.replace(target)
+    # a temp file of its own (not target.tmp): processes sharing a study may promote at the same moment
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=target.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(source.read_text())
+    os.replace(temporary, target)
     return target

@@ -40,7 +40,7 @@ from modules.tasks import get_task
 
 from harness.plan.spec import RunSpec, make_spec
 from harness.plan.tuned import runs_params_dir, study_budget, tuned_path
-from harness.results.store import runs_dir
+from harness.results.store import runs_dir, write_atomically
 from harness.run import distributed
 from harness.run.distributed import SINGLE, Distribution
 from harness.run.runner import fit_for_validation
@@ -372,7 +372,6 @@ def export(result: TuneResult, root: str | Path | None = None) -> Path:
         "study_storage": result.storage,
         "trained_with": result.task_params,
     }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(body, sort_keys=False))
-    tmp.replace(path)
-    return path
+    # a temp file of its own: processes sharing a study each export the best at their end, and one fixed temp
+    # name let one process's rename take away the file another was about to rename (FileNotFoundError)
+    return write_atomically(path, lambda fh: fh.write(yaml.safe_dump(body, sort_keys=False).encode()))
