@@ -295,8 +295,10 @@ class EntmaxAttention(AttentionKernel):
             return None
         if q.shape != k.shape or q.shape[-1] not in ADASPLASH_HEAD_DIMS:
             return None
+        if not (q.is_cuda or _adasplash_reference is not None):  # on CPU: no CUDA query, no import per call
+            return None
         library = adasplash_kernel()
-        if library is None or not (q.is_cuda or _adasplash_reference is not None):
+        if library is None:
             return None
         alpha = float(self.config.alpha)
         # AdaSplash scales the scores by d^-1/2 itself: a kernel called with another scale hands it q rescaled
