@@ -128,7 +128,11 @@ def check_counts(args) -> str | None:
     from harness.plan.machine import Machine
 
     if args.command == "bench" and args.workers is not None and args.launcher == "workers":
-        return Machine.here().worker_problem(args.workers, getattr(args, "workers_per_gpu", None) or 1)
+        machine = Machine.here()
+        # without --workers-per-gpu the plan's tasks set the share (commands/bench.py checks again then); here only
+        # what no share could allow is refused, before torch loads: more workers per GPU than CPU cores per GPU
+        per_gpu = getattr(args, "workers_per_gpu", None) or (max(1, machine.cores // machine.gpus) if machine.gpus else 1)
+        return machine.worker_problem(args.workers, per_gpu)
     if args.command == "scaling":
         try:
             counts = [int(n) for n in args.workers.split(",")]

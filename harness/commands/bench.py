@@ -13,10 +13,12 @@ NAME = "bench"
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(NAME, help="run a suite (skipping finished runs) and write its leaderboard")
     p.add_argument("--suite", default="quick", help="built-in suite name or a suite .yaml path (default: quick)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per GPU, else one per CPU core)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: --workers-per-gpu on each GPU, else one per CPU core)")
     p.add_argument("--devices", dest="bench_devices", type=int, default=None, help=argparse.SUPPRESS)  # renamed: see arguments.RENAMED
-    p.add_argument("--workers-per-gpu", type=int, default=1, metavar="K",
-                   help="K workers share each GPU (small launch-bound runs such as Cora; default: 1)")
+    p.add_argument("--workers-per-gpu", type=int, default=None, metavar="K",
+                   help="K workers share each GPU (default: what the suite's tasks declare from a measurement, e.g. 4 for "
+                        "launch-bound Cora, 1 for text; --dry-run prints the rule)")
     p.add_argument("--retry-failed", action="store_true", help="run failed runs again instead of keeping their records")
     p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching these comma-separated globs, e.g. 'softmax,bam-*'")
     p.add_argument("--leaderboard-dir", default=None,
@@ -42,12 +44,13 @@ def main(args) -> int:
     from harness.run.job_array import options_from_args
     from harness.run.worker_pool import default_workers
 
-    if args.workers_per_gpu < 1:
+    if args.workers_per_gpu is not None and args.workers_per_gpu < 1:
         raise ValueError(f"--workers-per-gpu must be at least 1, got {args.workers_per_gpu}")
+    rule = choose_workers_per_gpu(args)
     if args.workers is None:
         args.workers = default_workers(args.workers_per_gpu)
     if args.dry_run:
-        return _print_bench_plan(args)
+        return _print_bench_plan(args, rule)
     outcome = run_suite(
         args.suite,
         workers=args.workers,
@@ -73,7 +76,29 @@ def main(args) -> int:
     return 0
 
 
-def _print_bench_plan(args) -> int:
+def choose_workers_per_gpu(args) -> str:
+    """Set args.workers_per_gpu when the command line left it out, from the suite's tasks (machine.py
+    workers_per_gpu_rule), and check --workers against it; returns the rule in one line."""
+    from harness.plan.machine import Machine, workers_per_gpu_rule
+    from harness.plan.suite import load_suite
+    from modules.tasks import get_task
+
+    machine = Machine.here()
+    if args.workers_per_gpu is not None:
+        rule = f"{args.workers_per_gpu} per GPU (--workers-per-gpu)" if machine.gpus else "no GPU: one worker per CPU core"
+    elif args.launcher != "workers":
+        args.workers_per_gpu, rule = 1, f"one GPU per submitit task ({args.launcher})"
+    else:
+        tasks = {task.name for task in load_suite(args.suite).tasks}
+        args.workers_per_gpu, rule = workers_per_gpu_rule({name: get_task(name).runs_per_gpu for name in tasks}, machine)
+    if args.workers is not None and args.launcher == "workers":
+        problem = machine.worker_problem(args.workers, args.workers_per_gpu)
+        if problem:
+            raise ValueError(f"{problem} ({rule})")
+    return rule
+
+
+def _print_bench_plan(args, rule: str = "") -> int:
     from harness.plan.planner import plan
     from harness.report.preview import NO_CHECKPOINT, format_table, preview_runs, read_records, this_device
     from harness.plan.suite import load_suite
@@ -92,7 +117,8 @@ def _print_bench_plan(args) -> int:
     # bench would refuse with (a dry run trains nothing, so it exits 0).
     missing = the_plan.missing_checkpoints()
     rows = preview_runs(the_plan.specs, read_records(runs_dir(args.runs_dir)), this_device(), args.retry_failed, missing)
-    print(format_table(rows, args.workers))
+    # the rule ends the summary line, which scripts read as the table's last line
+    print(format_table(rows, args.workers) + (f"; workers: {args.workers} ({rule})" if rule else ""))
     blocked = [r.key for r in rows if r.status == NO_CHECKPOINT]
     if blocked:
         print(f"attnbench: {len(blocked)} run(s) marked '{NO_CHECKPOINT}': without their checkpoint a real bench refuses the suite "

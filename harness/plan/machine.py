@@ -11,6 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 """One folder per GPU the NVIDIA driver manages."""
@@ -90,3 +91,21 @@ def gpu_sharing(workers: int, gpus: int) -> int:
     """Workers per GPU when `workers` are dealt over `gpus` (1 without GPUs): what `scaling --workers 1,2,4`
     on a one-GPU node measures."""
     return max(1, -(-workers // gpus)) if gpus else 1
+
+
+def workers_per_gpu_rule(runs_per_gpu: Mapping[str, int], machine: Machine) -> tuple[int, str]:
+    """bench's default workers per GPU for a plan whose tasks declare `runs_per_gpu` (modules/tasks/base.py, each
+    from a measurement of how busy one run keeps a GPU), and the rule in one line for `bench --dry-run` and the log.
+
+    The smallest of the tasks' values: any worker may take any run of the plan, so the task that fills a GPU
+    most sets the share. At most the CPU cores per GPU: a worker drives its GPU from one core (kernel launches,
+    the data loader), and a launch-bound run is exactly the kind that wants a core of its own."""
+    if not machine.gpus:
+        return 1, "no GPU: one worker per CPU core"
+    named = ", ".join(f"{task} {count}" for task, count in sorted(runs_per_gpu.items())) or "none"
+    wanted = min(runs_per_gpu.values(), default=1)
+    cap = max(1, machine.cores // machine.gpus)
+    share = max(1, min(wanted, cap))
+    capped = f", capped at the {cap} CPU core(s) per GPU" if wanted > cap else ""
+    return share, (f"{share} per GPU: the fewest runs per GPU among the plan's tasks ({named}){capped}; "
+                   f"--workers-per-gpu K overrides")

@@ -72,6 +72,10 @@ class Task:
     seed_batching: ClassVar[str | None] = "its host has no seed axis"
     """None when S seeds of one configuration can train as one seed-batched model (`train_seed_batch`);
     otherwise, in one line, why each seed runs alone (shown by `describe`)."""
+    runs_per_gpu: ClassVar[int] = 1
+    """How many of this task's runs (a seed batch counts as one) share one GPU by default: bench's workers per GPU
+    are the fewest among a plan's tasks (harness/plan/machine.py workers_per_gpu_rule). Set it from a
+    measurement of how busy one run keeps a GPU, and say which in a comment; 1, a GPU per run, where none was made."""
 
     def __init__(self, name: str, preset: Mapping[str, Any]):
         self.name = name

@@ -54,6 +54,10 @@ class PlanetoidTask(Task):
     metrics = (Metric("test/acc"), Metric("test/macro_f1"))
     monitor = Metric("val/loss", higher_is_better=False)
     seed_batching = None  # modules/hosts/gat_seed_batch.py
+    # Measured on an H100 (leaderboards/gpu-perf/nvidia-h100-80gb-hbm3.md, section c): a lone Cora epoch takes 39 ms,
+    # while 20 seeds batched take 12.4 ms per epoch for all of them, so a lone run leaves the GPU idle for all but a
+    # few percent of its time (launch-bound). 4 rather than more: each worker also needs a CPU core to launch.
+    runs_per_gpu = 4
 
     def train_seed_batch(self, params: GATParams, datamodule, modules, rules, on_finished) -> None:
         from ..lit.node_classification_seed_batch import fit_seed_batch

@@ -67,7 +67,13 @@ def test_counts_beyond_a_gpu_less_two_core_machine_are_refused(argv, line, two_c
 @pytest.mark.parametrize(
     "argv, line",
     [
-        (_bench("--workers", "5"), "--workers 5: this machine has 32 CPU cores and 4 GPUs; at most 4 workers (one per GPU)"),
+        (_bench("--workers", "5", "--workers-per-gpu", "1"),
+         "--workers 5: this machine has 32 CPU cores and 4 GPUs; at most 4 workers (one per GPU)"),
+        # without --workers-per-gpu no share beyond the cores per GPU could allow it: refused before torch loads
+        (_bench("--workers", "33"), "--workers 33: this machine has 32 CPU cores and 4 GPUs; at most 32 workers x 8 per GPU"),
+        # within the cores, but beyond the share quick's graph tasks declare (4 per GPU): refused once the plan is read
+        (_bench("--workers", "17"), "at most 16 workers x 4 per GPU (4 per GPU: the fewest runs per GPU among the plan's tasks "
+                                    "(citeseer 4, cora 4); --workers-per-gpu K overrides)"),
         (["run", "cora", "softmax", "--strategy", "ddp", "--devices", "8"],
          "--devices 8: this machine has 32 CPU cores and 4 GPUs; DDP runs one process per GPU, so at most --devices 4"),
     ],
@@ -85,6 +91,29 @@ def test_counts_within_the_machine_pass():
     assert gpu.worker_problem(8, workers_per_gpu=2) is None
     assert "at most 8 workers x 2 per GPU" in gpu.worker_problem(9, workers_per_gpu=2)
     assert cpu.ddp_problem(5, "auto") is None  # one device without ddp: harness/run/distributed.py words that refusal
+
+
+def test_workers_per_gpu_follow_the_tasks_that_fill_a_gpu_most_within_the_cores():
+    launch_bound, fills_a_gpu = {"cora": 4, "citeseer": 4}, {"cora": 4, "glue-rte": 1}
+    assert machine.workers_per_gpu_rule(launch_bound, Machine(cores=16, gpus=1))[0] == 4
+    assert machine.workers_per_gpu_rule(fills_a_gpu, Machine(cores=16, gpus=1)) == (
+        1, "1 per GPU: the fewest runs per GPU among the plan's tasks (cora 4, glue-rte 1); --workers-per-gpu K overrides")
+    share, rule = machine.workers_per_gpu_rule(launch_bound, Machine(cores=8, gpus=4))
+    assert share == 2 and "capped at the 2 CPU core(s) per GPU" in rule
+    assert machine.workers_per_gpu_rule(launch_bound, Machine(cores=2, gpus=0)) == (1, "no GPU: one worker per CPU core")
+
+
+@pytest.mark.parametrize("suite, share", [("quick", 4), ("glue-quick", 1)])
+def test_bench_dry_run_states_the_workers_per_gpu_rule(suite, share, monkeypatch, capsys, tmp_path):
+    from harness.run import worker_pool
+
+    monkeypatch.setattr(Machine, "here", classmethod(lambda cls: Machine(cores=16, gpus=1)))
+    monkeypatch.setattr(worker_pool, "visible_gpus", lambda: ["0"])
+    assert main(["bench", "--suite", suite, "--dry-run", *_folders(tmp_path)]) == 0
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert f"; workers: {share} ({share} per GPU: the fewest runs per GPU among the plan's tasks (" in summary
+    assert main(["bench", "--suite", suite, "--dry-run", "--workers-per-gpu", "3", *_folders(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("; workers: 3 (3 per GPU (--workers-per-gpu))")
 
 
 def test_gpus_are_counted_from_cuda_visible_devices_as_cuda_reads_it(monkeypatch):
