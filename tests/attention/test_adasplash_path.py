@@ -1,7 +1,8 @@
 """Issue 37: sparsemax and entmax15 take AdaSplash's fused kernel where its contract fits, the eager path
 elsewhere. AdaSplash's Triton kernels need CUDA, so on CPU a reference with its signature stands in for it:
 what is checked here is the plumbing (when the path is chosen, q's rescaling, autocast, the record); the
-kernel itself is checked against eager by the `gpu` test below and by `make gpu-perf`."""
+kernel itself is checked against eager under the Triton interpreter (test_adasplash_interpreted.py), by the
+`gpu` test below and by `make gpu-perf`."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ B, H, L, D = 2, 3, 10, 16
 
 def reference(q, k, v, alpha=1.5, is_causal=False, varlen=None, niter=10):
     """AdaSplash's contract in plain torch: entmax_alpha(q k^T / sqrt(d)) v."""
-    assert not is_causal and varlen is None and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    assert not is_causal and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    # AdaSplash asserts a power-of-two length unless it is given every sequence's length (entmax.py: and below 128)
+    length = q.shape[-2]
+    if varlen is None:
+        assert length >= 128 and length & (length - 1) == 0
+    else:
+        assert varlen.dtype == torch.int32 and varlen.tolist() == [length] * q.shape[0]
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     return entmax.entmax_bisect(scores.float(), alpha, dim=-1, n_iter=50).to(v.dtype) @ v
 
