@@ -60,6 +60,10 @@ CORRECTNESS = [
     # AdaSplash takes no boolean mask (entmax.py): its batches are unpadded
     ({"name": "sparsemax"}, False, False),
     ({"name": "entmax15"}, False, False),
+    # query blocks (kernel.py query_block_rows), forced to 16 rows: what long sequences run on CUDA
+    ({"name": "entmax"}, True, True),
+    ({"name": "bam-weibull"}, False, True),
+    ({"name": "bam-lognormal"}, True, True),
 ]
 """(config, causal, padded): the fused forms to check."""
 
@@ -127,6 +131,8 @@ def _case(config: dict, causal: bool, dtype, padded: bool = True):
 
     torch.manual_seed(0)
     kernel = build_attention(config, num_heads=4, head_dim=DIM, site=AttentionSite("text", "self", sequence=True)).to(DEVICE).train()
+    if kernel.stochastic:
+        kernel.draw_noise = held_noise  # every path of the check then samples the same weights
     with torch.no_grad():  # off the initial values, so that every term of the fused form counts
         for p in kernel.parameters():
             p.add_(0.2 * torch.randn_like(p))
@@ -140,9 +146,26 @@ def _case(config: dict, causal: bool, dtype, padded: bool = True):
     return kernel, q, k, v, DenseGroups.from_key_padding(valid, causal=causal)
 
 
+BLOCK_ROWS = 16
+"""Queries per block where the check forces query blocks (at L = 64 the budget rule would keep calls whole)."""
+
+
+def held_noise(like, distribution: str = "uniform"):
+    """A stochastic kernel's noise as a function of the value it perturbs: the same for a row whether the call
+    runs whole or in query blocks (which draw in another order), so that the two can be compared."""
+    import math
+
+    import torch
+
+    u = torch.frac(torch.sin(like.detach().float() * 12.9898 + 0.5) * 43758.5453).clamp(1e-6, 1 - 1e-6).to(like.dtype)
+    return u if distribution == "uniform" else torch.erfinv(2 * u - 1) * math.sqrt(2)
+
+
 def _fused_paths(kernel, q, k, groups):
-    """{path: function (q, k, v) -> output} for every fused path the kernel offers here."""
-    from modules.attention.kernel import flex_on_cpu, run_flex
+    """{path: function (q, k, v) -> output} for every fused path the kernel offers here, and its query blocks
+    where it is row-separable."""
+    from modules.attention.groups import DenseGroups
+    from modules.attention.kernel import flex_on_cpu, query_blocks, run_flex
 
     scale = DIM ** -0.5
     paths = {}
@@ -157,6 +180,10 @@ def _fused_paths(kernel, q, k, groups):
     def library(q, k, v):
         return kernel.fused_attention(q, k, groups, scale=scale).library.run(v)
 
+    def blocked(q, k, v):
+        with query_blocks(BLOCK_ROWS):
+            return kernel(q, k, v, groups, scale=scale, need_weights=False)[0]
+
     with flex_on_cpu(False):
         fused = kernel.fused_attention(q, k, groups, scale=scale)
     if fused is not None and fused.library is not None:
@@ -165,6 +192,9 @@ def _fused_paths(kernel, q, k, groups):
         paths["sdpa"] = sdpa
         if fused.flex is not None:
             paths["flex"] = flex
+    # blocks replace the eager path only: where a library form fits (AdaSplash, unmasked), the call takes that
+    if getattr(kernel, "row_separable", False) and isinstance(groups, DenseGroups) and (fused is None or fused.library is None):
+        paths["blocked"] = blocked
     return paths
 
 

@@ -335,6 +335,14 @@ class DenseGroups(Groups):
     def rows_are_dense(self) -> bool:
         return True
 
+    def query_rows(self, rows: slice) -> "DenseGroups":
+        """The groups of the queries `rows` only (their logits [B, H, len(rows), Lk]): what a kernel call that
+        runs in query blocks (kernel.py, `AttentionKernel.row_separable`) hands each block."""
+        mask = self.mask
+        if mask is not None and mask.shape[-2] > 1:
+            mask = mask[..., rows, :]
+        return DenseGroups(mask, None if self.query_valid is None else self.query_valid[:, rows])
+
     def max_if_cheap(self, x: Tensor) -> Tensor | None:
         return self.reduce(x, "max")
 

@@ -74,9 +74,74 @@ class LibraryForm:
     fits: Callable[[Tensor], bool] = lambda v: True
 
 
-PATHS = ("sdpa", "flex", "adasplash", "eager")
+PATHS = ("sdpa", "flex", "adasplash", "blocked", "eager")
 """How a kernel call ran: torch SDPA on a FusedAttention, FlexAttention on its FlexForm, a library kernel on
-its LibraryForm (adasplash for α-entmax), or the weights materialised (`normalize` then `aggregate`)."""
+its LibraryForm (adasplash for α-entmax), the weights materialised one block of queries at a time and
+recomputed in the backward (`query_block_rows`), or the weights materialised (`normalize` then `aggregate`)."""
+
+BLOCK_BUDGET_ENV = "ATTNBENCH_WEIGHTS_BUDGET_MB"
+WEIGHTS_BUDGET_MB = 1024
+"""Above this many MiB for one [B, H, Lq, Lk] float32 tensor, a row-separable kernel's eager call on CUDA runs
+in query blocks of at most this size (BLOCK_BUDGET_ENV overrides it). The first gpu-perf on an H100 ran out of
+memory with the materialising variants at L = 2048 (B = 32, H = 12: 6.4 GB a tensor) and L = 8192 (B = 4:
+12.9 GB), where entmax and BAM keep several such tensors for the backward; at L = 512 (0.4 GB) the call stays
+whole, as measured there. Blocks cost one more forward of the block in the backward (checkpointing)."""
+
+_forced_block_rows: int | None = None
+
+
+@contextmanager
+def query_blocks(rows: int | None) -> Iterator[None]:
+    """Run row-separable kernels' eager calls in blocks of `rows` queries on any device (tests, CPU memory
+    measurements); None: the rule of `query_block_rows`."""
+    global _forced_block_rows
+    previous, _forced_block_rows = _forced_block_rows, rows
+    try:
+        yield
+    finally:
+        _forced_block_rows = previous
+
+
+def query_block_rows(kernel: "AttentionKernel", groups: Groups, q: Tensor, k: Tensor) -> int | None:
+    """Queries per block for a call that forms the weights but need not return them, or None (one piece):
+    only for a kernel that declares itself `row_separable`, on dense groups, and on CUDA when one [B, H, Lq, Lk]
+    float32 tensor would pass WEIGHTS_BUDGET_MB (or wherever `query_blocks` forces it)."""
+    if not getattr(kernel, "row_separable", False) or not isinstance(groups, DenseGroups):
+        return None
+    num_queries = q.shape[-2]
+    if _forced_block_rows is not None:
+        return _forced_block_rows if _forced_block_rows < num_queries else None
+    if not q.is_cuda:
+        return None
+    budget = float(os.environ.get(BLOCK_BUDGET_ENV, WEIGHTS_BUDGET_MB)) * 2**20
+    row_bytes = 4 * q.shape[0] * q.shape[1] * k.shape[-2]
+    if row_bytes * num_queries <= budget:
+        return None
+    return max(16, int(budget // row_bytes))
+
+
+def _replaying(fn: Callable[..., Any], generator: torch.Generator | None) -> Callable[..., Any]:
+    """`fn` as checkpointing recomputes it: the recomputation draws what the forward drew from `generator` (a
+    run's own stream, which checkpoint's RNG preservation does not cover: it restores torch's global ones), and
+    leaves the generator where it was, so that later draws are not repeated."""
+    if generator is None:
+        return fn
+    start = generator.get_state()
+    calls = 0
+
+    def run(*args):
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return fn(*args)
+        now = generator.get_state()
+        generator.set_state(start)
+        try:
+            return fn(*args)
+        finally:
+            generator.set_state(now)
+
+    return run
 
 _flex_on_cpu = False
 
@@ -370,6 +435,13 @@ class AttentionKernel(nn.Module):
     mechanism_rule: ClassVar[str] = "any"
     """'any': the mechanism is active when any ruled diagnostic says so; 'all': when every one does."""
 
+    row_separable: ClassVar[bool] = False
+    """True if each query's weights depend on its own row of logits (and on the keys) only, and every aux loss and
+    diagnostic `normalize` returns is a mean over the valid queries, or over the valid (query, key) pairs for
+    the names in `pair_means`. Then a call that need not return the weights may run in query blocks
+    (`query_block_rows`: on CUDA when the weights would not fit), each block's means weighted by its count."""
+    pair_means: ClassVar[tuple[str, ...]] = ()
+
     def measures(self, name: str) -> bool:
         """Whether to compute the declared diagnostic `name` in this call (in training too: it is a curve)."""
         return _mechanism_diagnostics_on and any(d.name == name and d.loss_share is None for d in self.mechanism)
@@ -443,7 +515,12 @@ class AttentionKernel(nn.Module):
             fused = self.fused_attention(q, k, groups, scale=scale)
         dropout_p = dropout_p if self.training else 0.0
         path = select_path(fused, groups, q, need_weights=need_weights, dropout_p=dropout_p, v=v)
+        rows = query_block_rows(self, groups, q, k) if path == "eager" and not need_weights else None
+        if rows is not None:
+            path = "blocked"
         self._record_path(path)
+        if path == "blocked":
+            return self._blocked(q, k, v, groups, scale, dropout_p, rows)
         if fused is not None and fused.library is not None and path == fused.library.path:
             return fused.library.run(v), AttentionResult(None, fused.aux_losses, fused.diagnostics)
         if path == "flex":
@@ -451,11 +528,57 @@ class AttentionKernel(nn.Module):
         if path == "sdpa":
             out = groups.fused_attention(fused.q, fused.k, v, bias=fused.bias, scale=fused.scale, dropout_p=dropout_p)
             return out, AttentionResult(None, fused.aux_losses, fused.diagnostics)
+        return self._eager(q, k, v, groups, scale, dropout_p)
+
+    def _eager(self, q: Tensor, k: Tensor, v: Tensor, groups: Groups, scale: float, dropout_p: float) -> tuple[Tensor, AttentionResult]:
         logits = self.score(q, k, groups, scale=scale)
         values = {"v": v} if self.needs_values else {}
         result = self.normalize(logits, groups, q=q, k=k, **values)
         weights = F.dropout(result.weights, dropout_p, self.training) if dropout_p > 0 else result.weights
         return groups.aggregate(weights, v), result
+
+    def _blocked(self, q: Tensor, k: Tensor, v: Tensor, groups: DenseGroups, scale: float, dropout_p: float,
+                 rows: int) -> tuple[Tensor, AttentionResult]:
+        """The eager call one block of `rows` queries at a time, each checkpointed (torch.utils.checkpoint keeps
+        a block's inputs, not its [B, H, rows, Lk] intermediates, and recomputes them in the backward), so that
+        at most one block's weights exist at once. Means merge weighted by each block's valid queries (pairs for
+        `pair_means`); the weights are not returned (a call that needs them is never blocked)."""
+        from torch.utils.checkpoint import checkpoint
+
+        def block_call(part: DenseGroups):
+            def call(q_part: Tensor, k_: Tensor, v_: Tensor):
+                out, result = self._eager(q_part, k_, v_, part, scale, dropout_p)
+                return out, result.aux_losses, result.diagnostics
+            return call
+
+        batch, heads, num_queries, num_keys = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
+        outputs, parts = [], []
+        for start in range(0, num_queries, rows):
+            block = slice(start, min(start + rows, num_queries))
+            part = groups.query_rows(block)
+            out, aux, diagnostics = checkpoint(_replaying(block_call(part), self.noise_generator), q[..., block, :], k, v,
+                                               use_reentrant=False, preserve_rng_state=True)
+            size = block.stop - block.start
+            valid = part.valid_queries
+            # counts in float32 (bf16 would round them); the pairs unclamped, so that a block without any weighs 0
+            queries = (torch.tensor(float(batch * heads * size), device=q.device) if valid is None
+                       else valid.expand(batch, heads, size).sum().float())
+            like = q.new_zeros((), dtype=torch.float32).expand(batch, heads, size, num_keys)
+            pairs = part.sum_over_pairs(like.new_ones((1, 1, 1, 1)), like) if self.pair_means else None
+            outputs.append(out)
+            parts.append((aux, diagnostics, queries, pairs))
+
+        def merged(which: int) -> dict[str, Tensor]:
+            names = parts[0][which].keys()
+            out = {}
+            for name in names:
+                dtype = torch.promote_types(parts[0][which][name].dtype, torch.float32)
+                weights = [(p[3] if name in self.pair_means else p[2]).to(dtype) for p in parts]
+                total = sum(w * p[which][name].to(dtype) for w, p in zip(weights, parts))
+                out[name] = (total / torch.stack(weights).sum().clamp_min(1)).to(parts[0][which][name].dtype)
+            return out
+
+        return torch.cat(outputs, dim=-2), AttentionResult(None, merged(0), merged(1))
 
     def _record_path(self, path: str) -> None:
         # the set is touched only on a change: no cost in a steady training step; a plugin kernel built without

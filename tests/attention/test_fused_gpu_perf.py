@@ -35,6 +35,15 @@ def test_the_correctness_check_compares_weights_output_and_gradients_on_cpu_sdpa
     assert set(errors) == {"sdpa"} and errors["sdpa"] <= gpu_perf.TOLERANCE["fp32"]
 
 
+@pytest.mark.parametrize("config,causal", [({"name": "entmax"}, True), ({"name": "bam-weibull"}, False),
+                                          ({"name": "bam-lognormal"}, True), ({"name": "sparsemax"}, False)], ids=str)
+def test_the_correctness_check_compares_query_blocks_with_the_whole_call(monkeypatch, config, causal):
+    """Row-separable kernels are checked in query blocks against the whole eager call, BAM's samples held equal."""
+    monkeypatch.setattr(gpu_perf, "DEVICE", "cpu")
+    errors = gpu_perf.check(config, causal, "fp32")
+    assert set(errors) == {"blocked"} and errors["blocked"] <= gpu_perf.TOLERANCE["fp32"]
+
+
 def test_a_broken_fused_path_is_reported_as_failed(monkeypatch):
     monkeypatch.setattr(gpu_perf, "DEVICE", "cpu")
     real = gpu_perf._fused_paths

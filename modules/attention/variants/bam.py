@@ -346,6 +346,11 @@ class BayesianAttention(AttentionKernel):
                 "dropout (which zeroes 60% of them); a Weibull at k=1000 gives ~5e-4"),
     )
     mechanism_rule = "all"
+    row_separable = True
+    """Each query's weights are sampled from its own row (the prior reads the keys only): a long call on CUDA may
+    run in query blocks, recomputed in the backward (kernel.py `query_block_rows`). The KL is a mean over the
+    valid pairs, so blocks merge it weighted by their pairs; the KL stays exact."""
+    pair_means = ("kl",)
 
     def __init__(self, config: BAMConfig, shape: HeadShape):
         super().__init__(config, shape)

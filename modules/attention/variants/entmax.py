@@ -249,6 +249,9 @@ class EntmaxAttention(AttentionKernel):
     """α → 1: p_i ∝ [1 + (α-1)(z_i - τ')]_+^{1/(α-1)} → exp(z_i - τ'), a relative error of about
     (α-1) z²/2, i.e. ~1e-4 for the contract test's logits."""
     softmax_limit_atol = 1e-3
+    row_separable = True
+    """Each query's τ comes from its own row; the diagnostics are means over queries. Where AdaSplash cannot run
+    (learned α, a mask) a long call on CUDA materialises the weights one block of queries at a time."""
 
     def __init__(self, config: EntmaxConfig, shape: HeadShape):
         super().__init__(config, shape)
