@@ -157,7 +157,8 @@ def held_noise(like, distribution: str = "uniform"):
 
     import torch
 
-    u = torch.frac(torch.sin(like.detach().float() * 12.9898 + 0.5) * 43758.5453).clamp(1e-6, 1 - 1e-6).to(like.dtype)
+    precise = torch.promote_types(like.dtype, torch.float32)
+    u = torch.frac(torch.sin(like.detach().to(precise) * 12.9898 + 0.5) * 43758.5453).clamp(1e-6, 1 - 1e-6).to(like.dtype)
     return u if distribution == "uniform" else torch.erfinv(2 * u - 1) * math.sqrt(2)
 
 

@@ -6,11 +6,10 @@ itself row-separable, plugins included."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
+from harness.studies.gpu_perf import held_noise  # noise that is a function of the value it perturbs: equal whole or in blocks
 from modules.attention import DenseGroups, attention_entry, list_attentions
 from modules.attention.contract import SCALE, kernel_for, make_problem
 from modules.attention.kernel import query_block_rows, query_blocks
@@ -22,13 +21,6 @@ def test_the_materialising_builtins_are_row_separable():
     assert {"sparsemax", "entmax15", "entmax", "bam-weibull", "bam-lognormal"} <= set(ROW_SEPARABLE)
     # gmm's EM sums over queries per key, and fenchel-exact's solver couples rows: neither may be split by queries
     assert not {"gmm", "fenchel-exact"} & set(ROW_SEPARABLE)
-
-
-def held_noise(like, distribution="uniform"):
-    """Noise that is a function of the value it perturbs: the same for a row whether it is drawn whole or in
-    blocks, so that the two can be compared in training mode."""
-    u = torch.frac(torch.sin(like.detach() * 12.9898 + 0.5) * 43758.5453).clamp(1e-6, 1 - 1e-6)
-    return u if distribution == "uniform" else torch.erfinv(2 * u - 1) * math.sqrt(2)
 
 
 def _groups(kind, key_valid, length):
