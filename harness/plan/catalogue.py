@@ -197,6 +197,11 @@ def _stat_line(path: Path) -> str:
     return f"{path} {stat.st_size} {stat.st_mtime_ns}\n"
 
 
+COMMITTED_PARAMS_DIR = Path(__file__).resolve().parents[2] / "leaderboards" / "params"
+"""What planner.COMMITTED_PARAMS names (harness/plan/tuned.py DEFAULT_ROOT in this checkout), without importing the
+planner: a suite's `tuned` rows read it when no other folder is given."""
+
+
 def plan_snapshot_file(suite_file: Path, data_root: str | None, tuned_dir: str | Path | None) -> Path:
     digest = hashlib.sha256(f"{PLAN_FORMAT} {fingerprint()} {data_root}\n".encode())
     digest.update(suite_file.read_bytes())
@@ -206,10 +211,11 @@ def plan_snapshot_file(suite_file: Path, data_root: str | None, tuned_dir: str |
         root = Path(data_root)
         for path in [root, *sorted(root.iterdir())]:
             digest.update(_stat_line(path).encode())
-    if tuned_dir is not None:
-        digest.update(b"tuned\n")
-        for path in sorted(Path(tuned_dir).rglob("*.yaml")):
-            digest.update(_stat_line(path).encode())
+    # the tuned parameters decide the "(tuned)" rows: those of --params-dir, or else the committed ones, which a
+    # suite's `tuned` list reads (a snapshot keyed without them kept planning no CiteSeer row after its promote)
+    digest.update(b"tuned\n" if tuned_dir is not None else b"committed\n")
+    for path in sorted(Path(tuned_dir if tuned_dir is not None else COMMITTED_PARAMS_DIR).rglob("*.yaml")):
+        digest.update(_stat_line(path).encode())
     return cache_root() / "plans" / f"{suite_file.stem}-{digest.hexdigest()[:20]}.json"
 
 

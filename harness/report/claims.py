@@ -294,7 +294,10 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record]) 
         # the checkout's committed parameters, as the planner read them, whatever the working directory
         tuned = load_tuned(task, variant, COMMITTED_PARAMS) or {}
         trials = (tuned.get("tuning") or {}).get("trials") or {}
-        result["tuning"] = {"trials": sum(trials.values()) if isinstance(trials, dict) else trials,
+        # the budget counts finished trials (complete or pruned), as `tune` does; failed ones (a killed process's
+        # trial, retried, or a diverged configuration) are named beside it, not counted in it
+        result["tuning"] = {"trials": trials.get("complete", 0) + trials.get("pruned", 0) if isinstance(trials, dict) else trials,
+                            "failed": trials.get("fail", 0) if isinstance(trials, dict) else 0,
                             "metric": (tuned.get("validation") or {}).get("metric"), "kept_defaults": kept_defaults}
     if claim["kind"] == "baseline":
         result["measure"] = summarize(list(softmax.values()))
@@ -532,7 +535,9 @@ def config_text(row: Mapping[str, Any]) -> str:
         return "—"
     if source == "tuned" and row.get("tuning"):
         kept = "; the defaults won" if row["tuning"].get("kept_defaults") else ""
-        return f"tuned ({row['tuning']['trials']} trials, {row['tuning']['metric']}{kept})"
+        failed = row["tuning"].get("failed") or 0
+        failed = f"; {failed} more failed (killed and retried, or diverged)" if failed else ""
+        return f"tuned ({row['tuning']['trials']} trials, {row['tuning']['metric']}{kept}{failed})"
     return source
 
 

@@ -73,6 +73,25 @@ def test_no_snapshot_is_kept_when_a_baseline_s_data_does_not_load(tmp_path, monk
     assert catalogue.load_plan(path) is None
 
 
+def test_a_snapshot_is_keyed_by_the_committed_tuned_parameters(tmp_path, monkeypatch):
+    """A suite's `tuned` rows read the committed parameters: promoting one must plan afresh (a snapshot keyed
+    without them kept the old plan, and its board lacked the new "(tuned)" rows)."""
+    from harness.plan import catalogue
+    from harness.plan.suite import suite_path
+
+    monkeypatch.setattr(catalogue, "COMMITTED_PARAMS_DIR", tmp_path / "params")
+    (tmp_path / "params" / "cora").mkdir(parents=True)
+    (tmp_path / "params" / "cora" / "bam-weibull.yaml").write_text("task: cora\n")
+    before = catalogue.plan_snapshot_file(suite_path("paper-gat"), None, None)
+    (tmp_path / "params" / "citeseer").mkdir()
+    (tmp_path / "params" / "citeseer" / "bam-weibull.yaml").write_text("task: citeseer\n")
+    assert catalogue.plan_snapshot_file(suite_path("paper-gat"), None, None) != before
+    # --params-dir names another folder: that one keys the snapshot
+    other = tmp_path / "other"
+    other.mkdir()
+    assert catalogue.plan_snapshot_file(suite_path("paper-gat"), None, other) != before
+
+
 def _committed_quick_record():
     """A committed record of the quick suite (cora, softmax, seed 0) and the `run` flags that name it."""
     from harness.plan.planner import plan_runs
