@@ -179,9 +179,13 @@ class FollowRankZeroPruning(Callback):
 
 
 MAX_HISTORY_POINTS = 60
-"""Points per learning curve in a record. Longer fits are averaged in blocks of consecutive epochs, the block
-size fixed by max_epochs so that every seed of a task has the same blocks; 60 points draw a curve faithfully
-and keep a 300-epoch record near 4 KB (per-epoch series made Cora records ~15 KB)."""
+"""Most points per learning curve in a record. Longer fits are averaged in blocks of consecutive epochs, the
+block size the smallest power of two that brings the epochs run within this many points. 60 points draw a curve
+faithfully and keep a 300-epoch record near 4 KB (per-epoch series made Cora records ~15 KB).
+
+Why from the epochs run, not max_epochs (the rule until issue 35): an early-stopped fit under a huge cap (paper-gat:
+100,000 epochs, GAT's patience rule) got blocks of 1,667 epochs, so its curves were one point. Powers of two
+nest, so two seeds' curves still share block edges: the finer one merges pairwise into the coarser one's blocks."""
 
 
 class History(Callback):
@@ -194,10 +198,6 @@ class History(Callback):
         self._train: dict[str, list] = {}
         self._val: dict[str, float] = {}
         self._start = 0.0
-        self._max_epochs: int | None = None
-
-    def on_fit_start(self, trainer, pl_module) -> None:
-        self._max_epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._start = time.perf_counter()
@@ -236,7 +236,7 @@ class History(Callback):
         floats to 4 significant digits; None before the first epoch ended."""
         if not self.epochs:
             return None
-        block = max(1, math.ceil((self._max_epochs or len(self.epochs)) / MAX_HISTORY_POINTS))
+        block = history_block(len(self.epochs))
         names = sorted({name for row in self.epochs for name in row})
         history: dict[str, list] = {"epoch": []}
         for name in names:
@@ -248,6 +248,14 @@ class History(Callback):
                 values = [row[name] for row in rows if name in row and math.isfinite(row[name])]
                 history[name].append(float(f"{sum(values) / len(values):.4g}") if values else None)
         return history
+
+
+def history_block(epochs: int) -> int:
+    """Epochs per point of a record's curves: the smallest power of two giving at most MAX_HISTORY_POINTS points."""
+    block = 1
+    while math.ceil(epochs / block) > MAX_HISTORY_POINTS:
+        block *= 2
+    return block
 
 
 def final_diagnostics(rows: list[dict[str, float]]) -> dict[str, float]:

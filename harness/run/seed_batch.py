@@ -174,7 +174,7 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
             if progress:
                 progress.finished(outcome.index)
             spec = specs[outcome.index]
-            history = _compact(outcome.history, params.max_epochs)
+            history = _compact(outcome.history)
             fields = measured(outcome.epochs, outcome.fit_time_s, history, outcome.batch_epoch_s)
             if outcome.error is not None:
                 record(outcome.index, Record.failed(spec, outcome.error, **fields))
@@ -254,11 +254,10 @@ def _checkpointing(specs: Sequence[RunSpec], checkpoints, commit: str | None):
     return Checkpointing(due=checkpoints.interval.due, save=save, resume=resumed), resumed_path, resumed
 
 
-def _compact(rows: list[dict[str, float]], max_epochs: int):
+def _compact(rows: list[dict[str, float]]):
     """The record's history in the lone run's compact form (harness/run/callbacks.py History)."""
     from harness.run.callbacks import History
 
     history = History()
     history.epochs = rows
-    history._max_epochs = max_epochs
     return history.compact()

@@ -647,6 +647,17 @@ def _fixed_directions(dim: int, device: torch.device, dtype: torch.dtype) -> Ten
     return _projections[key]
 
 
+def _sorted_points(values: Tensor) -> Tensor:
+    """values [C, n, P] sorted along n. On CPU by NumPy: its SIMD sort (x86-simd-sort) took 3.4 ms where torch's
+    took 58 ms on Cora's first layer (8 heads x 32 directions x 2708 points, one thread, Intel Xeon), and the
+    diagnostic runs every epoch: torch's sort made a Cora epoch ~4x slower. Both give the same order."""
+    if values.device.type != "cpu":
+        return values.sort(dim=1).values
+    import numpy as np
+
+    return torch.from_numpy(np.sort(values.transpose(1, 2).numpy(), axis=-1)).transpose(1, 2)
+
+
 def _quantiles(values: Tensor, valid: Tensor | None) -> Tensor:
     """values [C, n, P] -> [C, QUANTILES, P]: each cloud's empirical quantiles at the mid-levels (i + 1/2)/M,
     over its valid points. Invariant to repeating every point (a copied graph in a batch) and to padding."""
@@ -656,7 +667,7 @@ def _quantiles(values: Tensor, valid: Tensor | None) -> Tensor:
     else:
         values = values.masked_fill(~valid.unsqueeze(-1), float("inf"))
         count = valid.sum(-1).view(-1, 1, 1)
-    ordered = values.sort(dim=1).values
+    ordered = _sorted_points(values)
     levels = (torch.arange(_QK_QUANTILES, device=values.device, dtype=torch.float64) + 0.5) / _QK_QUANTILES
     index = (levels.view(1, -1, 1) * count).floor().long().clamp(max=n - 1).clamp(min=0)
     return ordered.gather(1, index.expand(-1, -1, values.shape[-1]))

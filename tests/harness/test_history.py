@@ -60,7 +60,6 @@ def test_a_short_cora_run_records_its_curves_draws_them_and_logs_csv(tmp_path, s
 
 def test_history_averages_blocks_of_epochs_on_long_fits():
     history = History()
-    history._max_epochs = 2 * MAX_HISTORY_POINTS
     history.epochs = [{"train/loss": float(e), "epoch_s": 0.1} for e in range(2 * MAX_HISTORY_POINTS - 3)]  # stopped early
     history.epochs[4]["val/acc"] = 0.5
     compact = history.compact()
@@ -69,6 +68,19 @@ def test_history_averages_blocks_of_epochs_on_long_fits():
     assert compact["train/loss"][:2] == [0.5, 2.5] and compact["train/loss"][-1] == 2 * MAX_HISTORY_POINTS - 4
     assert compact["val/acc"][:3] == [None, None, 0.5]
     assert History().compact() is None
+
+
+@pytest.mark.parametrize("epochs, block", [(1, 1), (MAX_HISTORY_POINTS, 1), (MAX_HISTORY_POINTS + 1, 2), (500, 16), (5000, 128)])
+def test_history_blocks_follow_the_epochs_run_not_the_cap(epochs, block):
+    # paper-gat caps fits at 100,000 epochs and stops them by patience after a few hundred: blocks sized from
+    # the cap made those curves one point each
+    history = History()
+    history.epochs = [{"train/loss": float(e)} for e in range(epochs)]
+    compact = history.compact()
+    assert len(compact["epoch"]) <= MAX_HISTORY_POINTS and compact["epoch"][-1] == epochs
+    assert compact["epoch"][0] == min(block, epochs)
+    if epochs > 2 * MAX_HISTORY_POINTS:
+        assert len(compact["epoch"]) > MAX_HISTORY_POINTS // 2  # a halving too many would waste the points
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None or importlib.util.find_spec("tensorboardX") is not None,

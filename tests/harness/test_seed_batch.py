@@ -273,7 +273,7 @@ def test_the_validation_values_gats_rule_compares_are_the_lone_runs_exactly(data
     from harness.run import callbacks, seed_batch
 
     monkeypatch.setattr(callbacks.History, "compact", lambda self: list(self.epochs))
-    monkeypatch.setattr(seed_batch, "_compact", lambda rows, max_epochs: list(rows))
+    monkeypatch.setattr(seed_batch, "_compact", lambda rows: list(rows))
     specs = [make_spec("cora", "softmax", seed, {"max_epochs": 5}) for seed in (0, 1)]
     batched = execute_batch(specs, data_root=data_root, on_record=lambda r: None)
     for spec, record in zip(specs, batched):

@@ -35,7 +35,7 @@ def full_history(monkeypatch):
     from harness.run import callbacks, seed_batch
 
     monkeypatch.setattr(callbacks.History, "compact", lambda self: list(self.epochs))
-    monkeypatch.setattr(seed_batch, "_compact", lambda rows, max_epochs: list(rows))
+    monkeypatch.setattr(seed_batch, "_compact", lambda rows: list(rows))
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -108,3 +108,11 @@ def test_a_seed_batch_is_the_same_with_diagnostics_on_and_off(data_root, full_hi
             assert row[name] == pytest.approx(lone_row[name], rel=1e-6), name
         for name in (k for k in lone_row if k.startswith("val/diag/")):
             assert row[name] == pytest.approx(lone_row[name], rel=1e-5), name
+
+
+def test_the_cpu_point_sort_is_torchs_order():
+    from modules.attention.kernel import _sorted_points
+
+    values = torch.randn(3, 257, 5, generator=torch.Generator().manual_seed(1))
+    values[0, :7] = float("inf")  # masked points sort last
+    assert torch.equal(_sorted_points(values), values.sort(dim=1).values)
