@@ -21,6 +21,7 @@ import yaml
 
 from harness.report.stats import ALPHA, CONFIDENCE, POWER, detectable_difference, holm, paired_p, summarize
 from harness.results.record import Record, Status
+from harness.results.store import chosen_execution
 
 CLAIMS_FILE = Path(__file__).resolve().parents[1] / "claims.yaml"
 BASELINE = "softmax"
@@ -228,15 +229,32 @@ def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_
 
     # A store that does not exist holds no records; opening one would create its folder, and this only reads.
     store = RecordStore(runs) if (runs_dir(runs) / "records").is_dir() else None
-    plans, records = {}, {}
+    plans, records, evidence = {}, {}, {}
     for suite in sorted({c["measured_by"]["suite"] for c in claims["claims"] if "measured_by" in c}):
         plans[suite] = plan(load_suite(suite), data_root)
-        records[suite] = store.load(s.key for s in plans[suite].specs).records if store else {}
-    return measure_claims(claims, plans, records)
+        loaded = store.load(s.key for s in plans[suite].specs) if store else None
+        records[suite] = loaded.records if loaded else {}
+        evidence[suite] = {key: diagnosed_execution(copies) for key, copies in loaded.executions.items()} if loaded else {}
+    return measure_claims(claims, plans, records, evidence)
 
 
-def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records: Mapping[str, Mapping[str, Record]]) -> dict[str, Any]:
-    """The claims board: per claim its paper's numbers, our measurement and the verdict (JSON-serialisable)."""
+def diagnosed_execution(copies: list[Record]) -> Record:
+    """The execution of a key whose record carries the most mechanism diagnostics (the earliest of those that tie).
+    A key re-run so that its record carries the diagnostics (issue 35: nothing that determines the result changed,
+    so the key stayed) is the same experiment as the copy the boards show; the board's reproducibility line says
+    whether the two gave the same numbers."""
+    def carried(record: Record) -> int:
+        return sum(1 for name in (record.history or {}) if name.startswith(("diag/", "val/diag/")))
+
+    most = max(carried(r) for r in copies)
+    return chosen_execution([r for r in copies if carried(r) == most])
+
+
+def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records: Mapping[str, Mapping[str, Record]],
+                   evidence: Mapping[str, Mapping[str, Record]] | None = None) -> dict[str, Any]:
+    """The claims board: per claim its paper's numbers, our measurement and the verdict (JSON-serialisable).
+    `evidence`: per suite, the execution to read mechanism diagnostics from where a key ran more than once
+    (`diagnosed_execution`); the metrics always come from `records`."""
     rows = []
     for claim in claims["claims"]:
         measured = claim.get("measured_by")
@@ -247,7 +265,9 @@ def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records:
         elif measured is None:
             row.update(verdict=NOT_RUN_HERE, reason=claim["not_here"])
         else:
-            row.update(_measure(claim, plans[measured["suite"]], records[measured["suite"]]))
+            suite_records = records[measured["suite"]]
+            diagnosed = {**suite_records, **(evidence or {}).get(measured["suite"], {})}
+            row.update(_measure(claim, plans[measured["suite"]], suite_records, diagnosed))
             if paper.get("setting") and row.get("attention"):
                 setting = paper["setting"]
                 row["setting"] = {"name": setting["name"], "paper": setting["paper"], "ours": row["attention"].get(setting["name"])}
@@ -255,7 +275,7 @@ def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records:
     return {"papers": claims["papers"], "rows": rows, "confidence": CONFIDENCE, "rule": VERDICT_RULE, "resolution_rule": RESOLUTION_RULE}
 
 
-def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record]) -> dict[str, Any]:
+def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record], diagnosed: Mapping[str, Record] | None = None) -> dict[str, Any]:
     measured = claim["measured_by"]
     task, variant = measured["task"], measured["variant"]
     source = claim["config"]["source"]
@@ -322,7 +342,8 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record]) 
         result.update(verdict=NOT_JUDGED, reason="attnbench's default configuration, neither the paper's nor tuned on validation data")
         return result
     family = _family(the_plan, records, task, measured["metric"])
-    mechanism = _mechanism(own[0].variant, [records.get(s.key) for s in own], [records.get(s.key) for s in base]) if claim["kind"] != "baseline" else None
+    diagnosed = records if diagnosed is None else diagnosed
+    mechanism = _mechanism(own[0].variant, [diagnosed.get(s.key) for s in own], [diagnosed.get(s.key) for s in base]) if claim["kind"] != "baseline" else None
     if mechanism is not None:
         result["mechanism"] = {"active": mechanism[0], "evidence": mechanism[1]}
     result.update(verdict_for(claim, result["measure"], family.get(own[0].display), mechanism, result.get("baselines_differ", False)), reason=None)

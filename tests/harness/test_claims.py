@@ -139,6 +139,32 @@ def test_a_negative_verdict_needs_the_mechanism_shown_active(claims, plans, pape
     assert rows["aa-gat-cora-gan"]["verdict"] == REPRODUCED  # a positive verdict needs no mechanism gate
 
 
+def test_mechanism_evidence_comes_from_a_re_execution_that_carries_it(claims, plans, paper_gat):
+    """A key re-run to record its diagnostics keeps its key (issue 35): the board shows the earliest execution's
+    numbers, and the gate reads the diagnostics from the execution that has them."""
+    from harness.report.claims import diagnosed_execution
+
+    found = {r["key"]: r for r in claim_records(paper_gat)}
+    diagnosed = {}
+    for spec in paper_gat.specs:
+        if spec.task == "citeseer" and spec.display in ("align-gan", "softmax") and spec.key in found:
+            found[spec.key].pop("diagnostics", None), found[spec.key].pop("history", None)  # made before the diagnostics
+            again = {**found[spec.key], "finished": "2099-01-01T00:00:00+00:00",
+                     "diagnostics": {"val/diag/qk_distance": 1.0, "diag/disc_acc": 0.5},
+                     "history": {"epoch": [90, 180], "val/diag/qk_distance": [1.0, 1.0], "diag/disc_acc": [0.5, 0.5]}}
+            copies = [Record.from_dict(found[spec.key]), Record.from_dict(again)]
+            chosen = diagnosed_execution(copies)
+            assert chosen.history == again["history"]
+            diagnosed[spec.key] = chosen
+    records = {k: Record.from_dict(r) for k, r in found.items()}
+    plain = _by_id(_board(claims, plans, records))["aa-gat-citeseer-gan"]
+    board = measure_claims(claims, plans, {suite: records for suite in plans}, {"paper-gat": diagnosed})
+    row = _by_id(board)["aa-gat-citeseer-gan"]
+    assert plain["detail"].startswith("no mechanism evidence in the records")
+    assert row["detail"].startswith("mechanism inactive: active in 0 of 36 seeds")
+    assert row["measure"] == plain["measure"]  # the numbers are still the shown execution's
+
+
 def test_a_verdict_resting_on_seeds_added_later_is_marked_with_both_verdicts(claims, plans, paper_gat):
     """paper-gat's CiteSeer grew from 20 to 36 seeds (its seed_history): an effect carried by seeds 20-35 alone."""
     found = {r["key"]: r for r in claim_records(paper_gat)}
