@@ -1,5 +1,6 @@
 """Is align-gan's discriminator at chance because the queries and keys are aligned, or because it never learned?
-(issue 35; README "align-gan on graphs").
+(issue 35; README "align-gan on graphs"). With `--variant align-ct`, the same question for align-ct's critic and
+navigator, which train under the host's L2 (their loss reaches them scaled by λ / layers as the discriminator's did).
 
 Trains Cora's GAT at seed 0 with the task's recipe (one full-graph Adam step per epoch, GAT's L2 on the host's
 weights) three ways: softmax, align-gan as it trains now (its discriminator without the host's weight decay,
@@ -7,7 +8,7 @@ version 4), and align-gan with the discriminator under the host's L2 as in versi
 mechanism diagnostics of the evaluation pass (the discriminator's balanced accuracy over every node, the
 query/key distance) and the alignment loss of the training step, and prints their means over epoch ranges.
 
-    python -m harness.studies.align_gan_discriminator [--epochs 150] [--seed 0]
+    python -m harness.studies.align_gan_discriminator [--variant align-gan|align-ct] [--epochs 150] [--seed 0]
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from modules.lit.attention_terms import mechanism_logs, trace_aux_loss
 from modules.tasks import get_task
 
 
-def curves(variant: str, *, epochs: int, seed: int, data_root: str | None, decay_discriminator: bool = False) -> list[dict[str, float]]:
+def curves(variant, *, epochs: int, seed: int, data_root: str | None, decay_discriminator: bool = False,
+           undecayed: tuple[str, ...] | None = None) -> list[dict[str, float]]:
+    """Per-epoch rows; `decay_discriminator`: every kernel sub-network under the host's L2; `undecayed`: these
+    sub-networks out of it instead of the kernel's own choice."""
     task = get_task("cora")
     params = task.Params(max_epochs=epochs)
     L.seed_everything(seed, verbose=False)
@@ -32,6 +36,9 @@ def curves(variant: str, *, epochs: int, seed: int, data_root: str | None, decay
     if decay_discriminator:  # version 3: the discriminator among the host's L2-decayed parameters
         for kernel in module.model.kernels():
             kernel.undecayed = ()
+    if undecayed is not None:
+        for kernel in module.model.kernels():
+            kernel.undecayed = undecayed
     graph = load_graph("cora", data_root)
     groups = graph_groups(graph.edge_index, graph.num_nodes)
     optimizer = module.configure_optimizers()
@@ -75,19 +82,27 @@ def table(runs: dict[str, list[dict[str, float]]], names: list[str], block: int)
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", choices=("align-gan", "align-ct"), default="align-gan")
     parser.add_argument("--epochs", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block", type=int, default=25)
     parser.add_argument("--data-root", default=None)
     args = parser.parse_args(argv)
-    runs = {
-        "softmax": curves("softmax", epochs=args.epochs, seed=args.seed, data_root=args.data_root),
-        "align-gan v3 (D under L2)": curves("align-gan", epochs=args.epochs, seed=args.seed, data_root=args.data_root,
-                                            decay_discriminator=True),
-        "align-gan v4": curves("align-gan", epochs=args.epochs, seed=args.seed, data_root=args.data_root),
-    }
+    common = dict(epochs=args.epochs, seed=args.seed, data_root=args.data_root)
+    if args.variant == "align-gan":
+        runs = {
+            "softmax": curves("softmax", **common),
+            "align-gan v3 (D under L2)": curves("align-gan", decay_discriminator=True, **common),
+            "align-gan v4": curves("align-gan", **common),
+        }
+    else:  # the claims' row: the paper's λ = 0.01
+        paper = {"name": "align-ct", "weight": 0.01}
+        runs = {
+            "softmax": curves("softmax", **common),
+            "align-ct (critic, navigator under L2)": curves(paper, **common),
+            "align-ct (critic, navigator without L2)": curves(paper, undecayed=("critic", "navigator"), **common),
+        }
     print(table(runs, ["aux/align", "val/diag/disc_acc", "val/diag/qk_distance", "val/acc"], args.block))
-
 
 if __name__ == "__main__":
     main()
