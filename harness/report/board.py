@@ -433,8 +433,16 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
         "epoch_cap": epoch_cap_hits(table_records),
         "rows": ordered,
         "tuning": dict(sorted(tuning.items())),
-        **_mechanism_diagnostics(task_specs, records),
+        **_mechanism_diagnostics(task_specs, {**records, **_diagnosed(executions or {})}),
     }
+
+
+def _diagnosed(executions: Mapping[str, list[Record]]) -> dict[str, Record]:
+    """Per key run more than once, the execution to read mechanism diagnostics from (the store's rule, as the claims
+    board reads them): a key re-run to record its diagnostics shows the earliest copy's numbers, not its evidence."""
+    from harness.results.store import diagnosed_execution
+
+    return {key: diagnosed_execution(list(copies)) for key, copies in executions.items()}
 
 
 def _mechanism_diagnostics(task_specs, records: Mapping[str, Record]) -> dict[str, Any]:

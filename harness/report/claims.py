@@ -21,7 +21,7 @@ import yaml
 
 from harness.report.stats import ALPHA, CONFIDENCE, POWER, detectable_difference, holm, paired_p, summarize
 from harness.results.record import Record, Status
-from harness.results.store import chosen_execution
+from harness.results.store import diagnosed_execution
 
 CLAIMS_FILE = Path(__file__).resolve().parents[1] / "claims.yaml"
 BASELINE = "softmax"
@@ -236,18 +236,6 @@ def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_
         records[suite] = loaded.records if loaded else {}
         evidence[suite] = {key: diagnosed_execution(copies) for key, copies in loaded.executions.items()} if loaded else {}
     return measure_claims(claims, plans, records, evidence)
-
-
-def diagnosed_execution(copies: list[Record]) -> Record:
-    """The execution of a key whose record carries the most mechanism diagnostics (the earliest of those that tie).
-    A key re-run so that its record carries the diagnostics (issue 35: nothing that determines the result changed,
-    so the key stayed) is the same experiment as the copy the boards show; the board's reproducibility line says
-    whether the two gave the same numbers."""
-    def carried(record: Record) -> int:
-        return sum(1 for name in (record.history or {}) if name.startswith(("diag/", "val/diag/")))
-
-    most = max(carried(r) for r in copies)
-    return chosen_execution([r for r in copies if carried(r) == most])
 
 
 def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records: Mapping[str, Mapping[str, Record]],

@@ -278,3 +278,16 @@ def chosen_execution(copies: Iterable[Record]) -> Record:
     """The execution a board shows for a key run more than once: the earliest finished (ties and copies without a
     finish time by content digest), so that the board does not depend on which store imported which."""
     return min(copies, key=lambda r: (r.finished is None, r.finished or "", record_digest(r)))
+
+
+def diagnosed_execution(copies: list[Record]) -> Record:
+    """The execution of a key whose record carries the most mechanism diagnostics (the earliest of those that tie).
+    A key re-run so that its record carries the diagnostics (issue 35: nothing that determines the result changed,
+    so the key stayed) is the same experiment as the copy the boards show (`chosen_execution`); the board's
+    reproducibility line says whether the two gave the same numbers."""
+    def carried(record: Record) -> int:
+        names = {*(record.history or {}), *(record.diagnostics or {})}
+        return sum(1 for name in names if name.startswith(("diag/", "val/diag/")))
+
+    most = max(carried(r) for r in copies)
+    return chosen_execution([r for r in copies if carried(r) == most])

@@ -26,6 +26,25 @@ def test_a_table_lists_the_final_diagnostics_of_each_row_that_records_them(share
     assert all(mechanism_sentence(t) is None for g in board["groups"] for t in g["tasks"])  # records from before them
 
 
+def test_a_key_re_run_for_its_diagnostics_shows_them_beside_the_first_executions_numbers(shared_data):
+    """Issue 35's re-runs keep their keys: the board shows the earliest execution's numbers and the diagnostics of
+    the execution that recorded them."""
+    import dataclasses
+
+    from harness.plan.planner import plan
+    from harness.plan.suite import load_suite
+
+    the_plan = plan(load_suite("paper-gat"), str(shared_data))
+    diagnosed = {r["key"]: Record.from_dict(r) for r in claim_records(the_plan)}
+    first = {key: dataclasses.replace(r, diagnostics=None, history=None, finished="2000-01-01T00:00:00+00:00") for key, r in diagnosed.items()}
+    board = build_board(the_plan.suite, the_plan, first, executions={k: [first[k], diagnosed[k]] for k in first})
+    cora = next(t for g in board["groups"] for t in g["tasks"] if t["task"] == "cora")
+    assert cora["mechanism"]["align-gan"] == {"disc_acc": 0.7, "qk_distance": 0.5}
+    plain = build_board(the_plan.suite, the_plan, first)
+    plain_cora = next(t for g in plain["groups"] for t in g["tasks"] if t["task"] == "cora")
+    assert [(r["variant"], r["metrics"]) for r in plain_cora["rows"]] == [(r["variant"], r["metrics"]) for r in cora["rows"]]
+
+
 def test_cost_columns_name_the_attention_paths_the_time_was_measured_on(shared_data):
     """Issue 37: a record lists the fused paths its kernels took; the row's time says which it measured."""
     from harness.plan.planner import plan

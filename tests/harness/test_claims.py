@@ -142,7 +142,7 @@ def test_a_negative_verdict_needs_the_mechanism_shown_active(claims, plans, pape
 def test_mechanism_evidence_comes_from_a_re_execution_that_carries_it(claims, plans, paper_gat):
     """A key re-run to record its diagnostics keeps its key (issue 35): the board shows the earliest execution's
     numbers, and the gate reads the diagnostics from the execution that has them."""
-    from harness.report.claims import diagnosed_execution
+    from harness.results.store import diagnosed_execution
 
     found = {r["key"]: r for r in claim_records(paper_gat)}
     diagnosed = {}
