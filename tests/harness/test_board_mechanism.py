@@ -65,3 +65,25 @@ def test_cost_columns_name_the_attention_paths_the_time_was_measured_on(shared_d
     text = render_markdown(board)
     assert any("`fenchel`" in line and "(eager+sdpa)" in line for line in text.splitlines())
     assert not any("(eager" in line for line in text.splitlines() if "`softmax`" in line)
+
+
+def test_the_alignment_study_reads_the_diagnosed_executions_against_softmax_at_the_same_seed(shared_data, tmp_path):
+    """harness/studies/alignment_mechanism.py, the README's align-gan figure: ratios are per seed against softmax's."""
+    import dataclasses
+
+    from harness.plan.planner import plan
+    from harness.plan.suite import load_suite
+    from harness.results.store import RecordStore
+    from harness.studies.alignment_mechanism import summary, table
+
+    the_plan = plan(load_suite("paper-gat"), str(shared_data))
+    store = RecordStore(tmp_path)
+    for raw in claim_records(the_plan):
+        record = Record.from_dict(raw)
+        store.write(dataclasses.replace(record, diagnostics=None, history=None, finished="2000-01-01T00:00:00+00:00"))
+        store.import_record(record)  # the re-execution that recorded the diagnostics
+    rows = {(r["task"], r["row"]): r for r in summary(the_plan, store)}
+    gan = rows[("cora", "align-gan")]
+    assert gan["seeds"] == 20 and set(gan["qk_ratio"]) == {0.5} and set(gan["disc_peak"]) == {0.7}
+    assert rows[("cora", "softmax")]["qk_ratio"] == []
+    assert "| cora | align-gan | 20 | 0.700 [0.700, 0.700] | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] |" in table(list(rows.values()))
