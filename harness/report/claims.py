@@ -344,7 +344,10 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record], 
         subset = sorted(set(first) & set(ours) & set(softmax))
         measure = summarize([ours[seed] - softmax[seed] for seed in subset])
         family_first = _family(the_plan, records, task, measured["metric"], seeds=set(first))
-        on_first = verdict_for(claim, measure, family_first.get(own[0].display), mechanism, result.get("baselines_differ", False))
+        # the mechanism gate on the same seeds as the verdict it gates
+        mechanism_first = _mechanism(own[0].variant, [diagnosed.get(s.key) for s in own if s.seed in first],
+                                     [diagnosed.get(s.key) for s in base if s.seed in first]) if mechanism is not None else None
+        on_first = verdict_for(claim, measure, family_first.get(own[0].display), mechanism_first, result.get("baselines_differ", False))
         result["first_seeds"] = {"seeds": len(subset), "measure": measure, **on_first}
         if on_first["verdict"] != result["verdict"]:
             result["rests_on_added_seeds"] = True

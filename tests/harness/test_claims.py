@@ -165,6 +165,20 @@ def test_mechanism_evidence_comes_from_a_re_execution_that_carries_it(claims, pl
     assert row["measure"] == plain["measure"]  # the numbers are still the shown execution's
 
 
+def test_the_first_declared_seeds_verdict_gates_on_those_seeds_mechanism(claims, plans, paper_gat):
+    """CiteSeer grew from 20 to 36 seeds: the verdict on the first 20 reads the mechanism of those 20 only."""
+    found = {r["key"]: r for r in claim_records(paper_gat)}
+    for spec in paper_gat.specs:
+        if spec.task == "citeseer" and spec.display == "align-ct-paper-lambda" and spec.key in found:
+            distance = 0.5 if spec.seed < 16 else 1.0  # softmax's is 1.0 in the fixture: active in 16 of the first 20
+            found[spec.key]["diagnostics"] = {"val/diag/qk_distance": distance}
+            found[spec.key]["history"] = {"epoch": [90, 180], "val/diag/qk_distance": [distance, distance]}
+    row = _by_id(_board(claims, plans, {k: Record.from_dict(r) for k, r in found.items()}))["aa-gat-citeseer-ct"]
+    assert row["mechanism"]["evidence"].startswith("active in 16 of 36 seeds") and row["verdict"] == INCONCLUSIVE
+    first = row["first_seeds"]
+    assert first["seeds"] == 20 and first["verdict"] == NOT_REPRODUCED  # active in 16 of those 20: the gate opens
+
+
 def test_a_verdict_resting_on_seeds_added_later_is_marked_with_both_verdicts(claims, plans, paper_gat):
     """paper-gat's CiteSeer grew from 20 to 36 seeds (its seed_history): an effect carried by seeds 20-35 alone."""
     found = {r["key"]: r for r in claim_records(paper_gat)}
