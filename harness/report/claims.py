@@ -326,14 +326,14 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record], 
     if not common <= set(recorded):
         result.update(verdict=NOT_RUN_YET, reason=progress)
         return result
+    diagnosed = records if diagnosed is None else diagnosed
+    mechanism = _mechanism(own[0].variant, [diagnosed.get(s.key) for s in own], [diagnosed.get(s.key) for s in base]) if claim["kind"] != "baseline" else None
+    if mechanism is not None:  # shown on every measured row, a not-judged one too: the evidence is the records'
+        result["mechanism"] = {"active": mechanism[0], "evidence": mechanism[1]}
     if source == "default":
         result.update(verdict=NOT_JUDGED, reason="attnbench's default configuration, neither the paper's nor tuned on validation data")
         return result
     family = _family(the_plan, records, task, measured["metric"])
-    diagnosed = records if diagnosed is None else diagnosed
-    mechanism = _mechanism(own[0].variant, [diagnosed.get(s.key) for s in own], [diagnosed.get(s.key) for s in base]) if claim["kind"] != "baseline" else None
-    if mechanism is not None:
-        result["mechanism"] = {"active": mechanism[0], "evidence": mechanism[1]}
     result.update(verdict_for(claim, result["measure"], family.get(own[0].display), mechanism, result.get("baselines_differ", False)), reason=None)
     if len(recorded) < len(seeds):
         # a task with more seeds than the suite's common ones adds them to resolve more: the seeds it has are the
@@ -596,8 +596,8 @@ def row_notes(row: Mapping[str, Any]) -> list[str]:
     if row.get("config") and claim.get("config", {}).get("note"):
         notes.append(f"Configuration ({row['config']}): {claim['config']['note']}")
     if row.get("mechanism"):
-        state = {True: "active", False: "inactive", None: "no evidence"}[row["mechanism"]["active"]]
-        notes.append(f"Mechanism {state}: {row['mechanism']['evidence']}")
+        state = {True: "Mechanism active", False: "Mechanism inactive", None: "No mechanism evidence"}[row["mechanism"]["active"]]
+        notes.append(f"{state}: {row['mechanism']['evidence']}")
     if row.get("first_seeds"):
         first = row["first_seeds"]
         notes.append(f"On the first {first['seeds']} declared seeds: {_ci(first['measure'], True)}, {first['verdict']}"
