@@ -650,8 +650,9 @@ def _fixed_directions(dim: int, device: torch.device, dtype: torch.dtype) -> Ten
 def _sorted_points(values: Tensor) -> Tensor:
     """values [C, n, P] sorted along n. On CPU by NumPy: its SIMD sort (x86-simd-sort) took 3.4 ms where torch's
     took 58 ms on Cora's first layer (8 heads x 32 directions x 2708 points, one thread, Intel Xeon), and the
-    diagnostic runs every epoch: torch's sort made a Cora epoch ~4x slower. Both give the same order."""
-    if values.device.type != "cpu":
+    diagnostic runs every epoch: torch's sort made a Cora epoch ~4x slower. Both give the same order. Torch's sort
+    elsewhere: on GPUs, and for the dtypes NumPy lacks (bf16, which CPU autocast gives the projections)."""
+    if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64):
         return values.sort(dim=1).values
     import numpy as np
 

@@ -116,3 +116,5 @@ def test_the_cpu_point_sort_is_torchs_order():
     values = torch.randn(3, 257, 5, generator=torch.Generator().manual_seed(1))
     values[0, :7] = float("inf")  # masked points sort last
     assert torch.equal(_sorted_points(values), values.sort(dim=1).values)
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):  # NumPy has no bf16: CPU autocast gives it
+        assert torch.equal(_sorted_points(values.to(dtype)), values.to(dtype).sort(dim=1).values)
