@@ -94,6 +94,16 @@ def measure(pattern: str | None = None, repeats: int = 10, data_root: str | None
         problems["graph"] = graph_problem(data_root, cache_dir, device=where)
     except Exception as exc:  # noqa: BLE001 - the dense half is still worth printing
         print_fn(f"(graph benchmark skipped: {exc})")
+    # The mechanism diagnostics are instruments, not the methods: off here. On, softmax and the align-* rows paid
+    # the q/k distance every call and the others did not (softmax's dense step was 84 ms with it, 50 without), so
+    # every ratio against softmax came out flattered.
+    from modules.attention.kernel import mechanism_diagnostics
+
+    with mechanism_diagnostics(False):
+        return _measure(names, problems, repeats, where, print_fn)
+
+
+def _measure(names, problems, repeats: int, where, print_fn) -> list[dict]:
     rows = []
     on = torch.cuda.get_device_name(where) if where.type == "cuda" else f"{torch.get_num_threads()} threads"
     print_fn(f"forward+backward, median of {repeats} alternating with softmax; torch {torch.__version__}, {on}")
