@@ -142,7 +142,7 @@ TUNE_CHILD = """
 import os, sys
 sys.path.insert(0, os.getcwd())
 from harness.studies.tune import tune
-tune("cora", "softmax", trials=3, params={"max_epochs": 4}, storage=f"sqlite:///{sys.argv[1]}/optuna.db", tune_optimizer=True,
+tune("cora", "softmax", trials=3, params={"max_epochs": 40}, storage=f"sqlite:///{sys.argv[1]}/optuna.db", tune_optimizer=True,
      runs=sys.argv[1], data_root=sys.argv[2])
 """
 
@@ -162,11 +162,15 @@ def test_a_killed_tune_resumes_its_study_and_retries_the_trial_in_flight_once(tm
     args = [sys.executable, "-c", TUNE_CHILD, str(tmp_path), str(DATA)]
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = tmp_path / "optuna.db"
-    deadline = time.time() + 300  # trial 0 is a whole fit: 120 s once ran out on a fresh-clone CI
+    # A trial is 40 epochs (seconds) and the poll is 50 ms: with 4 epochs a trial lasted 0.4 s, so a 0.5 s poll could
+    # miss trial 1 running altogether and wait out the deadline ("trial 1 never started" on two CIs).
+    deadline = time.time() + 300
     storage = None
     try:
         while time.time() < deadline:  # poll the storage for trial 1 running (trial 0, the defaults, finished)
-            time.sleep(0.5)
+            time.sleep(0.05)
+            if proc.poll() is not None:
+                pytest.fail(f"the tune process ended (exit {proc.returncode}) before trial 1 was seen running")
             if db.exists():
                 try:
                     storage = storage or optuna.storages.RDBStorage(f"sqlite:///{db}")
