@@ -20,7 +20,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="K workers share each GPU (default: what the suite's tasks declare from a measurement, e.g. 4 for "
                         "launch-bound Cora, 1 for text; --dry-run prints the rule)")
     p.add_argument("--retry-failed", action="store_true", help="run failed runs again instead of keeping their records")
-    p.add_argument("--variants", default=None, metavar="PATTERN", help="only variants matching these comma-separated globs, e.g. 'softmax,bam-*'")
+    p.add_argument("--variants", default=None, metavar="PATTERN", help="only the rows whose board label matches one of these comma-separated globs, e.g. 'softmax,bam-*' "
+                        "(a variant's name also selects its '(tuned)' row; 'bam-weibull (tuned)' selects that row alone)")
     p.add_argument("--leaderboard-dir", default=None,
                    help="where the board of your runs goes (default: <runs-dir>/leaderboard; the committed boards in leaderboards/ "
                         "change only through `make leaderboard`, from the committed records)")

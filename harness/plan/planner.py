@@ -129,8 +129,15 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
     parameters, on the same seeds, as its own "<label> (tuned)" row."""
     task_params = {task.name: {**suite.params, **task.params} for task in suite.tasks}
     skipped, missing = _check_tasks({t.name: (task_params[t.name], t.optional) for t in suite.tasks}, data_root)
-    variants = [v for v in suite.variants if not variant_filter or any(
-        fnmatch.fnmatch(v.label or v.name, pattern.strip()) for pattern in variant_filter.split(","))]
+    patterns = [pattern.strip() for pattern in variant_filter.split(",")] if variant_filter else None
+
+    def selects(row: str, base: str | None = None) -> bool:
+        # a row is selected by its board label; a "(tuned)" row also by its variant's (so 'bam-*' keeps both rows
+        # and 'bam-weibull (tuned)' picks only the tuned one, as re-running a board's row needs)
+        return patterns is None or any(fnmatch.fnmatch(row, p) or (base is not None and fnmatch.fnmatch(base, p)) for p in patterns)
+
+    variants = [v for v in suite.variants if selects(v.label or v.name)
+                or (v.name in suite.tuned or tuned_dir is not None) and selects(f"{v.label or v.name} (tuned)")]
     specs: list[RunSpec] = []
     untuned: list[str] = []
     tuned_as_defaults: list[str] = []
@@ -144,13 +151,16 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
         for variant in variants:
             where = f"suite {suite.name}: task {task.name}, variant {variant.label or variant.name}"
             attention = variant.resolved or {"name": variant.name, **variant.config}
+            default_specs = []
             for seed in suite.seeds_of(task):
                 try:
                     spec = make_spec(task.name, attention, seed, params, label=variant.label, extra={"suite": suite.name},
                                      precision=precision)
                 except (ValueError, TypeError) as exc:
                     raise SuiteError(f"{where}: {exc}") from exc
-                specs.append(spec)
+                default_specs.append(spec)
+            if selects(variant.label or variant.name):
+                specs += default_specs
             # a variant the suite lists as `tuned` reads the committed parameters unless another folder is given
             root = tuned_dir if tuned_dir is not None else (COMMITTED_PARAMS if variant.name in suite.tuned and not variant.label else None)
             if root is None:
@@ -173,10 +183,11 @@ def plan(suite: Suite, data_root: str | None = None, variant_filter: str | None 
                 extra={"suite": suite.name, "tuning": tuned.get("tuning", {})},
                 precision=precision,
             ) for seed in suite.seeds_of(task)]
-            if tuned_specs[-1].key == specs[-1].key:  # the same seed's run: same config, parameters and versions
+            if tuned_specs[-1].key == default_specs[-1].key:  # the same seed's run: same config, parameters and versions
                 tuned_as_defaults.append(f"{task.name} x {variant.label or variant.name}")
                 continue
-            specs += tuned_specs
+            if selects(f"{variant.label or variant.name} (tuned)", variant.label or variant.name):
+                specs += tuned_specs
     return Plan(suite, specs, skipped, untuned, missing, metrics, tuned_as_defaults=tuned_as_defaults, tuned_budget=tuned_budget, task_params={t: p for t, p in task_params.items() if t in metrics},
                 data_root=data_root)
 

@@ -84,6 +84,12 @@ def test_tuned_parameters_add_their_own_rows_to_a_suite(tmp_path, shared_data):
     assert not any("softmax" in pair for pair in the_plan.untuned)
     defaults = [s for s in the_plan.specs if s.label == "bam-weibull" and s.task == "cora"]
     assert len(defaults) == len(suite.seeds) and {s.key for s in defaults}.isdisjoint(s.key for s in tuned)
+    # a board row is re-run by its label: the tuned row alone, or the default row alone
+    only_tuned = plan(suite, str(shared_data), variant_filter="bam-weibull (tuned)", tuned_dir=params_dir).specs
+    assert [s.key for s in only_tuned] == [s.key for s in tuned]
+    only_default = plan(suite, str(shared_data), variant_filter="bam-weibull", tuned_dir=params_dir).specs
+    assert {s.label for s in only_default} == {"bam-weibull", "bam-weibull (tuned)"}  # the variant's name keeps both
+    assert plan(suite, str(shared_data), variant_filter="*(tuned)", tuned_dir=params_dir).specs == only_tuned
 
 
 def test_a_malformed_tuned_file_is_named(tmp_path):
