@@ -9,7 +9,8 @@ One ranking across executions (README, DESIGN notes: identity vs execution). A r
 quality (metrics, Δ, tests, ranks, ▲ / ▼, resolution) uses every finished record of the suite whatever machine
 made it. Cost (time per epoch, total time, peak memory, GPU-hours) depends on the machine, so it is computed per
 *hardware class*, the record's hardware label (device, its count, and for CPUs the threads per run: threads
-change what a CPU run costs as much as a device does), and never mixed across classes: a row has one cost per
+change what a CPU run costs as much as a device does), with records trained in seed batches a class of their own
+(`cost_class`: a batch's time per seed is not a lone run's), and never mixed across classes: a row has one cost per
 class (`cost_by_class`), and `cost` is that cost only on a board with a single class. A key recorded by several
 executions (another machine's copy, kept by RecordStore.import_record) counts once, as the copy the store chose
 (`chosen_execution`: the earliest finished); the board's `reproducibility` says how far the copies agree.
@@ -112,6 +113,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         for copy in executions.get(record.key) or [record]:  # every execution tells what the run costs on its class
             by_label[hardware_label(copy)].append(copy)
     labels = sorted(by_label)
+    cost_classes = sorted({cost_class(copy) for copies in by_label.values() for copy in copies})
     trivial = {name: trivial_baseline(the_plan, name) for name in tasks}
 
     # One group: the ranking over every execution. (Boards had a group per hardware label; the list stays so
@@ -120,7 +122,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
     for label in [" + ".join(labels) or NO_RECORDS]:
         group_records = unique
         hw = _group_hardware(group_records) if len(labels) == 1 else {name: None for name in _HARDWARE_FIELDS}
-        tables = [_task_table(name, the_plan.metrics[name], [s for s in specs if s.task == name], records, labels, trivial[name], executions)
+        tables = [_task_table(name, the_plan.metrics[name], [s for s in specs if s.task == name], records, cost_classes, trivial[name], executions)
                   for name in tasks]
         groups.append({
             "hardware": label,
@@ -172,6 +174,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         "ranking": RANKING_DESCRIPTION,
         "groups": groups,
         "hardware_classes": [{"label": label, "records": len(by_label[label])} for label in labels],
+        "cost_classes": cost_classes,
         **_reproducibility(specs, executions),
         **problems,
         **({"superseded": superseded} if superseded else {}),
@@ -348,6 +351,14 @@ def trivial_baseline(the_plan: Plan, task: str) -> dict[str, Any] | None:
 
 def hardware_label(record: Record) -> str:
     return record.hardware_label or UNKNOWN_HARDWARE
+
+
+def cost_class(record: Record) -> str:
+    """What a record's time and memory measured: its hardware class, and whether it trained in a seed batch. A
+    batch's time per seed is the batch's divided among its seeds, which on a CPU is slower than a lone run (on a
+    GPU faster): averaging the two would describe neither, so they are costed apart."""
+    batch = (record.execution or {}).get("seed_batch")
+    return f"{hardware_label(record)}, seed batches of {int(batch)}" if batch else hardware_label(record)
 
 
 def _unique_records(found: Iterable[Record]) -> list[Record]:
@@ -729,7 +740,7 @@ def _row(label: str, entries, records: Mapping[str, Record], classes: list[str],
     cost_by_class = {}
     for hardware in classes:
         # each execution of a key costs what it cost on its own class; quality above counts the key once
-        runs = [(s, copy) for s, r in here for copy in executions.get(s.key) or [r] if hardware_label(copy) == hardware]
+        runs = [(s, copy) for s, r in here for copy in executions.get(s.key) or [r] if cost_class(copy) == hardware]
         if runs:
             cost_by_class[hardware] = {**_cost(runs, [(s, r) for s, r in runs if r.status is Status.OK]), "runs": len(runs)}
     row: dict[str, Any] = {

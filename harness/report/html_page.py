@@ -213,7 +213,7 @@ def _costs_by_class(task: dict[str, Any]) -> str:
                      _cell(str(cost["runs"]), cost["runs"]), *_cost_cells(cost),
                      _cell(_e(_fixed(gpu_hours, 3)) if gpu_hours is not None else _NONE, gpu_hours)]
             body.append(f"<tr>{''.join(cells)}</tr>\n")
-    return ("<p>Cost per hardware class (the ranking above uses every class; costs are never mixed across classes):</p>\n"
+    return ("<p>Cost per hardware class (the ranking above uses every class; costs are never mixed across classes, nor lone runs with seed batches):</p>\n"
             + _table(header, body, "cost"))
 
 
@@ -236,7 +236,7 @@ def _task(board: dict[str, Any], task: dict[str, Any], group_index: int, plot_id
     header = [("#", False), ("variant", True)]
     header += [(m["name"] + (" (%)" if m.get("percent") else ""), False) for m in metrics]
     # Several hardware classes: the ranking holds every class, and cost goes to a table per class below it.
-    several_classes = len(board.get("hardware_classes", ())) > 1
+    several_classes = len(board.get("cost_classes", board.get("hardware_classes", ()))) > 1
     header += [("vs trivial (p)", False), ("n", False), ("failed", False), ("pruned", False), ("missing", False)]
     header += [] if several_classes else [(name, False) for name in _COST_COLUMNS]
     body = []

@@ -47,7 +47,7 @@ def render_markdown(board: dict[str, Any]) -> str:
         f"*trivial*: the task's input-blind baseline on the same test data; vs trivial: {board['chance_test']}. "
         f"Resolution: {board['resolution']}.\n\n"
     )
-    several_classes = len(board["hardware_classes"]) > 1
+    several_classes = len(board.get("cost_classes", board["hardware_classes"])) > 1
     for group in board["groups"]:
         _write_group(out, group, several_classes)
     return out.getvalue()
@@ -90,7 +90,7 @@ def _cost_cells(cost: dict[str, Any]) -> list[str]:
 def _write_costs_by_class(out: io.StringIO, table: dict[str, Any]) -> None:
     """Cost below the ranking, one line per (variant, hardware class): a time measured on one machine is never
     averaged with one from another."""
-    out.write("\nCost per hardware class (the ranking above uses every class; costs are never mixed across classes):\n\n")
+    out.write("\nCost per hardware class (the ranking above uses every class; costs are never mixed across classes, nor lone runs with seed batches):\n\n")
     header = ["variant", "hardware class", "runs", *COST_HEADER, "GPU-hours"]
     out.write("| " + " | ".join(header) + " |\n|" + "|".join(["---", "---", *["---:"] * (len(header) - 2)]) + "|\n")
     for row in table["rows"]:

@@ -243,6 +243,23 @@ def test_seeds_on_two_hardware_classes_rank_in_one_table_with_cost_per_class(tmp
     assert "time/epoch" not in text.split("### cora")[1].split("Cost per hardware class")[0]  # no mixed cost column in the ranking
 
 
+def test_seed_batched_records_are_costed_apart_from_lone_runs_on_the_same_hardware(tmp_path):
+    """A batch's time per seed is not a lone run's (paper-gat's tuned BAM rows: 66 s per seed in batches of 20, 29 s
+    lone, on one Xeon): the two are never averaged into one cost."""
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"], seeds=4)
+    found = {spec.key: record(spec, {"test/acc": 0.8}, **({"execution": {"seed_batch": 2}, "time_per_epoch_s": 0.2}
+                                                         if spec.seed >= 2 else {"time_per_epoch_s": 0.05}))
+             for spec in the_plan.specs}
+    board = build_board(suite, the_plan, found)
+    assert board["cost_classes"] == [CPU["label"], f"{CPU['label']}, seed batches of 2"]
+    gmm = row(table(board), "gmm")
+    assert gmm["cost"] is None
+    assert {label: (c["runs"], c["time_per_epoch_s"]) for label, c in gmm["cost_by_class"].items()} == {
+        CPU["label"]: (2, pytest.approx(0.05)), f"{CPU['label']}, seed batches of 2": (2, pytest.approx(0.2))}
+    text = render_markdown(board)
+    assert f"| `gmm` | {CPU['label']}, seed batches of 2 | 2 |" in text and f"| `gmm` | {CPU['label']} | 2 |" in text
+
+
 def test_one_hardware_class_keeps_cost_in_the_table(tmp_path):
     suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"])
     board = build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE, "gmm": BASE}))
