@@ -15,7 +15,7 @@ import statistics
 
 from harness.results.store import RecordStore, diagnosed_execution
 
-ROWS = ("softmax", "align-gan", "align-ct-paper-lambda", "align-ct")
+ROWS = ("softmax", "align-gan", "align-ct-paper-lambda", "align-ct", "align-ot")
 
 
 def _spread(values: list[float]) -> str:
