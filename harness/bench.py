@@ -3,11 +3,12 @@ workers or a submitit job array), then render the leaderboard from the same plan
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.plan.planner import plan, seed_batches
+from harness.plan.planner import Plan, plan, seed_batches
 from harness.plan.spec import RunSpec
 from harness.plan.suite import load_suite
 from harness.provenance import git_commit
@@ -89,6 +90,17 @@ class Progress:
             f"[{self.done:>{width}}/{self.total}] {status:<6} {spec.task:<10} {spec.display:<16} seed={spec.seed:<3} "
             f"{result}  {summary.get('wall_time_s') or 0:.1f}s  | elapsed {format_duration(elapsed)}, ETA {format_duration(eta)}"
         )
+
+
+def with_recorded_rows(selection: Plan, whole: Plan, store: RecordStore) -> Plan:
+    """The board's plan for a bench of some rows (--variants): the selection, plus every other row of the suite
+    that has records in this store. A bench of one row into a runs folder that holds others (re-running a board's
+    rows one by one) keeps them on its board; a board of the selection alone would have fewer finished records
+    than the one there, which write_boards refuses, and the bench failed after every run had finished."""
+    selected = {s.key for s in selection.specs}
+    recorded = set(store.read_many({s.key for s in whole.specs} - selected))
+    rows = {(s.task, s.display) for s in whole.specs if s.key in recorded}
+    return dataclasses.replace(whole, specs=[s for s in whole.specs if s.key in selected or (s.task, s.display) in rows])
 
 
 def run_suite(
@@ -184,7 +196,9 @@ def run_suite(
     selection = store.read_many({s.key for s in the_plan.specs})
     failed_in_selection = sum(1 for r in selection.values() if r.status is Status.FAILED)
     log(f"attnbench: suite {suite.name}: results\n" + results_table(the_plan, selection))
-    paths = write_boards(the_plan, store, leaderboard_dir or store.root.parent / "leaderboard", force=force_board)
+    board_plan = the_plan if not variant_filter else with_recorded_rows(
+        the_plan, plan(suite, data_root, None, tuned_dir=tuned_params_dir, precision=precision), store)
+    paths = write_boards(board_plan, store, leaderboard_dir or store.root.parent / "leaderboard", force=force_board)
     log("attnbench: leaderboard written to " + ", ".join(str(p) for p in paths))
     comparison = compare_with_committed(the_plan, store, COMMITTED_RECORDS)
     if comparison:

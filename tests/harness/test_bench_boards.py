@@ -53,3 +53,18 @@ def test_bench_reports_per_variant_how_its_records_compare_with_the_committed_on
     assert compare_with_committed(the_plan, committed, tmp_path / "committed") is None  # the committed store against itself
     assert compare_with_committed(the_plan, mine, tmp_path / "nowhere") is None
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_bench_of_one_row_keeps_the_other_recorded_rows_on_its_board(tmp_path, shared_data):
+    """Re-running a board's rows a few at a time into one runs folder: the second bench (--variants fenchel) finishes
+    with a board of every recorded row. It used to build a board of its selection alone, which write_boards refused
+    (fewer finished records than the board there), so a bench whose every run had finished exited with an error."""
+    suite = tmp_path / "rows.yaml"
+    suite.write_text("name: rows\ntasks: [cora]\nvariants: [softmax, gmm, fenchel, sparsemax]\nseeds: 1\nparams: {max_epochs: 2}\n")
+    runs = str(tmp_path / "runs")
+    run_suite(str(suite), workers=1, runs=runs, data_root=str(shared_data), variant_filter="softmax,gmm")
+    outcome = run_suite(str(suite), workers=1, runs=runs, data_root=str(shared_data), variant_filter="fenchel")
+    assert outcome["ran"] == 1 and outcome["failed_in_selection"] == 0
+    board = (tmp_path / "runs" / "leaderboard" / "rows.md").read_text()
+    assert all(f"`{row}`" in board for row in ("softmax", "gmm", "fenchel"))
+    assert "`sparsemax`" not in board  # a row that has no record in this folder is not planned onto the board
