@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from harness.results.store import RecordStore, runs_dir, write_atomically
+from harness.results.store import RecordStore, remove_stray_temps, runs_dir, write_atomically, writer_gone
 
 FORMAT = 1
 """Bump when what a checkpoint holds changes meaning: older ones are then discarded as stale."""
@@ -223,10 +223,12 @@ class Checkpoints:
 
     def remove_run(self, key: str) -> None:
         self.run_path(key).unlink(missing_ok=True)
+        remove_stray_temps(self.run_path(key))
 
     def remove_batch(self, path: Path) -> None:
         path.unlink(missing_ok=True)
         path.with_suffix(".keys").unlink(missing_ok=True)
+        remove_stray_temps(path)  # the .keys file's temps share its stem
 
     def remove_finished_batches(self, keys: Iterable[str], finished: Callable[[str], bool]) -> list[Path]:
         """Remove every batch checkpoint holding any of `keys` whose seeds all have a final record (`finished`); returns
@@ -295,7 +297,8 @@ def prune(runs: str | os.PathLike | None = None, older_than_days: float | None =
         cps.remove_batch(entry.path) if entry.path.name.startswith("batch-") else entry.path.unlink(missing_ok=True)
     if cps.root.is_dir():
         for tmp in cps.root.glob(".*.tmp"):
-            if time.time() - tmp.stat().st_mtime > 3600:  # a save in progress is younger than that
+            # a save in progress is younger than an hour, and its writer alive
+            if writer_gone(tmp) or time.time() - tmp.stat().st_mtime > 3600:
                 tmp.unlink(missing_ok=True)
         for keys_file in cps.root.glob("batch-*.keys"):  # a batch killed before its first save
             if not keys_file.with_suffix(".pt").exists() and time.time() - keys_file.stat().st_mtime > 86400 * (older_than_days or 1):

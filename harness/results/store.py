@@ -22,10 +22,12 @@ Each copy is written atomically like a record, so a killed import leaves either 
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import re
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -61,12 +63,43 @@ nor a record (the arriving one is kept beside it as a conflicting copy)."""
 _NUMBER_LIST = re.compile(r"\[\s*((?:-?[0-9][0-9.eE+-]*|null|NaN|-?Infinity)(?:,\s*(?:-?[0-9][0-9.eE+-]*|null|NaN|-?Infinity))*)\s*\]")
 
 
+def temp_owner() -> str:
+    """`<host>~<pid>` of this process, as write_atomically names its temp files."""
+    return f"{socket.gethostname().replace('.', '_')}~{os.getpid()}"
+
+
+def writer_gone(tmp: Path) -> bool:
+    """Whether the process that wrote temp file `tmp` (`.<stem>.<host>~<pid>.<random>.tmp`, write_atomically) is
+    gone: it ran on this host and that pid is dead. A process killed between its temp file and the rename leaves
+    one. Another host's temp, or one named otherwise, is not known gone (checkpoints.prune ages those out)."""
+    owner = re.search(r"\.([^.~]+)~(\d+)\.[^.]*\.tmp$", tmp.name)
+    if owner is None or owner.group(1) != temp_owner().split("~")[0]:
+        return False
+    try:
+        os.kill(int(owner.group(2)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def remove_stray_temps(target: Path) -> list[Path]:
+    """Remove the temp files of `target` whose writer is gone (`writer_gone`); a save in progress keeps its own."""
+    gone = [tmp for tmp in target.parent.glob(f".{glob.escape(target.stem)}.*.tmp") if writer_gone(tmp)]
+    for tmp in gone:
+        tmp.unlink(missing_ok=True)
+    return gone
+
+
 def write_atomically(target: Path, write: Callable[[Any], Any]) -> Path:
     """`write(binary file)` into a temp file beside `target`, fsync, rename over it, fsync of the folder: a reader
     (or a process killed meanwhile) sees the old file or the new one, never half of one, and the rename survives a
     power cut. The one place the store's records and the runs' checkpoints are written."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=target.parent)
+    # the writer's host and pid in the name: a temp file a killed writer left can be told from a save in progress
+    # (harness/results/checkpoints.py remove_stray_temps)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.{temp_owner()}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)

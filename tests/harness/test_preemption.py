@@ -237,6 +237,41 @@ def test_orphaned_checkpoints_are_listed_and_pruned_and_never_exported(tmp_path)
     assert "checkpoint" not in (tmp_path / "export.jsonl").read_text() and exported is not None
 
 
+def test_a_finished_run_removes_the_temp_file_a_kill_inside_a_save_left_but_not_a_live_save(tmp_path):
+    """A writer killed between its temp file and the rename leaves `.<key>.<host>~<pid>.*.tmp`; the resumed run's
+    `remove_run` deletes it once the record is written (CI hit it: a kill at every-epoch saves). A live writer's temp
+    (another process still saving), and one from another host, stay."""
+    from harness.results import checkpoints as cp
+    from harness.results.store import temp_owner
+
+    cps = cp.Checkpoints(tmp_path, cp.Interval(1, 0))
+    cps.root.mkdir(parents=True)
+    host = temp_owner().split("~")[0]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        key = "k" * 16
+        cps.run_path(key).write_bytes(b"x")
+        killed = cps.root / f".{key}.{host}~{dead.pid}.abc123.tmp"
+        saving = cps.root / f".{key}.{host}~{live.pid}.def456.tmp"
+        elsewhere = cps.root / f".{key}.otherhost~{dead.pid}.ghi789.tmp"
+        other_key = cps.root / f".{'j' * 16}.{host}~{dead.pid}.jkl012.tmp"
+        for path in (killed, saving, elsewhere, other_key):
+            path.write_bytes(b"half")
+        cps.remove_run(key)
+        assert sorted(p.name for p in cps.root.iterdir()) == sorted(p.name for p in (saving, elsewhere, other_key))
+        assert [p.name for p in cp.prune(tmp_path)] == [] and not other_key.exists() and saving.exists() and elsewhere.exists()
+    finally:
+        live.kill()
+        live.wait()
+    # the name write_atomically gives its temp file is the one these read: this live writer's is not gone
+    seen = []
+    from harness.results.store import write_atomically, writer_gone
+    write_atomically(tmp_path / "x.json", lambda fh: seen.extend(p.name for p in tmp_path.glob(f".x.{host}~{os.getpid()}.*.tmp")))
+    assert len(seen) == 1 and not writer_gone(tmp_path / seen[0])
+
+
 def test_the_interval_reads_epochs_minutes_both_or_off():
     from harness.results.checkpoints import DEFAULT_EVERY_EPOCHS, Interval
 
