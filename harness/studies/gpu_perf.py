@@ -60,7 +60,8 @@ CORRECTNESS = [
     # AdaSplash takes no boolean mask (entmax.py): its batches are unpadded
     ({"name": "sparsemax"}, False, False),
     ({"name": "entmax15"}, False, False),
-    # query blocks (kernel.py query_block_rows), forced to 16 rows: what long sequences run on CUDA
+    # query blocks (kernel.py query_block_rows), forced to 16 rows: what long sequences run on CUDA; BAM's SDPA
+    # form where its mask is per key, whole and with its KL in blocks, and its eager blocks under a causal mask
     ({"name": "entmax"}, True, True),
     ({"name": "bam-weibull"}, False, True),
     ({"name": "bam-lognormal"}, True, True),
@@ -193,9 +194,10 @@ def _fused_paths(kernel, q, k, groups):
         paths["sdpa"] = sdpa
         if fused.flex is not None:
             paths["flex"] = flex
-    # blocks replace the eager path only: where a library form fits (AdaSplash, unmasked), the call takes that
+    # where a library form fits (AdaSplash, unmasked) the call takes that, never blocks; where an SDPA form does
+    # (BAM: bam.py fused_attention), its KL runs in the query blocks, its output whole
     if getattr(kernel, "row_separable", False) and isinstance(groups, DenseGroups) and (fused is None or fused.library is None):
-        paths["blocked"] = blocked
+        paths["blocked" if fused is None else "sdpa+blocks"] = blocked
     return paths
 
 

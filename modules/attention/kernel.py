@@ -120,7 +120,7 @@ def query_block_rows(kernel: "AttentionKernel", groups: Groups, q: Tensor, k: Te
     return max(16, int(budget // row_bytes))
 
 
-def _replaying(fn: Callable[..., Any], generator: torch.Generator | None) -> Callable[..., Any]:
+def replaying(fn: Callable[..., Any], generator: torch.Generator | None) -> Callable[..., Any]:
     """`fn` as checkpointing recomputes it: the recomputation draws what the forward drew from `generator` (a
     run's own stream, which checkpoint's RNG preservation does not cover: it restores torch's global ones), and
     leaves the generator where it was, so that later draws are not repeated."""
@@ -556,7 +556,7 @@ class AttentionKernel(nn.Module):
         for start in range(0, num_queries, rows):
             block = slice(start, min(start + rows, num_queries))
             part = groups.query_rows(block)
-            out, aux, diagnostics = checkpoint(_replaying(block_call(part), self.noise_generator), q[..., block, :], k, v,
+            out, aux, diagnostics = checkpoint(replaying(block_call(part), self.noise_generator), q[..., block, :], k, v,
                                                use_reentrant=False, preserve_rng_state=True)
             size = block.stop - block.start
             valid = part.valid_queries

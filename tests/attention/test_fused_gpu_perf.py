@@ -44,6 +44,18 @@ def test_the_correctness_check_compares_query_blocks_with_the_whole_call(monkeyp
     assert set(errors) == {"blocked"} and errors["blocked"] <= gpu_perf.TOLERANCE["fp32"]
 
 
+@pytest.mark.parametrize("name", ["bam-weibull", "bam-lognormal"])
+def test_the_correctness_check_compares_bam_s_sdpa_form_whole_and_in_blocks(monkeypatch, name):
+    """What a GPU's check of BAM runs (its SDPA form is CUDA-only; turned on here): the fused output and gradients
+    against eager, its samples held equal, whole and with the KL in query blocks."""
+    from modules.attention.variants.bam import fused_on_cpu
+
+    monkeypatch.setattr(gpu_perf, "DEVICE", "cpu")
+    with fused_on_cpu():
+        errors = gpu_perf.check({"name": name}, False, "fp32")
+    assert set(errors) == {"sdpa", "sdpa+blocks"} and max(errors.values()) <= gpu_perf.TOLERANCE["fp32"]
+
+
 def test_a_broken_fused_path_is_reported_as_failed(monkeypatch):
     monkeypatch.setattr(gpu_perf, "DEVICE", "cpu")
     real = gpu_perf._fused_paths

@@ -51,15 +51,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Iterator
 
 from annotated_types import Ge, Gt
 import torch
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from ..groups import Groups
-from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, AttentionSite, HeadShape, MechanismDiagnostic, full_precision,
+from ..groups import DenseGroups, Groups
+from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, AttentionSite, FusedAttention, HeadShape, MechanismDiagnostic,
+                      replaying, full_precision, mechanism_diagnostics_on, query_block_rows,
                       standard_diagnostics)
 from ..registry import register_attention
 
@@ -304,6 +307,22 @@ class LognormalConfig(BAMConfig):
 
 
 # ---- the kernels -----------------------------------------------------------------------------------
+_fused_on_cpu = False
+
+
+@contextmanager
+def fused_on_cpu(enabled: bool = True) -> Iterator[None]:
+    """Let the BAM kernels take their fused path (`BayesianAttention.fused_attention`) on CPU too. Only for
+    tests: there it shows that the path computes the eager path's output, KL and gradients; CPU runs keep the
+    eager path, the one their records were made with."""
+    global _fused_on_cpu
+    previous, _fused_on_cpu = _fused_on_cpu, enabled
+    try:
+        yield
+    finally:
+        _fused_on_cpu = previous
+
+
 class KeyPrior(nn.Module):
     """Per-head two-layer MLP: one prior logit F(k_j) per key (authors' code: ReLU, He init, zero biases)."""
 
@@ -399,9 +418,77 @@ class BayesianAttention(AttentionKernel):
         result.weights = result.weights.to(logits.dtype)
         return result
 
+    def draws(self) -> int:
+        """Sampled weight sets a call averages: 1 in training, `mc_samples` (> 1) or 0 (the mean weights) at evaluation."""
+        return 1 if self.training else (self.config.mc_samples if self.config.mc_samples > 1 else 0)
+
+    def log_noise(self, mean: Tensor) -> Tensor:
+        """log S - log E[S] for a draw of S (noise from `draw_noise(mean)`, as `rsample` draws it): the normalised
+        sample is softmax(logits + log_noise), the form the authors' code writes both samplers in
+        (zhougroup/BAM modeling_albert.py), which a fused kernel takes as an additive bias."""
+        raise NotImplementedError
+
+    def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
+        """On CUDA (or under `fused_on_cpu`), dense groups whose mask is per key: the output through SDPA, with the
+        sampled weights' noise as its logits bias (`log_noise`), and the KL from the mean weights formed one block
+        of queries at a time, each checkpointed (recomputed in the backward), so that at most one block of them
+        exists at once. The KL and the noise equal the eager path's (the same draw from the same stream when the
+        call is one block); the sampled weights are never formed but for `sample_tv`, in the same blocks, when
+        mechanism diagnostics are on. None (the eager path): on CPU, where this path is not what records were
+        made with (CPU results stay as they were), at evaluation with `mc_samples` > 1 (an average of several
+        softmaxes is not one), and where the mask is per query (causal): the prior and the KL's key sums assume
+        every query of a sample sees the same keys.
+        Measured nowhere yet on a GPU: `make gpu-perf` checks it against eager (forward, gradients) and times it."""
+        if not isinstance(groups, DenseGroups) or not (q.is_cuda or _fused_on_cpu):
+            return None
+        if groups.mask is not None and groups.mask.shape[-2] > 1:
+            return None
+        draws = self.draws()
+        if draws > 1:
+            return None
+        num_queries = q.shape[-2]
+        rows = query_block_rows(self, groups, q, k) or num_queries
+        diagnose = bool(draws) and mechanism_diagnostics_on()
+        with full_precision(q, k) as (precise_q, precise_k):
+            prior = self.prior_over_keys(precise_k, groups) if self.key_prior is not None else ()
+            noises, kls, pairs, spread, counted = [], [], [], 0.0, 0.0
+            for start in range(0, num_queries, rows):
+                block = slice(start, min(start + rows, num_queries))
+                part = groups.query_rows(block)
+                kl, noise, block_spread, block_counted = torch.utils.checkpoint.checkpoint(
+                    replaying(self._fused_block(part, scale, draws, diagnose), self.noise_generator),
+                    precise_q[..., block, :], precise_k, *prior, use_reentrant=False, preserve_rng_state=True)
+                like = kl.new_zeros(()).expand(q.shape[0], q.shape[1], block.stop - block.start, k.shape[-2])
+                kls.append(kl)
+                pairs.append(part.sum_over_pairs(like.new_ones((1, 1, 1, 1)), like))  # unclamped: a block of none weighs 0
+                noises.append(noise)
+                spread, counted = spread + block_spread, counted + block_counted
+            weights = torch.stack(pairs)
+            kl = (torch.stack(kls) * weights).sum() / weights.sum().clamp_min(1)
+        diagnostics = {"sample_tv": (0.5 * spread / counted.clamp_min(1)).detach()} if diagnose else {}
+        bias = (noises[0] if len(noises) == 1 else torch.cat(noises, dim=-2)) if draws else None
+        return FusedAttention(q, k, scale, bias, aux_losses={"kl": kl}, diagnostics=diagnostics)
+
+    def _fused_block(self, part: Groups, scale: float, draws: int, diagnose: bool):
+        """One query block of `fused_attention`: (its mean KL, its noise or an empty tensor, the sums behind
+        `sample_tv`). Checkpointed: `replaying` makes the backward's recomputation draw the forward's noise."""
+        def call(q: Tensor, k: Tensor, *prior: Tensor):
+            mean, log_mean = part.softmax_and_log(self.score(q, k, part, scale=scale))
+            kl = self.mean_kl(mean, log_mean, tuple(prior) or None, part)
+            noise, spread, counted = mean.new_zeros(0), mean.new_zeros(()), mean.new_zeros(())
+            if draws:
+                with torch.no_grad():
+                    noise = self.log_noise(mean)
+                    if diagnose:
+                        sample = part.normalize(mean * noise.exp(), zero_on_masked=True)
+                        spread = part.sum_over_pairs((sample - mean).abs(), mean)
+                        counted = part.sum_over_pairs(mean, mean)
+            return kl, noise, spread, counted
+        return call
+
     def _normalize(self, logits: Tensor, groups: Groups, k: Tensor) -> AttentionResult:
         mean, log_mean = groups.softmax_and_log(logits)
-        draws = 1 if self.training else (self.config.mc_samples if self.config.mc_samples > 1 else 0)
+        draws = self.draws()
         diagnostics: dict[str, Tensor] = {}
         if draws:
             weights, spread = None, 0.0
@@ -433,6 +520,11 @@ class WeibullAttention(BayesianAttention):
 
     def rsample(self, mean: Tensor) -> Tensor:
         return weibull_rsample(mean, self.config.k, self.draw_noise(mean, "uniform"))
+
+    def log_noise(self, mean: Tensor) -> Tensor:
+        # S = mean * E^(1/k) / Gamma(1 + 1/k): the constant cancels in the normalisation
+        uniform = self.draw_noise(mean, "uniform")
+        return uniform.clamp_min(torch.finfo(mean.dtype).tiny).log_().neg_().log_().div_(self.config.k)
 
     def mean_kl(self, mean, log_mean, prior, groups):
         c = self.config
@@ -467,6 +559,10 @@ class LognormalAttention(BayesianAttention):
 
     def rsample(self, mean: Tensor) -> Tensor:
         return lognormal_rsample(mean, self.config.sigma, self.draw_noise(mean, "normal"))
+
+    def log_noise(self, mean: Tensor) -> Tensor:
+        # S = mean * exp(sigma * eps - sigma^2 / 2): the constant cancels in the normalisation
+        return self.draw_noise(mean, "normal").mul_(self.config.sigma)
 
     def mean_kl(self, mean, log_mean, prior, groups):
         c = self.config
