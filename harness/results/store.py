@@ -162,7 +162,9 @@ class RecordStore:
         """A mapping is validated as a Record first: nothing reaches the disk that would not load back."""
         if not isinstance(record, Record):
             record = Record.from_dict(record)
-        return self._write_atomically(record, self.path(record.key))
+        path = self._write_atomically(record, self.path(record.key))
+        remove_stray_temps(path)  # a process killed inside an earlier write of this key left one
+        return path
 
     def _write_atomically(self, record: Record, target: Path) -> Path:
         return self._write_text_atomically(record_json(record), target)

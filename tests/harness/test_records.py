@@ -23,6 +23,30 @@ def test_records_are_written_atomically_and_tmp_files_are_never_read(tmp_path):
     assert store.load(["abc", "def"]).records.keys() == {"abc"} and not store.load(["def"]).unreadable
 
 
+def test_writing_a_key_s_record_removes_the_temp_file_a_killed_writer_of_it_left(tmp_path):
+    """A process SIGKILLed between its temp file and the rename leaves `.<key>.<host>~<pid>.*.tmp`; the key's next
+    write removes it. A live writer's temp and other keys' temps stay."""
+    from harness.results.store import temp_owner
+
+    store = RecordStore(tmp_path)
+    host = temp_owner().split("~")[0]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        killed = store.root / f".k.{host}~{dead.pid}.a1b2c3d4.tmp"
+        saving = store.root / f".k.{host}~{live.pid}.e5f6g7h8.tmp"
+        other = store.root / f".j.{host}~{dead.pid}.i9j0k1l2.tmp"
+        for path in (killed, saving, other):
+            path.write_text('{"key": "k", "stat')
+        store.write({"key": "k", "status": "ok"})
+        assert not killed.exists() and saving.exists() and other.exists()
+        assert [r["key"] for r in store] == ["k"]
+    finally:
+        live.kill()
+        live.wait()
+
+
 def test_failed_records_count_as_finished_unless_retrying(tmp_path):
     store = RecordStore(tmp_path)
     store.write({"key": "f", "status": "failed", "error": "x"})

@@ -221,6 +221,8 @@ def compare(report: Report, runs: Path, reference: dict[str, dict]) -> None:
     if left:
         report.problems.append(f"checkpoints left after every run was recorded: {left}")
     report.leftover_tmp = sum(1 for d in (folder, runs / "checkpoints") if d.is_dir() for _ in d.glob(".*.tmp"))
+    if report.leftover_tmp:  # a finished run removes what a kill inside one of its writes left
+        report.problems.append(f"{report.leftover_tmp} temp file(s) of killed writes left after every run was recorded")
     report.records = len(mine)
     report.lost = len(set(reference) - set(mine))
     report.useful = sum(int(r["epochs"]) for r in mine.values())
