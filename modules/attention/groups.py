@@ -327,7 +327,9 @@ class DenseGroups(Groups):
                         dropout_p: float) -> Tensor:
         mask = self.mask
         if bias is not None:
-            bias = bias.to(q.dtype)
+            # under autocast SDPA casts its mask to the autocast dtype (same result): cast once, not up then down
+            device = q.device.type
+            bias = bias.to(torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype)
             mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 

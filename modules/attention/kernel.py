@@ -102,10 +102,11 @@ def query_blocks(rows: int | None) -> Iterator[None]:
         _forced_block_rows = previous
 
 
-def query_block_rows(kernel: "AttentionKernel", groups: Groups, q: Tensor, k: Tensor) -> int | None:
+def query_block_rows(kernel: "AttentionKernel", groups: Groups, q: Tensor, k: Tensor, budget_mb: float | None = None) -> int | None:
     """Queries per block for a call that forms the weights but need not return them, or None (one piece):
     only for a kernel that declares itself `row_separable`, on dense groups, and on CUDA when one [B, H, Lq, Lk]
-    float32 tensor would pass WEIGHTS_BUDGET_MB (or wherever `query_blocks` forces it)."""
+    float32 tensor would pass `budget_mb` (default WEIGHTS_BUDGET_MB, or BLOCK_BUDGET_ENV), or wherever
+    `query_blocks` forces it."""
     if not getattr(kernel, "row_separable", False) or not isinstance(groups, DenseGroups):
         return None
     num_queries = q.shape[-2]
@@ -113,7 +114,7 @@ def query_block_rows(kernel: "AttentionKernel", groups: Groups, q: Tensor, k: Te
         return _forced_block_rows if _forced_block_rows < num_queries else None
     if not q.is_cuda:
         return None
-    budget = float(os.environ.get(BLOCK_BUDGET_ENV, WEIGHTS_BUDGET_MB)) * 2**20
+    budget = float(budget_mb if budget_mb is not None else os.environ.get(BLOCK_BUDGET_ENV, WEIGHTS_BUDGET_MB)) * 2**20
     row_bytes = 4 * q.shape[0] * q.shape[1] * k.shape[-2]
     if row_bytes * num_queries <= budget:
         return None

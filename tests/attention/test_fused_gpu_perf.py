@@ -45,15 +45,20 @@ def test_the_correctness_check_compares_query_blocks_with_the_whole_call(monkeyp
 
 
 @pytest.mark.parametrize("name", ["bam-weibull", "bam-lognormal"])
-def test_the_correctness_check_compares_bam_s_sdpa_form_whole_and_in_blocks(monkeypatch, name):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_correctness_check_compares_bam_s_sdpa_form_whole_and_in_blocks(monkeypatch, name, precision):
     """What a GPU's check of BAM runs (its SDPA form is CUDA-only; turned on here): the fused output and gradients
-    against eager, its samples held equal, whole and with the KL in query blocks."""
+    against eager, its samples held equal, whole and with the KL in query blocks; in bf16 under CPU autocast too,
+    where the fused path must pass the page's verdict."""
     from modules.attention.variants.bam import fused_on_cpu
 
     monkeypatch.setattr(gpu_perf, "DEVICE", "cpu")
     with fused_on_cpu():
-        errors = gpu_perf.check({"name": name}, False, "fp32")
-    assert set(errors) == {"sdpa", "sdpa+blocks"} and max(errors.values()) <= gpu_perf.TOLERANCE["fp32"]
+        errors = gpu_perf.check({"name": name}, False, precision)
+    paths = {"sdpa", "sdpa+blocks"}
+    assert paths <= set(errors)
+    for path in paths:
+        assert (errors[path] <= gpu_perf.TOLERANCE["fp32"]) if precision == "fp32" else gpu_perf.bf16_verdict(errors, path)
 
 
 def test_a_broken_fused_path_is_reported_as_failed(monkeypatch):

@@ -62,7 +62,7 @@ from torch import Tensor, nn
 
 from ..groups import DenseGroups, Groups
 from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, AttentionSite, FusedAttention, HeadShape, MechanismDiagnostic,
-                      replaying, full_precision, mechanism_diagnostics_on, query_block_rows,
+                      full_precision, mechanism_diagnostics_on, query_block_rows,
                       standard_diagnostics)
 from ..registry import register_attention
 
@@ -309,6 +309,13 @@ class LognormalConfig(BAMConfig):
 # ---- the kernels -----------------------------------------------------------------------------------
 _fused_on_cpu = False
 
+FUSED_KL_BLOCK_MB = 128
+"""Query blocks of the fused path's KL hold at most this many MiB per [B, H, rows, Lk] float32 tensor. Smaller
+than the eager blocks' budget (kernel.py WEIGHTS_BUDGET_MB) because here only the KL's elementwise passes run in
+blocks, not the output, so a block costs a few kernel launches; the KL keeps about five such tensors alive at
+once. Not yet measured on a GPU; on this CPU blocks of 128 queries made the fused call faster than one block
+(B = 4, H = 12, L = 512: 232 against 382 ms; README, "Fused attention paths")."""
+
 
 @contextmanager
 def fused_on_cpu(enabled: bool = True) -> Iterator[None]:
@@ -447,43 +454,53 @@ class BayesianAttention(AttentionKernel):
         if draws > 1:
             return None
         num_queries = q.shape[-2]
-        rows = query_block_rows(self, groups, q, k) or num_queries
+        rows = query_block_rows(self, groups, q, k, budget_mb=FUSED_KL_BLOCK_MB) or num_queries
         diagnose = bool(draws) and mechanism_diagnostics_on()
+        device = q.device.type
+        # the noise as SDPA will read it: in the autocast dtype under autocast (SDPA casts its mask so), kept once
+        bias_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
         with full_precision(q, k) as (precise_q, precise_k):
             prior = self.prior_over_keys(precise_k, groups) if self.key_prior is not None else ()
-            noises, kls, pairs, spread, counted = [], [], [], 0.0, 0.0
+            # filled block by block (a cat of the blocks would hold the noise twice)
+            bias = q.new_empty((*q.shape[:-1], k.shape[-2]), dtype=bias_dtype) if draws else None
+            kls, pairs, spread, counted = [], [], 0.0, 0.0
             for start in range(0, num_queries, rows):
                 block = slice(start, min(start + rows, num_queries))
                 part = groups.query_rows(block)
-                kl, noise, block_spread, block_counted = torch.utils.checkpoint.checkpoint(
-                    replaying(self._fused_block(part, scale, draws, diagnose), self.noise_generator),
+                target = bias[..., block, :] if draws else None
+                kl, block_spread, block_counted = torch.utils.checkpoint.checkpoint(
+                    self._fused_block(part, scale, target, diagnose),
                     precise_q[..., block, :], precise_k, *prior, use_reentrant=False, preserve_rng_state=True)
                 like = kl.new_zeros(()).expand(q.shape[0], q.shape[1], block.stop - block.start, k.shape[-2])
                 kls.append(kl)
                 pairs.append(part.sum_over_pairs(like.new_ones((1, 1, 1, 1)), like))  # unclamped: a block of none weighs 0
-                noises.append(noise)
                 spread, counted = spread + block_spread, counted + block_counted
             weights = torch.stack(pairs)
             kl = (torch.stack(kls) * weights).sum() / weights.sum().clamp_min(1)
         diagnostics = {"sample_tv": (0.5 * spread / counted.clamp_min(1)).detach()} if diagnose else {}
-        bias = (noises[0] if len(noises) == 1 else torch.cat(noises, dim=-2)) if draws else None
         return FusedAttention(q, k, scale, bias, aux_losses={"kl": kl}, diagnostics=diagnostics)
 
-    def _fused_block(self, part: Groups, scale: float, draws: int, diagnose: bool):
-        """One query block of `fused_attention`: (its mean KL, its noise or an empty tensor, the sums behind
-        `sample_tv`). Checkpointed: `replaying` makes the backward's recomputation draw the forward's noise."""
+    def _fused_block(self, part: Groups, scale: float, target: Tensor | None, diagnose: bool):
+        """One query block of `fused_attention`: (its mean KL, the sums behind `sample_tv`); in training it writes
+        its noise into `target` (its rows of the bias). Checkpointed: the backward's recomputation neither draws
+        (the stream stays where the forward left it) nor writes (SDPA saved the bias for its own backward)."""
+        calls = 0
+
         def call(q: Tensor, k: Tensor, *prior: Tensor):
+            nonlocal calls
+            calls += 1
             mean, log_mean = part.softmax_and_log(self.score(q, k, part, scale=scale))
             kl = self.mean_kl(mean, log_mean, tuple(prior) or None, part)
-            noise, spread, counted = mean.new_zeros(0), mean.new_zeros(()), mean.new_zeros(())
-            if draws:
+            spread, counted = mean.new_zeros(()), mean.new_zeros(())
+            if target is not None and calls == 1:
                 with torch.no_grad():
                     noise = self.log_noise(mean)
                     if diagnose:
                         sample = part.normalize(mean * noise.exp(), zero_on_masked=True)
                         spread = part.sum_over_pairs((sample - mean).abs(), mean)
                         counted = part.sum_over_pairs(mean, mean)
-            return kl, noise, spread, counted
+                    target.copy_(noise)
+            return kl, spread, counted
         return call
 
     def _normalize(self, logits: Tensor, groups: Groups, k: Tensor) -> AttentionResult:
