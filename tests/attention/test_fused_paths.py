@@ -159,3 +159,23 @@ def test_flex_forward_and_backward_equal_eager_on_cuda(config, causal, precision
         assert errors["flex"] <= gpu_perf.TOLERANCE["fp32"], errors
     else:
         assert gpu_perf.bf16_verdict(errors, "flex"), errors
+
+
+def test_under_autocast_a_bias_is_cast_once_to_what_sdpa_reads_with_the_same_result():
+    """DenseGroups.fused_attention hands SDPA its bias in the autocast dtype (SDPA casts its mask so itself): the
+    output equals SDPA's on the float32 bias, masked keys included."""
+    import torch.nn.functional as F
+
+    from modules.attention import DenseGroups
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 16, generator=g) for _ in range(3))
+    bias = torch.randn(2, 3, 6, 6, generator=g)
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    valid[1, 4:] = False
+    groups = DenseGroups.from_key_padding(valid)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = groups.fused_attention(q, k, v, bias=bias, scale=0.25, dropout_p=0.0)
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(~groups.mask, float("-inf")), scale=0.25)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
