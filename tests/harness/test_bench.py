@@ -116,16 +116,20 @@ def test_sigkill_mid_suite_then_rerun_loses_and_duplicates_nothing(tmp_path, env
     suite = tmp_path / "killme.yaml"
     suite.write_text("name: killme\ntasks: [cora]\nvariants: [softmax]\nseeds: 6\nparams: {max_epochs: 25, patience: 25}\n")
     runs = tmp_path / "runs"
-    proc = subprocess.Popen(bench(suite, runs), env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    # Lone runs: a seed batch writes its seeds' records within ~0.1 s of each other (every seed stops at epoch 25),
+    # so a poll could find all six before the kill (measured: 6 records 0.1-0.3 s after the first); lone runs on
+    # 2 workers finish two at a time, a run (~1.5 s) apart. (Killed seed batches: tests/harness/test_preemption.py.)
+    proc = subprocess.Popen(bench(suite, runs, "--no-seed-batch"), env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
-    while time.time() < deadline and not ((runs / "records").exists() and records(runs)):
-        time.sleep(0.2)
+    while time.time() < deadline and not ((runs / "records").exists() and records(runs)) and proc.poll() is None:
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # coordinator and workers, mid-suite
     proc.wait(timeout=30)
     before = records(runs)
     assert 1 <= len(before) < 6, "the kill should land while runs are still in flight"
 
-    done = subprocess.run(bench(suite, runs), env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(bench(suite, runs, "--no-seed-batch"), env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{len(before)} already finished, {6 - len(before)} to run" in done.stdout
     after = records(runs)
