@@ -24,7 +24,7 @@ from harness.report.html_page import render_claims_html, render_html
 from harness.report.markdown import render_markdown
 from harness.report.stats import MIN_SEEDS_TO_RANK
 from harness.results.record import Status
-from harness.results.store import RecordStore
+from harness.results.store import RecordStore, write_text_atomically
 
 if TYPE_CHECKING:
     from harness.plan.planner import Plan
@@ -151,11 +151,11 @@ def write_boards(the_plan: Plan, store: RecordStore, out_dir: str | Path = "lead
         board["unreadable"] = dict(sorted({**board.get("unreadable", {}), **unplaced}.items()))
     warn_unranked(board)
     out.mkdir(parents=True, exist_ok=True)
-    md = out / f"{suite.name}.md"
-    md.write_text(render_markdown(board))
-    table.write_text(render_csv(suite, the_plan, loaded.records, loaded.unreadable))
-    page = out / f"{suite.name}.html"
-    page.write_text(render_html(board))
+    # each file atomically (harness/results/store.py): a kill mid-write leaves the previous board or the new one,
+    # never a truncated one (whose table would also undercount finished_on_board's guard)
+    md = write_text_atomically(render_markdown(board), out / f"{suite.name}.md")
+    write_text_atomically(render_csv(suite, the_plan, loaded.records, loaded.unreadable), table)
+    page = write_text_atomically(render_html(board), out / f"{suite.name}.html")
     return WrittenBoards([md, table, page], {**loaded.unreadable, **(unplaced or {})})
 
 
@@ -179,7 +179,6 @@ def write_claims_board(runs: str | None, out_dir: str | Path = "leaderboards", d
     board = build_claims_board(load_claims(claims_file), runs, data_root)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    md, page = out / "claims.md", out / "claims.html"
-    md.write_text(render_claims_markdown(board))
-    page.write_text(render_claims_html(board))
+    md = write_text_atomically(render_claims_markdown(board), out / "claims.md")
+    page = write_text_atomically(render_claims_html(board), out / "claims.html")
     return [md, page]

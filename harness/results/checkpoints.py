@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from harness.results.store import RecordStore, remove_stray_temps, runs_dir, write_atomically, writer_gone
+from harness.results.store import RecordStore, remove_stray_temps, runs_dir, write_atomically, write_text_atomically, writer_gone
 
 FORMAT = 1
 """Bump when what a checkpoint holds changes meaning: older ones are then discarded as stale."""
@@ -121,10 +121,6 @@ def save_atomically(payload: Mapping[str, Any], target: Path) -> Path:
     import torch
 
     return write_atomically(target, lambda fh: torch.save(dict(payload), fh))
-
-
-def write_text_atomically(text: str, target: Path) -> Path:
-    return write_atomically(target, lambda fh: fh.write(text.encode()))
 
 
 def load_trusted(path: Path, *, keys: Sequence[str], commit: str | None, kind: str, world_size: int = 1) -> dict[str, Any] | None:

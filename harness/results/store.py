@@ -63,6 +63,16 @@ nor a record (the arriving one is kept beside it as a conflicting copy)."""
 _NUMBER_LIST = re.compile(r"\[\s*((?:-?[0-9][0-9.eE+-]*|null|NaN|-?Infinity)(?:,\s*(?:-?[0-9][0-9.eE+-]*|null|NaN|-?Infinity))*)\s*\]")
 
 
+def _file_mode() -> int:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+FILE_MODE = _file_mode()
+"""What open() would give a new file here (0666 less the umask), read once at import."""
+
+
 def temp_owner() -> str:
     """`<host>~<pid>` of this process, as write_atomically names its temp files."""
     return f"{socket.gethostname().replace('.', '_')}~{os.getpid()}"
@@ -101,6 +111,7 @@ def write_atomically(target: Path, write: Callable[[Any], Any]) -> Path:
     # (harness/results/checkpoints.py remove_stray_temps)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.{temp_owner()}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, FILE_MODE)  # mkstemp's 0600 would hide records and boards from the group a cluster shares them with
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
@@ -115,6 +126,11 @@ def write_atomically(target: Path, write: Callable[[Any], Any]) -> Path:
     finally:
         os.close(dir_fd)
     return target
+
+
+def write_text_atomically(text: str, target: Path) -> Path:
+    """`text` as UTF-8 through `write_atomically`."""
+    return write_atomically(target, lambda fh: fh.write(text.encode()))
 
 
 def record_json(record: Record) -> str:

@@ -167,3 +167,35 @@ def _reversed(value):
     if isinstance(value, dict):
         return {k: _reversed(value[k]) for k in reversed(list(value))}
     return value
+
+
+def test_a_write_that_dies_before_its_rename_leaves_the_previous_board_whole(tmp_path, monkeypatch):
+    """Boards are written as records are (temp file, rename): a process killed mid-write leaves the old board or
+    the new one, never a truncated one, and the board files get open()'s mode (0666 less the umask), not mkstemp's
+    0600, so that the group sharing a leaderboards folder can read them."""
+    import os
+
+    from harness.results import store as store_module
+
+    suite_path, found = synthetic(tmp_path)
+    store = RecordStore(tmp_path / "runs")
+    for r in found[:20]:
+        store.write(r)
+    written = write_leaderboard(suite_path, runs=str(tmp_path / "runs"), out_dir=tmp_path / "lb")
+    before = {p.name: p.read_bytes() for p in written}
+    assert all(os.stat(p).st_mode & 0o777 == store_module.FILE_MODE for p in written)
+    for r in found[20:]:
+        store.write(r)
+
+    def killed(src, dst):
+        raise KeyboardInterrupt("killed between the temp file and the rename")
+
+    monkeypatch.setattr(os, "replace", killed)
+    try:
+        write_leaderboard(suite_path, runs=str(tmp_path / "runs"), out_dir=tmp_path / "lb")
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "lb").iterdir()} == before  # no temp file either
+    after = write_leaderboard(suite_path, runs=str(tmp_path / "runs"), out_dir=tmp_path / "lb")
+    assert any(p.read_bytes() != before[p.name] for p in after)
