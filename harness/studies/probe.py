@@ -392,8 +392,10 @@ def run_fenchel_probe(*, dataset: str = "sst2", sentences: int = 64, max_length:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{REPORT_STEM}.md").write_text(report_markdown(result, dataset=dataset, max_length=max_length))
-    (out / f"{REPORT_STEM}.csv").write_text(per_head_csv(result))
+    from harness.results.store import write_text_atomically  # as boards are: a kill mid-write leaves the old report
+
+    write_text_atomically(report_markdown(result, dataset=dataset, max_length=max_length), out / f"{REPORT_STEM}.md")
+    write_text_atomically(per_head_csv(result), out / f"{REPORT_STEM}.csv")
     plot_histograms(result, out / f"{REPORT_STEM}.png")
 
     print(f"Fenchel probe: {MODEL_NAME}")
