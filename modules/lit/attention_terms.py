@@ -91,6 +91,14 @@ def mechanism_logs(trace: Sequence[tuple[AttentionKernel, AttentionResult]], tas
     return logs
 
 
+def log_validation_mechanism(module, trace: Sequence[tuple[AttentionKernel, AttentionResult]], loss: Tensor, batch_size: int) -> None:
+    """A minibatch host's validation step: its batch's mechanism diagnostics as "val/diag/<name>", which Lightning
+    averages over the epoch's batches, weighted by `batch_size` (the graph host logs its one full-graph pass)."""
+    logs = mechanism_logs(trace, loss, module.global_step, module.current_epoch)
+    if logs:
+        module.log_dict({f"val/{k}": v for k, v in logs.items()}, batch_size=batch_size)
+
+
 def check_finite(loss: Tensor, epoch: int) -> None:
     diverged = not bool(torch.isfinite(loss))
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:

@@ -14,7 +14,7 @@ from torch import Tensor
 from datamodules.vocab import Vocabulary
 
 from ..hosts.captioner import Captioner
-from .attention_terms import DivergenceWatch, diagnostics, trace_aux_loss
+from .attention_terms import DivergenceWatch, diagnostics, log_validation_mechanism, mechanism_logs, trace_aux_loss
 from .example_mean import ExampleMean
 from .optimization import WarmupAdamW
 from .caption_metrics import CaptionScores, java_available
@@ -46,13 +46,12 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
         trace = []
         captions = batch["captions"]
         logits = self.model(batch["features"], captions[:, :-1], trace)
-        loss = self._caption_loss(logits, captions, smoothing=self.label_smoothing)
+        task_loss = self._caption_loss(logits, captions, smoothing=self.label_smoothing)
         aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
-        if aux is not None:
-            loss = loss + aux
+        loss = task_loss if aux is None else task_loss + aux
         self._divergence.update(loss, self, batch_idx)
         self.log("train/loss", loss, batch_size=len(captions))
-        self.log_dict(aux_logs, batch_size=len(captions))
+        self.log_dict({**aux_logs, **mechanism_logs(trace, task_loss, self.global_step, self.current_epoch)}, batch_size=len(captions))
         return loss
 
     def _reference_loss(self, batch, trace=None, *, need_weights: bool = False) -> Tensor:
@@ -70,7 +69,10 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
         return [self.vocab.decode(row) for row in tokens]
 
     def validation_step(self, batch, batch_idx):
-        self.val_loss.update(self._reference_loss(batch), len(batch["captions"]))
+        trace = []
+        loss = self._reference_loss(batch, trace)
+        self.val_loss.update(loss, len(batch["captions"]))
+        log_validation_mechanism(self, trace, loss, len(batch["captions"]))
         self.val_scores.update(batch["image_ids"], self._decode(batch["features"], 1), batch["references"])
 
     def on_validation_epoch_end(self):

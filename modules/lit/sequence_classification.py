@@ -22,7 +22,7 @@ from torchmetrics.classification import (
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
 from ..hosts.text_encoder import encode, kernels_of, mean_pool
-from .attention_terms import DivergenceWatch, diagnostics, sampling_kernels, trace_aux_loss
+from .attention_terms import DivergenceWatch, diagnostics, log_validation_mechanism, mechanism_logs, sampling_kernels, trace_aux_loss
 from .example_mean import ExampleMean
 from .optimization import WarmupAdamW
 
@@ -117,14 +117,14 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         output, trace = self.model(batch)
-        loss = self._loss(output, batch["labels"])
+        task_loss = self._loss(output, batch["labels"])
         aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
-        if aux is not None:
-            loss = loss + aux
+        loss = task_loss if aux is None else task_loss + aux
         self._divergence.update(loss, self, batch_idx)
         batch_size = len(batch["labels"])
         self.log("train/loss", loss, batch_size=batch_size)
-        self.log_dict({**aux_logs, **diagnostics(trace)}, batch_size=batch_size)
+        self.log_dict({**aux_logs, **diagnostics(trace), **mechanism_logs(trace, task_loss, self.global_step, self.current_epoch)},
+                      batch_size=batch_size)
         return loss
 
     def predict_batch(self, batch, *, need_weights: bool = False) -> tuple[Tensor, Tensor, list]:
@@ -144,9 +144,10 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
         return probs, F.nll_loss(probs.clamp_min(1e-12).log(), batch["labels"]), trace
 
     def validation_step(self, batch, batch_idx):
-        prediction, loss, _ = self.predict_batch(batch)
+        prediction, loss, trace = self.predict_batch(batch)
         update_metrics(self.val_metrics, prediction, batch["labels"])
         self.val_loss.update(loss, len(batch["labels"]))
+        log_validation_mechanism(self, trace, loss, len(batch["labels"]))
 
     def on_validation_epoch_end(self):
         self.log_dict({"val/loss": self.val_loss.compute(), **self.val_metrics.compute()})

@@ -19,7 +19,7 @@ from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import MulticlassCalibrationError
 
 from ..hosts.mcan import MCAN
-from .attention_terms import DivergenceWatch, diagnostics, sampling_kernels, trace_aux_loss
+from .attention_terms import DivergenceWatch, diagnostics, log_validation_mechanism, mechanism_logs, sampling_kernels, trace_aux_loss
 from .example_mean import ExampleMean
 from .optimization import WarmupAdamW
 
@@ -150,14 +150,13 @@ class VQAModule(WarmupAdamW, L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         trace = []
-        loss = self.loss(self(batch, trace), batch["target"])
+        task_loss = self.loss(self(batch, trace), batch["target"])
         aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
-        if aux is not None:
-            loss = loss + aux
+        loss = task_loss if aux is None else task_loss + aux
         self._divergence.update(loss, self, batch_idx)
         batch_size = len(batch["target"])
         self.log("train/loss", loss, batch_size=batch_size)
-        self.log_dict(aux_logs, batch_size=batch_size)
+        self.log_dict({**aux_logs, **mechanism_logs(trace, task_loss, self.global_step, self.current_epoch)}, batch_size=batch_size)
         return loss
 
     def predict_batch(self, batch, *, need_weights: bool = False) -> tuple[Tensor, Tensor, list]:
@@ -174,9 +173,10 @@ class VQAModule(WarmupAdamW, L.LightningModule):
         return probs, self.loss(logits, batch["target"]), trace
 
     def validation_step(self, batch, batch_idx):
-        probs, loss, _ = self.predict_batch(batch)
+        probs, loss, trace = self.predict_batch(batch)
         self.val_metrics.update(probs, batch["target"])
         self.val_loss.update(loss, len(probs))
+        log_validation_mechanism(self, trace, loss, len(probs))
 
     def on_validation_epoch_end(self):
         self.log_dict({"val/loss": self.val_loss.compute(), **self.val_metrics.compute()})

@@ -118,3 +118,26 @@ def test_the_cpu_point_sort_is_torchs_order():
     assert torch.equal(_sorted_points(values), values.sort(dim=1).values)
     for dtype in (torch.bfloat16, torch.float16, torch.float64):  # NumPy has no bf16: CPU autocast gives it
         assert torch.equal(_sorted_points(values.to(dtype)), values.to(dtype).sort(dim=1).values)
+
+
+TINY_TEXT = {"depth": 1, "width": 32, "heads": 2, "max_length": 32, "max_train_examples": 64, "max_val_examples": 32,
+             "max_epochs": 2, "batch_size": 16}
+
+
+@pytest.mark.parametrize("variant", ["softmax", "align-ct", "bam-weibull"])
+def test_a_text_run_keeps_mechanism_curves_and_the_same_numbers_without_them(data_root, full_history, variant):
+    """The minibatch hosts (GLUE here; VQA and captioning log the same way) keep the mechanism diagnostics as
+    train and validation curves, as the graph host does; computing them changes no training number."""
+    if not (Path(data_root) / "glue" / "RTE").exists():
+        pytest.skip("needs GLUE RTE under ../shared/data")
+    spec = make_spec("glue-rte", variant, 0, TINY_TEXT)
+    on = execute(spec, data_root=data_root)
+    with mechanism_diagnostics(False):
+        off = execute(spec, data_root=data_root)
+    assert on.status is Status.OK and off.status is Status.OK, (on.error, off.error)
+    assert _numbers(on) == _numbers(off)
+    for d in attention_entry(variant).cls.mechanism:
+        assert all(f"diag/{d.name}" in row for row in on.history), d.name
+        if d.name != "sample_tv":  # evaluation uses the mean weights: nothing is sampled there
+            assert all(f"val/diag/{d.name}" in row for row in on.history), d.name
+    assert not any(k.startswith(("diag/", "val/diag/")) for row in off.history for k in row)
