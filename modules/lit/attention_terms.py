@@ -91,12 +91,38 @@ def mechanism_logs(trace: Sequence[tuple[AttentionKernel, AttentionResult]], tas
     return logs
 
 
-def log_validation_mechanism(module, trace: Sequence[tuple[AttentionKernel, AttentionResult]], loss: Tensor, batch_size: int) -> None:
-    """A minibatch host's validation step: its batch's mechanism diagnostics as "val/diag/<name>", which Lightning
-    averages over the epoch's batches, weighted by `batch_size` (the graph host logs its one full-graph pass)."""
-    logs = mechanism_logs(trace, loss, module.global_step, module.current_epoch)
-    if logs:
-        module.log_dict({f"val/{k}": v for k, v in logs.items()}, batch_size=batch_size)
+class ValidationMechanism:
+    """A minibatch host's mechanism diagnostics over a validation epoch, as "val/diag/<name>": each batch's value
+    weighted by its examples, summed over data-parallel ranks, so that 2 ranks give one process's value (as
+    ExampleMean does for the loss; `self.log(..., sync_dist=True)` would average the ranks' means, which differs
+    when their shards differ in size). The names are gathered from every rank first: a rank without a validation
+    batch has none, and a collective over different lists would hang. The graph host needs none of this: every
+    rank validates the whole graph."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Tensor] = {}  # "diag/<name>" -> [Σ value·examples, Σ examples], float32 as ExampleMean
+
+    def update(self, module, trace: Sequence[tuple[AttentionKernel, AttentionResult]], loss: Tensor, examples: int) -> None:
+        for name, value in mechanism_logs(trace, loss, module.global_step, module.current_epoch).items():
+            value = value.detach().float()
+            part = torch.stack([value * examples, torch.full_like(value, float(examples))])
+            self.sums[name] = part if name not in self.sums else self.sums[name] + part
+
+    def compute_and_reset(self) -> dict[str, Tensor]:
+        sums, self.sums = self.sums, {}
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            everyone: list = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, sorted(sums))
+            names = sorted(set().union(*everyone))
+            if not names:
+                return {}
+            device = (next(iter(sums.values())).device if sums else
+                      torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu"))
+            stacked = torch.stack([sums[n] if n in sums else torch.zeros(2, device=device) for n in names])
+            dist.all_reduce(stacked)
+            sums = dict(zip(names, stacked))
+        return {f"val/{name}": total / count for name, (total, count) in sums.items() if float(count) > 0}
 
 
 def check_finite(loss: Tensor, epoch: int) -> None:

@@ -14,7 +14,7 @@ from torch import Tensor
 from datamodules.vocab import Vocabulary
 
 from ..hosts.captioner import Captioner
-from .attention_terms import DivergenceWatch, diagnostics, log_validation_mechanism, mechanism_logs, trace_aux_loss
+from .attention_terms import DivergenceWatch, ValidationMechanism, diagnostics, mechanism_logs, trace_aux_loss
 from .example_mean import ExampleMean
 from .optimization import WarmupAdamW
 from .caption_metrics import CaptionScores, java_available
@@ -36,6 +36,7 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
         self.max_decode_len = max_decode_words + 1  # the words and their <eos>
         self.val_scores = CaptionScores(VAL_SCORERS)
         self.val_loss = ExampleMean()
+        self.val_mechanism = ValidationMechanism()
         # METEOR starts a JVM that loads 2 GB of paraphrase tables (about 10 s): only when asked for.
         self.test_scores = CaptionScores(TEST_SCORERS if meteor and java_available() else TEST_SCORERS[:-1])
 
@@ -72,11 +73,11 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
         trace = []
         loss = self._reference_loss(batch, trace)
         self.val_loss.update(loss, len(batch["captions"]))
-        log_validation_mechanism(self, trace, loss, len(batch["captions"]))
+        self.val_mechanism.update(self, trace, loss, len(batch["captions"]))
         self.val_scores.update(batch["image_ids"], self._decode(batch["features"], 1), batch["references"])
 
     def on_validation_epoch_end(self):
-        self.log_dict({"val/loss": self.val_loss.compute(), **{f"val/{k}": v.float() for k, v in self.val_scores.compute().items()}})
+        self.log_dict({"val/loss": self.val_loss.compute(), **self.val_mechanism.compute_and_reset(), **{f"val/{k}": v.float() for k, v in self.val_scores.compute().items()}})
         self.val_loss.reset()
         self.val_scores.reset()
 

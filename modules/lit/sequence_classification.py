@@ -22,7 +22,7 @@ from torchmetrics.classification import (
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
 from ..hosts.text_encoder import encode, kernels_of, mean_pool
-from .attention_terms import DivergenceWatch, diagnostics, log_validation_mechanism, mechanism_logs, sampling_kernels, trace_aux_loss
+from .attention_terms import DivergenceWatch, ValidationMechanism, diagnostics, mechanism_logs, sampling_kernels, trace_aux_loss
 from .example_mean import ExampleMean
 from .optimization import WarmupAdamW
 
@@ -106,6 +106,7 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
         self.mc_samples = mc_samples if any(k.stochastic for k in model.kernels()) else 1
         self.val_metrics = task_metrics(metric_names, max(num_labels, 2)).clone(prefix="val/")
         self.val_loss = ExampleMean()
+        self.val_mechanism = ValidationMechanism()
         # The first evaluation set is the primary one: test/acc; the others test/<name>_acc.
         self.test_prefixes = ["test/"] + [f"test/{name}_" for name in list(test_names)[1:]]
         self.test_metrics = nn.ModuleList(task_metrics(metric_names, max(num_labels, 2)).clone(prefix=p) for p in self.test_prefixes)
@@ -147,10 +148,10 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
         prediction, loss, trace = self.predict_batch(batch)
         update_metrics(self.val_metrics, prediction, batch["labels"])
         self.val_loss.update(loss, len(batch["labels"]))
-        log_validation_mechanism(self, trace, loss, len(batch["labels"]))
+        self.val_mechanism.update(self, trace, loss, len(batch["labels"]))
 
     def on_validation_epoch_end(self):
-        self.log_dict({"val/loss": self.val_loss.compute(), **self.val_metrics.compute()})
+        self.log_dict({"val/loss": self.val_loss.compute(), **self.val_mechanism.compute_and_reset(), **self.val_metrics.compute()})
         self.val_loss.reset()
         self.val_metrics.reset()
 

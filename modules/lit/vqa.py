@@ -19,7 +19,7 @@ from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import MulticlassCalibrationError
 
 from ..hosts.mcan import MCAN
-from .attention_terms import DivergenceWatch, diagnostics, log_validation_mechanism, mechanism_logs, sampling_kernels, trace_aux_loss
+from .attention_terms import DivergenceWatch, ValidationMechanism, diagnostics, mechanism_logs, sampling_kernels, trace_aux_loss
 from .example_mean import ExampleMean
 from .optimization import WarmupAdamW
 
@@ -139,6 +139,7 @@ class VQAModule(WarmupAdamW, L.LightningModule):
         self.mc_samples = mc_samples if any(k.stochastic for k in model.kernels()) else 1
         self.val_metrics = vqa_metrics(num_answers, pavpu_threshold, full=False).clone(prefix="val/")
         self.val_loss = ExampleMean()
+        self.val_mechanism = ValidationMechanism()
         self.test_metrics = vqa_metrics(num_answers, pavpu_threshold, full=True).clone(prefix="test/")
 
     def forward(self, batch: dict[str, Tensor], trace=None, *, need_weights: bool = False) -> Tensor:
@@ -176,10 +177,10 @@ class VQAModule(WarmupAdamW, L.LightningModule):
         probs, loss, trace = self.predict_batch(batch)
         self.val_metrics.update(probs, batch["target"])
         self.val_loss.update(loss, len(probs))
-        log_validation_mechanism(self, trace, loss, len(probs))
+        self.val_mechanism.update(self, trace, loss, len(probs))
 
     def on_validation_epoch_end(self):
-        self.log_dict({"val/loss": self.val_loss.compute(), **self.val_metrics.compute()})
+        self.log_dict({"val/loss": self.val_loss.compute(), **self.val_mechanism.compute_and_reset(), **self.val_metrics.compute()})
         self.val_loss.reset()
         self.val_metrics.reset()
 

@@ -91,3 +91,44 @@ def test_validation_loss_is_the_example_weighted_mean():
     assert mean.compute().item() == pytest.approx((4 + 8 + 14) / 23)
     mean.update(torch.tensor(float("nan")), 2)  # a diverged batch stays visible to early stopping
     assert mean.compute().isnan()
+
+
+MECHANISM_RANK = r"""
+import os, sys, json
+import torch
+import torch.distributed as dist
+from types import SimpleNamespace
+from modules.lit import attention_terms
+
+rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+# stand-in for mechanism_logs: each batch reports one diagnostic, its value the batch's index
+attention_terms.mechanism_logs = lambda trace, loss, step, epoch: {"diag/qk_distance": torch.tensor(float(trace))}
+means = attention_terms.ValidationMechanism()
+module = SimpleNamespace(global_step=0, current_epoch=0)
+batches = {0: [(1, 8), (2, 8), (3, 7)], 1: []}[rank]  # rank 1 holds no validation batch at all
+for value, examples in batches:
+    means.update(module, value, torch.tensor(0.0), examples)
+out = {k: float(v) for k, v in means.compute_and_reset().items()}
+print(json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+def test_validation_mechanism_means_sum_over_ranks_even_when_one_rank_has_no_batch():
+    """The minibatch hosts' val/diag/<name> under DDP (modules/lit/attention_terms.py ValidationMechanism): the
+    example-weighted mean over every rank's batches, and no hang where a rank validated nothing (it has no names
+    to offer; the names are gathered before the sums are reduced)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", MECHANISM_RANK, str(rank), "2", port], env=env, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    expected = (1 * 8 + 2 * 8 + 3 * 7) / 23
+    for out, _ in outs:
+        assert json.loads(out.strip().splitlines()[-1]) == {"val/diag/qk_distance": pytest.approx(expected, rel=1e-6)}
