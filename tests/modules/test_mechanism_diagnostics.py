@@ -141,3 +141,15 @@ def test_a_text_run_keeps_mechanism_curves_and_the_same_numbers_without_them(dat
         if d.name != "sample_tv":  # evaluation uses the mean weights: nothing is sampled there
             assert all(f"val/diag/{d.name}" in row for row in on.history), d.name
     assert not any(k.startswith(("diag/", "val/diag/")) for row in off.history for k in row)
+
+
+@pytest.mark.parametrize("variant", ["fenchel", "gmm"])
+def test_a_fused_text_run_keeps_the_alpha_curve(data_root, variant):
+    """fenchel and gmm run fused (SDPA) on the text hosts: α, a parameter read, is still kept as a curve (fenchel's
+    prior_tv needs the weights: only its test pass, which asks for them, reports it)."""
+    if not (Path(data_root) / "glue" / "RTE").exists():
+        pytest.skip("needs GLUE RTE under ../shared/data")
+    record = execute(make_spec("glue-rte", variant, 0, TINY_TEXT), data_root=data_root)
+    assert record.status is Status.OK, record.error
+    assert "sdpa" in (record.execution or {}).get("attention_paths", [])
+    assert "diag/alpha" in record.history and "val/diag/alpha" in record.history

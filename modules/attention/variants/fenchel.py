@@ -265,7 +265,9 @@ class FenchelAttention(AttentionKernel):
         if self.fixed_alpha != 1.0:
             q = q * per_head(self.alpha(), q).to(q.dtype)
         bias = self.log_prior(raw_q.new_zeros(()).expand(*raw_q.shape[:-1], k.shape[-2]), groups)
-        return FusedAttention(q, k, scale, bias, flex=flex)
+        # α is a parameter read: the fused path keeps that curve; prior_tv needs the weights (eager calls only)
+        diagnostics = {"alpha": self.alpha().mean().detach()} if self.measures("alpha") else {}
+        return FusedAttention(q, k, scale, bias, flex=flex, diagnostics=diagnostics)
 
     def _flex_form(self, q: Tensor, k: Tensor, groups: Groups, scale: float) -> FlexForm | None:
         """`α[h]·s + log u` as a FlexAttention score_mod, built only where it can run (CUDA, or a test that

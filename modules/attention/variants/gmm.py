@@ -317,7 +317,9 @@ class GaussianMixtureAttention(AttentionKernel):
         if key_terms is not None:
             scaled_q = torch.cat([scaled_q, scaled_q.new_ones(scaled_q.shape[:-1]).unsqueeze(-1)], dim=-1)
             k = torch.cat([k, key_terms.unsqueeze(-1)], dim=-1)
-        return FusedAttention(scaled_q, k, scale=1.0, flex=flex)
+        # α is a parameter read, as the eager path reports it
+        diagnostics = {"alpha": self.alpha.detach().mean()} if not self.training or self.measures("alpha") else {}
+        return FusedAttention(scaled_q, k, scale=1.0, flex=flex, diagnostics=diagnostics)
 
     def _flex_form(self, q: Tensor, k: Tensor) -> FlexForm | None:
         """`α[h]·s + (ρ-1)·α[h]/2·‖ξ‖² + ⟨c, ξ⟩` as a FlexAttention score_mod (ρ = 0: the issue's
