@@ -108,7 +108,7 @@ def write_atomically(target: Path, write: Callable[[Any], Any]) -> Path:
     power cut. The one place the store's records and the runs' checkpoints are written."""
     target.parent.mkdir(parents=True, exist_ok=True)
     # the writer's host and pid in the name: a temp file a killed writer left can be told from a save in progress
-    # (harness/results/checkpoints.py remove_stray_temps)
+    # (`remove_stray_temps`)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.{temp_owner()}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, FILE_MODE)  # mkstemp's 0600 would hide records and boards from the group a cluster shares them with
