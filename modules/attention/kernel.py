@@ -121,6 +121,13 @@ def query_block_rows(kernel: "AttentionKernel", groups: Groups, q: Tensor, k: Te
     return max(16, int(budget // row_bytes))
 
 
+def block_pairs(part: DenseGroups, q: Tensor, k: Tensor) -> Tensor:
+    """The valid (query, key) pairs of valid queries in a query block (`part`, its queries `q`), in float32 and
+    unclamped, so that a block without any weighs 0 where blocks merge a per-pair mean."""
+    like = q.new_zeros((), dtype=torch.float32).expand(q.shape[0], q.shape[1], q.shape[-2], k.shape[-2])
+    return part.sum_over_pairs(like.new_ones((1, 1, 1, 1)), like)
+
+
 def replaying(fn: Callable[..., Any], generator: torch.Generator | None) -> Callable[..., Any]:
     """`fn` as checkpointing recomputes it: the recomputation draws what the forward drew from `generator` (a
     run's own stream, which checkpoint's RNG preservation does not cover: it restores torch's global ones), and
@@ -552,7 +559,7 @@ class AttentionKernel(nn.Module):
                 return out, result.aux_losses, result.diagnostics
             return call
 
-        batch, heads, num_queries, num_keys = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
+        batch, heads, num_queries = q.shape[0], q.shape[1], q.shape[-2]
         outputs, parts = [], []
         for start in range(0, num_queries, rows):
             block = slice(start, min(start + rows, num_queries))
@@ -564,8 +571,7 @@ class AttentionKernel(nn.Module):
             # counts in float32 (bf16 would round them); the pairs unclamped, so that a block without any weighs 0
             queries = (torch.tensor(float(batch * heads * size), device=q.device) if valid is None
                        else valid.expand(batch, heads, size).sum().float())
-            like = q.new_zeros((), dtype=torch.float32).expand(batch, heads, size, num_keys)
-            pairs = part.sum_over_pairs(like.new_ones((1, 1, 1, 1)), like) if self.pair_means else None
+            pairs = block_pairs(part, q[..., block, :], k) if self.pair_means else None
             outputs.append(out)
             parts.append((aux, diagnostics, queries, pairs))
 

@@ -62,7 +62,7 @@ from torch import Tensor, nn
 
 from ..groups import DenseGroups, Groups
 from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, AttentionSite, FusedAttention, HeadShape, MechanismDiagnostic,
-                      full_precision, mechanism_diagnostics_on, query_block_rows,
+                      block_pairs, full_precision, mechanism_diagnostics_on, query_block_rows,
                       standard_diagnostics)
 from ..registry import register_attention
 
@@ -471,9 +471,8 @@ class BayesianAttention(AttentionKernel):
                 kl, block_spread, block_counted = torch.utils.checkpoint.checkpoint(
                     self._fused_block(part, scale, target, diagnose),
                     precise_q[..., block, :], precise_k, *prior, use_reentrant=False, preserve_rng_state=True)
-                like = kl.new_zeros(()).expand(q.shape[0], q.shape[1], block.stop - block.start, k.shape[-2])
                 kls.append(kl)
-                pairs.append(part.sum_over_pairs(like.new_ones((1, 1, 1, 1)), like))  # unclamped: a block of none weighs 0
+                pairs.append(block_pairs(part, precise_q[..., block, :], k))
                 spread, counted = spread + block_spread, counted + block_counted
             weights = torch.stack(pairs)
             kl = (torch.stack(kls) * weights).sum() / weights.sum().clamp_min(1)
