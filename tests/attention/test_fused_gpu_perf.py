@@ -73,3 +73,31 @@ def test_a_broken_fused_path_is_reported_as_failed(monkeypatch):
     monkeypatch.setattr(gpu_perf, "CORRECTNESS", [({"name": "softmax"}, False, True)])
     gpu_perf.correctness(page)
     assert page.failed == ["softmax sdpa"] and any("FAILED" in line for line in page.lines)
+
+
+@pytest.mark.parametrize("config,causal", [({"name": "gmm"}, True), ({"name": "gmm", "prior": "magnitude"}, False),
+                                          ({"name": "gmm", "prior_offset": True}, True),
+                                          ({"name": "gmm", "prior_offset": True}, False)], ids=str)
+def test_gmm_s_fused_form_passes_the_bf16_verdict(monkeypatch, config, causal):
+    """gmm's per-key terms ride in the fused kernel's precision: uncentred, the prior coupling's gradient under bf16
+    was 4.0e-2 from fp32 where eager bf16's was 1.1e-2 (prior_offset, causal), and the page said FAILED."""
+    monkeypatch.setattr(gpu_perf, "DEVICE", "cpu")
+    errors = gpu_perf.check(config, causal, "bf16")
+    assert gpu_perf.bf16_verdict(errors, "sdpa"), errors
+
+
+def test_gmm_s_fused_key_terms_are_centred_only_in_reduced_precision():
+    from modules.attention import AttentionSite, build_attention
+
+    kernel = build_attention({"name": "gmm", "prior_offset": True}, num_heads=2, head_dim=8,
+                             site=AttentionSite("text", "self", sequence=True))
+    with torch.no_grad():  # off the initial values (ρ = 1, no offset: no per-key terms at all)
+        for p in kernel.parameters():
+            p.add_(0.5)
+    k = torch.randn(2, 2, 5, 8, generator=torch.Generator().manual_seed(0)) * 3
+    assert torch.equal(kernel._fused_key_terms(k), kernel._key_terms(k))  # fp32: the records' numbers, bit for bit
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        centred = kernel._fused_key_terms(k)
+    raw = kernel._key_terms(k)
+    assert centred.mean(-1).abs().max() < 1e-5 and raw.mean(-1).abs().min() > 0.1
+    torch.testing.assert_close(centred, raw - raw.mean(-1, keepdim=True))

@@ -311,9 +311,9 @@ class GaussianMixtureAttention(AttentionKernel):
         holding the bias on this CPU, measured, and the mask stays boolean)."""
         if self._runs_value_em() or self._adapting():
             return None
-        flex = self._flex_form(q, k)
+        key_terms = self._fused_key_terms(k)
+        flex = self._flex_form(q, k, key_terms)
         scaled_q = q * per_head(self.alpha, q)
-        key_terms = self._key_terms(k)
         if key_terms is not None:
             scaled_q = torch.cat([scaled_q, scaled_q.new_ones(scaled_q.shape[:-1]).unsqueeze(-1)], dim=-1)
             k = torch.cat([k, key_terms.unsqueeze(-1)], dim=-1)
@@ -321,7 +321,25 @@ class GaussianMixtureAttention(AttentionKernel):
         diagnostics = {"alpha": self.alpha.detach().mean()} if not self.training or self.measures("alpha") else {}
         return FusedAttention(scaled_q, k, scale=1.0, flex=flex, diagnostics=diagnostics)
 
-    def _flex_form(self, q: Tensor, k: Tensor) -> FlexForm | None:
+    def _fused_key_terms(self, xi: Tensor) -> Tensor | None:
+        """`_key_terms` for a fused kernel. Under bf16 or fp16 they are centred over each head's keys: a constant per
+        (sample, head) leaves every row's softmax as it was, but the fused kernel holds the terms in that
+        precision, and ρ's gradient sums them against per-key gradients that cancel over each row. Uncentred,
+        gpu-perf's bf16 check of `gmm (prior_offset=True) causal` found ρ's gradient 4.0e-2 from fp32 where eager
+        bf16's is 1.1e-2 (CPU autocast). The centre is not detached: its exact gradient is zero, and the backward
+        through it takes each head's mean off the per-key gradients, so that ρ's gradient sums them against
+        centred norms too (detached, it did not help: 2.2e-2 against eager's 0.9e-2 for `gmm causal`). Float32 and
+        float64 stay as they were, bit for bit (the text hosts' CPU records ran them)."""
+        terms = self._key_terms(xi)
+        device = xi.device.type
+        reduced = xi.dtype in (torch.bfloat16, torch.float16) or (
+            torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) in (torch.bfloat16, torch.float16))
+        if terms is None or not reduced:
+            return terms
+        # padded keys may hold anything; none of them may move the centre to inf or nan
+        return terms - terms.nan_to_num(0.0, 0.0, 0.0).mean(-1, keepdim=True)
+
+    def _flex_form(self, q: Tensor, k: Tensor, key_terms: Tensor | None) -> FlexForm | None:
         """`α[h]·s + (ρ-1)·α[h]/2·‖ξ‖² + ⟨c, ξ⟩` as a FlexAttention score_mod (ρ = 0: the issue's
         `α·s − α/2·‖k‖² + log π`; the ‖q‖² term cancels in the softmax). The per-key terms are one captured
         [B, H, Lk] tensor, so gradients reach the keys, α, ρ and c through it; α is captured as [H], never 0-d
@@ -329,7 +347,6 @@ class GaussianMixtureAttention(AttentionKernel):
         if not ((q.is_cuda and flex_wanted()) or flex_cpu_allowed()):
             return None
         alpha = self.alpha
-        key_terms = self._key_terms(k)
         if key_terms is None:
             def score_mod(score, b, h, q_idx, kv_idx):
                 return alpha[h] * score
