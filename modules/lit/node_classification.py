@@ -14,7 +14,7 @@ from datamodules.evaluation import distributed_kwargs
 from ..hosts.gat import GAT, graph_groups
 from .attention_terms import DivergenceWatch, diagnostics, mechanism_logs, trace_aux_loss
 from .example_mean import ExampleMean
-from .optimization import parameter_groups
+from .optimization import graph_adam, parameter_groups
 
 
 class NodeClassificationModule(L.LightningModule):
@@ -99,4 +99,4 @@ class NodeClassificationModule(L.LightningModule):
         groups = parameter_groups(
             self, lr=self.lr, weight_decay=self.weight_decay, kernel_lr_scale=self.kernel_lr_scale, decay_vectors=True
         )
-        return torch.optim.Adam(groups, lr=self.lr)
+        return graph_adam(groups, self.lr, self.device)

@@ -29,7 +29,7 @@ from ..hosts.gat import graph_groups
 from ..hosts.gat_seed_batch import seed_batch_host
 from .attention_terms import mechanism_logs, trace_aux_loss
 from .node_classification import NodeClassificationModule
-from .optimization import parameter_groups
+from .optimization import graph_adam, parameter_groups
 
 
 @dataclass
@@ -110,11 +110,18 @@ def _load_seed_state(host: nn.Module, optimizer: torch.optim.Optimizer, position
             host.write_into(position, host.models[position], state["host"])
     for layer, kernel_state in zip(host.kernels, state["kernels"]):
         layer[position].load_state_dict(kernel_state)
+    # Adam's step count (0-d) stays where the optimiser keeps it: on the CPU for the default implementation, on the
+    # parameter's device for the fused one (as torch's own load_state_dict places it)
+    step_on_device = bool(optimizer.defaults.get("fused") or optimizer.defaults.get("capturable"))
+
+    def placed(v):
+        return v.to(p.device) if torch.is_tensor(v) and (v.dim() > 0 or step_on_device) else v
+
     for (p, row), saved in zip(pairs, state["optimizer"]):
         if not saved:
             continue
         if row is None:
-            optimizer.state[p] = {k: (v.to(p.device) if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in saved.items()}
+            optimizer.state[p] = {k: placed(v) for k, v in saved.items()}
             continue
         full = optimizer.state.setdefault(p, {})
         for k, v in saved.items():
@@ -123,7 +130,7 @@ def _load_seed_state(host: nn.Module, optimizer: torch.optim.Optimizer, position
                     full[k] = torch.zeros((p.shape[0], *v.shape), dtype=v.dtype, device=p.device)
                 full[k][row].copy_(v)
             else:
-                full[k] = v  # Adam's step: one count for the stacked rows, the same for every seed
+                full[k] = placed(v)  # Adam's step: one count for the stacked rows, the same for every seed
     rule.load_state_dict(state["rule"])
     outcome.epochs, outcome.best_epoch = int(state["epochs"]), state["best_epoch"]
     outcome.best_metrics, outcome.history = dict(state["best_metrics"]), [dict(row) for row in state["history"]]
@@ -164,7 +171,7 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
     def optimizer_for(module: nn.Module, state: dict | None = None) -> torch.optim.Optimizer:
         groups_ = parameter_groups(module, lr=first.lr, weight_decay=first.weight_decay,
                                    kernel_lr_scale=first.kernel_lr_scale, decay_vectors=True)
-        optimizer = torch.optim.Adam(groups_, lr=first.lr)
+        optimizer = graph_adam(groups_, first.lr, device)
         if state:
             for group in optimizer.param_groups:
                 for p in group["params"]:
