@@ -418,15 +418,96 @@ def cora(page: Page, data_root: str | None) -> None:
         if failed:
             raise RuntimeError(failed[0])
         batch_epoch = statistics.median(r.time_per_epoch_s for r in batch)
+        # the lone seed through the batch's plain loop: what the lone run's Lightning loop costs beyond the step
+        started = time.perf_counter()
+        plain = execute_batch([make_spec("cora", "softmax", 0, params)], data_root=data_root, on_record=lambda r: None)[0]
+        plain_s = time.perf_counter() - started
+        if plain.error:
+            raise RuntimeError(plain.error)
         page.say("| run | ms per epoch | wall s | throughput vs lone |")
         page.say("|---|---:|---:|---:|")
         page.say(f"| lone seed | {1000 * lone.time_per_epoch_s:.1f} | {lone_s:.1f} | 1.0× |")
+        page.say(f"| lone seed, the seed batch's plain loop | {1000 * plain.time_per_epoch_s:.1f} | {plain_s:.1f} | "
+                 f"{lone.time_per_epoch_s / plain.time_per_epoch_s:.1f}× by epoch |")
         page.say(f"| 20-seed batch | {1000 * batch_epoch:.1f} (all 20 seeds) | {batch_s:.1f} | "
                  f"{20 * lone.time_per_epoch_s / batch_epoch:.1f}× by epoch, {20 * lone_s / batch_s:.1f}× by wall time |")
+        page.say()
+        if page.left_s() > 0:
+            lone_epoch_profile(page, data_root)
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc(limit=3)
         page.say(f"error: {type(exc).__name__}: {str(exc)[:200]}")
     page.say()
+
+
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+"""Runtime calls that make the host wait for the device."""
+PROFILE_EPOCHS = (10, 30)
+"""A lone run profiled at each length: their difference over the extra epochs is the epochs alone, without the
+run's setup, data load and test, and without the first epochs' warm-up."""
+
+
+def epoch_profile(data_root: str | None, epochs: tuple[int, int] = PROFILE_EPOCHS, variant: str = "softmax") -> dict:
+    """Per epoch of a lone Cora run: the ops dispatched, CUDA kernels launched and their device time, the host's
+    waits for the device, and each op's calls and self times: {"ops", "kernels", "kernel_ms", "syncs": {name: n},
+    "by_op": {name: (calls, self CPU ms, self device ms)}}. On CPU only the host side (device fields 0)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from harness.plan.spec import make_spec
+    from harness.run import runner
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    totals = []
+    for n in epochs:
+        with profile(activities=activities) as prof:
+            record = runner.execute(make_spec("cora", variant, 0, {"max_epochs": n, "patience": n + 1}), data_root=data_root)
+        if record.error:
+            raise RuntimeError(record.error)
+        by_key: dict[str, list[float]] = {}
+        kernels = kernel_us = 0.0
+        for event in prof.key_averages():
+            device_us = getattr(event, "self_device_time_total", 0.0)
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                kernels += event.count
+                kernel_us += device_us
+                continue
+            row = by_key.setdefault(event.key, [0.0, 0.0, 0.0])
+            row[0] += event.count
+            row[1] += event.self_cpu_time_total
+            row[2] += device_us
+        totals.append((by_key, kernels, kernel_us))
+    (short, k0, t0), (long, k1, t1) = totals
+    extra = epochs[1] - epochs[0]
+    by_op = {}
+    for key, (calls, cpu_us, dev_us) in long.items():
+        before = short.get(key, [0.0, 0.0, 0.0])
+        by_op[key] = (max(0.0, (calls - before[0]) / extra), max(0.0, (cpu_us - before[1]) / extra / 1000),
+                      max(0.0, (dev_us - before[2]) / extra / 1000))
+    return {
+        "ops": sum(calls for key, (calls, _, _) in by_op.items() if key.startswith("aten::")),
+        "kernels": max(0.0, (k1 - k0) / extra),
+        "kernel_ms": max(0.0, (t1 - t0) / extra / 1000),
+        "syncs": {name: by_op[name][0] for name in SYNCS if name in by_op},
+        "by_op": by_op,
+    }
+
+
+def lone_epoch_profile(page: Page, data_root: str | None, top: int = 12) -> None:
+    """Where a lone epoch's time goes (the goal is 5 ms): launch-bound, waiting on syncs, or the loop's own Python."""
+    found = epoch_profile(data_root)
+    first, last = PROFILE_EPOCHS
+    page.say(f"### Where a lone softmax epoch goes (torch.profiler: a {last}-epoch lone run less a {first}-epoch one, per epoch)")
+    page.say()
+    syncs = ", ".join(f"{name} {n:.1f}" for name, n in found["syncs"].items()) or "none"
+    page.say(f"- {found['ops']:.0f} aten ops dispatched, {found['kernels']:.0f} CUDA kernels "
+             f"({found['kernel_ms']:.2f} ms of device time); host waits: {syncs}")
+    page.say()
+    page.say("| op (self time) | calls | CPU ms | CUDA ms |")
+    page.say("|---|---:|---:|---:|")
+    ranked = sorted(found["by_op"].items(), key=lambda item: -item[1][1])
+    for key, (calls, cpu_ms, dev_ms) in ranked[:top]:
+        page.say(f"| {key.replace('|', '/')} | {calls:.1f} | {cpu_ms:.2f} | {dev_ms:.2f} |")
 
 
 # ---- (d), (e): the scaling command on reduced suites ------------------------------------------------------

@@ -101,3 +101,26 @@ def test_gmm_s_fused_key_terms_are_centred_only_in_reduced_precision():
     raw = kernel._key_terms(k)
     assert centred.mean(-1).abs().max() < 1e-5 and raw.mean(-1).abs().min() > 0.1
     torch.testing.assert_close(centred, raw - raw.mean(-1, keepdim=True))
+
+
+def test_the_lone_epoch_profile_reports_per_epoch_ops_on_cpu():
+    """Section (c)'s profile of a lone Cora epoch (the host side only here): the ops of the extra epochs alone, the
+    run's setup and test cancelled by the difference of two run lengths."""
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    if not (data / "planetoid").exists():
+        pytest.skip("needs the Planetoid data under ../shared/data")
+    found = gpu_perf.epoch_profile(str(data), (1, 3))
+    assert 100 < found["ops"] < 20000  # one training step and one validation pass, not a whole run's setup
+    assert found["kernels"] == 0 and found["syncs"] == {}
+    calls, cpu_ms, _ = found["by_op"]["aten::addmm"]
+    assert calls >= 2 and cpu_ms > 0  # the layers' projections, in training and in validation
+    page = gpu_perf.Page(60)
+    real = gpu_perf.epoch_profile
+    gpu_perf.epoch_profile = lambda data_root: found
+    try:
+        gpu_perf.lone_epoch_profile(page, str(data))
+    finally:
+        gpu_perf.epoch_profile = real
+    assert any(line.startswith("| aten::") for line in page.lines)
