@@ -663,7 +663,15 @@ def _sorted_points(values: Tensor) -> Tensor:
         return values.sort(dim=1).values
     import numpy as np
 
-    return torch.from_numpy(np.sort(values.transpose(1, 2).numpy(), axis=-1)).transpose(1, 2)
+    # sorted rows contiguous first: the copy and the sort took 2.2 ms where the strided sort took 3.4 (Cora's layer)
+    return torch.from_numpy(np.sort(np.ascontiguousarray(values.transpose(1, 2).numpy()), axis=-1)).transpose(1, 2)
+
+
+def _all_valid_on_cpu(valid: Tensor) -> bool:
+    """Whether a CPU mask is all True, read through NumPy. On a CPU the read costs nothing and lets the diagnostic
+    skip its masking passes (every node of Cora is a key: ~1.5 ms of a layer's ~13 ms); a GPU tensor never takes
+    the branch, so a GPU step still reads nothing (tests/modules/test_host_syncs.py counts ATen reads)."""
+    return valid.device.type == "cpu" and bool(valid.numpy().all())
 
 
 def _quantiles(values: Tensor, valid: Tensor | None) -> Tensor:
@@ -673,7 +681,8 @@ def _quantiles(values: Tensor, valid: Tensor | None) -> Tensor:
     if valid is None:
         count = torch.full((values.shape[0], 1, 1), n, device=values.device)
     else:
-        values = values.masked_fill(~valid.unsqueeze(-1), float("inf"))
+        if not _all_valid_on_cpu(valid):  # all valid, the fill changes nothing
+            values = values.masked_fill(~valid.unsqueeze(-1), float("inf"))
         count = valid.sum(-1).view(-1, 1, 1)
     ordered = _sorted_points(values)
     levels = (torch.arange(_QK_QUANTILES, device=values.device, dtype=torch.float64) + 0.5) / _QK_QUANTILES
@@ -724,8 +733,12 @@ def qk_distance(q: Tensor, k: Tensor, groups: Groups) -> Tensor:
             kv = k_valid if k_valid is not None else torch.ones(pk.shape[:2], dtype=torch.bool, device=pk.device)
             valid = torch.cat([qv, kv], 1).unsqueeze(-1).to(both.dtype)
             count = valid.sum(1).clamp_min(1)
-            mean = (both * valid).sum(1) / count
-            spread = (((both - mean.unsqueeze(1)) ** 2 * valid).sum(1) / count).sqrt()
+            if _all_valid_on_cpu(qv) and _all_valid_on_cpu(kv):  # x * 1.0 is x: the same sums, bit for bit, without the products
+                mean = both.sum(1) / count
+                spread = (((both - mean.unsqueeze(1)) ** 2).sum(1) / count).sqrt()
+            else:
+                mean = (both * valid).sum(1) / count
+                spread = (((both - mean.unsqueeze(1)) ** 2 * valid).sum(1) / count).sqrt()
             has_points = (qv.any(-1) & kv.any(-1))
         relative = gap / spread.clamp_min(1e-12)  # [C, P]
         per_cloud = relative.mean(-1)

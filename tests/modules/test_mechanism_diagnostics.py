@@ -120,6 +120,30 @@ def test_the_cpu_point_sort_is_torchs_order():
         assert torch.equal(_sorted_points(values.to(dtype)), values.to(dtype).sort(dim=1).values)
 
 
+@pytest.mark.parametrize("layout", ["graph", "graph with a keyless node", "dense", "dense padded"])
+def test_qk_distance_s_cpu_shortcuts_for_all_valid_points_give_the_masked_path_s_bits(monkeypatch, layout):
+    """Where every point is valid the CPU skips the masking passes (a third of a Cora layer's diagnostic): its value must
+    be the masked computation's, bit for bit, since the records' curves were computed that way."""
+    from modules.attention import DenseGroups, SegmentGroups, kernel
+    from modules.attention.kernel import qk_distance
+
+    g = torch.Generator().manual_seed(2)
+    if layout.startswith("graph"):
+        n = 300
+        dst = torch.arange(n) if layout == "graph" else torch.arange(1, n)  # node 0 then sends no edge: not a key
+        groups = SegmentGroups(dst.flip(0), dst, n)
+        q, k = torch.randn(n, 4, 8, generator=g), 2 * torch.randn(n, 4, 8, generator=g) + 1
+    else:
+        valid = torch.ones(3, 40, dtype=torch.bool)
+        if layout == "dense padded":
+            valid[1, 31:] = False
+        groups = DenseGroups.from_key_padding(valid)
+        q, k = torch.randn(3, 4, 40, 8, generator=g), torch.randn(3, 4, 40, 8, generator=g) + 0.5
+    fast = qk_distance(q, k, groups)
+    monkeypatch.setattr(kernel, "_all_valid_on_cpu", lambda valid: False)
+    assert torch.equal(fast, qk_distance(q, k, groups))
+
+
 TINY_TEXT = {"depth": 1, "width": 32, "heads": 2, "max_length": 32, "max_train_examples": 64, "max_val_examples": 32,
              "max_epochs": 2, "batch_size": 16}
 
