@@ -31,6 +31,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 NO_GPU = "no GPU: make gpu-perf needs a CUDA device"
 
@@ -442,28 +443,24 @@ def cora(page: Page, data_root: str | None) -> None:
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 """Runtime calls that make the host wait for the device."""
-PROFILE_EPOCHS = (10, 30)
+PROFILE_EPOCHS = (5, 20)
 """A lone run profiled at each length: their difference over the extra epochs is the epochs alone, without the
 run's setup, data load and test, and without the first epochs' warm-up."""
 
 
-def epoch_profile(data_root: str | None, epochs: tuple[int, int] = PROFILE_EPOCHS, variant: str = "softmax") -> dict:
-    """Per epoch of a lone Cora run: the ops dispatched, CUDA kernels launched and their device time, the host's
-    waits for the device, and each op's calls and self times: {"ops", "kernels", "kernel_ms", "syncs": {name: n},
-    "by_op": {name: (calls, self CPU ms, self device ms)}}. On CPU only the host side (device fields 0)."""
+def _epoch_difference(run: Callable[[int], None], epochs: tuple[int, int]) -> dict:
+    """Profile `run(n)` (a fit of n epochs) at both lengths; per epoch of the difference: the ops dispatched, CUDA
+    kernels launched and their device time, the host's waits for the device, and each op's calls and self times:
+    {"ops", "kernels", "kernel_ms", "syncs": {name: n}, "by_op": {name: (calls, self CPU ms, self device ms)}}.
+    On CPU only the host side (device fields 0)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-
-    from harness.plan.spec import make_spec
-    from harness.run import runner
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     totals = []
     for n in epochs:
         with profile(activities=activities) as prof:
-            record = runner.execute(make_spec("cora", variant, 0, {"max_epochs": n, "patience": n + 1}), data_root=data_root)
-        if record.error:
-            raise RuntimeError(record.error)
+            run(n)
         by_key: dict[str, list[float]] = {}
         kernels = kernel_us = 0.0
         for event in prof.key_averages():
@@ -493,11 +490,49 @@ def epoch_profile(data_root: str | None, epochs: tuple[int, int] = PROFILE_EPOCH
     }
 
 
-def lone_epoch_profile(page: Page, data_root: str | None, top: int = 12) -> None:
-    """Where a lone epoch's time goes (the goal is 5 ms): launch-bound, waiting on syncs, or the loop's own Python."""
-    found = epoch_profile(data_root)
-    first, last = PROFILE_EPOCHS
-    page.say(f"### Where a lone softmax epoch goes (torch.profiler: a {last}-epoch lone run less a {first}-epoch one, per epoch)")
+def epoch_profile(data_root: str | None, epochs: tuple[int, int] = PROFILE_EPOCHS, variant: str = "softmax") -> dict:
+    """`_epoch_difference` of a lone Cora run (the runner's Lightning loop, as `bench` runs one seed)."""
+    from harness.plan.spec import make_spec
+    from harness.run import runner
+
+    def run(n: int) -> None:
+        record = runner.execute(make_spec("cora", variant, 0, {"max_epochs": n, "patience": n + 1}), data_root=data_root)
+        if record.error:
+            raise RuntimeError(record.error)
+
+    return _epoch_difference(run, epochs)
+
+
+def batch_epoch_profile(data_root: str | None, seeds: int = 20, epochs: tuple[int, int] = PROFILE_EPOCHS,
+                        variant: str = "softmax") -> dict:
+    """`_epoch_difference` of a Cora seed batch's training loop alone (built as `execute_batch` builds it; no test)."""
+    import lightning as L
+    import torch
+
+    from modules.tasks import get_task
+
+    task = get_task("cora")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def run(n: int) -> None:
+        params = task.params({"max_epochs": n, "patience": n + 1})
+        modules, datamodule = [], None
+        for seed in range(seeds):
+            L.seed_everything(seed, verbose=False)
+            dm, module = task.build(params, variant, data_root=data_root, cache_dir=None)
+            datamodule = datamodule or dm
+            modules.append(module.to(device))
+        errors = []
+        task.train_seed_batch(params, datamodule, modules, [task.stopping_rule(params) for _ in modules],
+                              lambda outcome: errors.append(outcome.error) if outcome.error else None)
+        if errors:
+            raise RuntimeError(errors[0])
+
+    return _epoch_difference(run, epochs)
+
+
+def _profile_table(page: Page, found: dict, title: str, top: int) -> None:
+    page.say(title)
     page.say()
     syncs = ", ".join(f"{name} {n:.1f}" for name, n in found["syncs"].items()) or "none"
     page.say(f"- {found['ops']:.0f} aten ops dispatched, {found['kernels']:.0f} CUDA kernels "
@@ -508,6 +543,18 @@ def lone_epoch_profile(page: Page, data_root: str | None, top: int = 12) -> None
     ranked = sorted(found["by_op"].items(), key=lambda item: -item[1][1])
     for key, (calls, cpu_ms, dev_ms) in ranked[:top]:
         page.say(f"| {key.replace('|', '/')} | {calls:.1f} | {cpu_ms:.2f} | {dev_ms:.2f} |")
+    page.say()
+
+
+def lone_epoch_profile(page: Page, data_root: str | None, top: int = 12) -> None:
+    """Where an epoch's time goes, lone (the goal is 5 ms) and in a 20-seed batch: launch-bound, waiting on syncs,
+    or the loop's own Python."""
+    first, last = PROFILE_EPOCHS
+    _profile_table(page, epoch_profile(data_root),
+                   f"### Where a lone softmax epoch goes (torch.profiler: a {last}-epoch lone run less a {first}-epoch one, per epoch)", top)
+    if page.left_s() > 0:
+        _profile_table(page, batch_epoch_profile(data_root),
+                       f"### Where a 20-seed batch epoch goes (its training loop alone, {last} epochs less {first}, per epoch)", top)
 
 
 # ---- (d), (e): the scaling command on reduced suites ------------------------------------------------------

@@ -124,3 +124,5 @@ def test_the_lone_epoch_profile_reports_per_epoch_ops_on_cpu():
     finally:
         gpu_perf.epoch_profile = real
     assert any(line.startswith("| aten::") for line in page.lines)
+    batch = gpu_perf.batch_epoch_profile(str(data), seeds=2, epochs=(1, 3))
+    assert batch["by_op"]["aten::addmm"][0] >= 2 * calls - 1e-9  # the lockstep host runs each seed's own layers
