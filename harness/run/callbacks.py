@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-
 from typing import Mapping
 
 import lightning as L

@@ -114,14 +114,14 @@ def _load_seed_state(host: nn.Module, optimizer: torch.optim.Optimizer, position
     # parameter's device for the fused one (as torch's own load_state_dict places it)
     step_on_device = bool(optimizer.defaults.get("fused") or optimizer.defaults.get("capturable"))
 
-    def placed(v):
+    def placed(v, p: Tensor):
         return v.to(p.device) if torch.is_tensor(v) and (v.dim() > 0 or step_on_device) else v
 
     for (p, row), saved in zip(pairs, state["optimizer"]):
         if not saved:
             continue
         if row is None:
-            optimizer.state[p] = {k: placed(v) for k, v in saved.items()}
+            optimizer.state[p] = {k: placed(v, p) for k, v in saved.items()}
             continue
         full = optimizer.state.setdefault(p, {})
         for k, v in saved.items():
@@ -130,7 +130,7 @@ def _load_seed_state(host: nn.Module, optimizer: torch.optim.Optimizer, position
                     full[k] = torch.zeros((p.shape[0], *v.shape), dtype=v.dtype, device=p.device)
                 full[k][row].copy_(v)
             else:
-                full[k] = placed(v)  # Adam's step: one count for the stacked rows, the same for every seed
+                full[k] = placed(v, p)  # Adam's step: one count for the stacked rows, the same for every seed
     rule.load_state_dict(state["rule"])
     outcome.epochs, outcome.best_epoch = int(state["epochs"]), state["best_epoch"]
     outcome.best_metrics, outcome.history = dict(state["best_metrics"]), [dict(row) for row in state["history"]]
