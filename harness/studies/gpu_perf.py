@@ -437,7 +437,7 @@ def cora(page: Page, data_root: str | None) -> None:
                  f"{20 * lone.time_per_epoch_s / batch_epoch:.1f}× by epoch, {20 * lone_s / batch_s:.1f}× by wall time |")
         page.say()
         if page.left_s() > 0:
-            lone_epoch_profile(page, data_root)
+            epoch_profiles(page, data_root)
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc(limit=3)
         page.say(f"error: {type(exc).__name__}: {str(exc)[:200]}")
@@ -549,7 +549,7 @@ def _profile_table(page: Page, found: dict, title: str, top: int) -> None:
     page.say()
 
 
-def lone_epoch_profile(page: Page, data_root: str | None, top: int = 12) -> None:
+def epoch_profiles(page: Page, data_root: str | None, top: int = 12) -> None:
     """Where an epoch's time goes, lone (the goal is 5 ms) and in a 20-seed batch: launch-bound, waiting on syncs,
     or the loop's own Python."""
     first, last = PROFILE_EPOCHS

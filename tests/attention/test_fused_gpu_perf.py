@@ -120,7 +120,7 @@ def test_the_lone_epoch_profile_reports_per_epoch_ops_on_cpu():
     real = gpu_perf.epoch_profile
     gpu_perf.epoch_profile = lambda data_root: found
     try:
-        gpu_perf.lone_epoch_profile(page, str(data))
+        gpu_perf.epoch_profiles(page, str(data))
     finally:
         gpu_perf.epoch_profile = real
     assert any(line.startswith("| aten::") for line in page.lines)
