@@ -114,8 +114,10 @@ def test_the_lone_epoch_profile_reports_per_epoch_ops_on_cpu():
     found = gpu_perf.epoch_profile(str(data), (1, 3))
     assert 100 < found["ops"] < 20000  # one training step and one validation pass, not a whole run's setup
     assert found["kernels"] == 0 and found["syncs"] == {}
-    calls, cpu_ms, _ = found["by_op"]["aten::addmm"]
-    assert calls >= 2 and cpu_ms > 0  # the layers' projections, in training and in validation
+    calls, _, _ = found["by_op"]["aten::addmm"]
+    # the layers' projections, in training and in validation; counted, not timed: the profiler's milliseconds for
+    # one epoch's few addmm calls rounded to 0.0 on a busy machine (issue 50)
+    assert calls >= 2
     page = gpu_perf.Page(60)
     real = gpu_perf.epoch_profile
     gpu_perf.epoch_profile = lambda data_root: found

@@ -44,7 +44,9 @@ def test_a_short_cora_run_records_its_curves_draws_them_and_logs_csv(tmp_path, s
     assert history["epoch"] == [1, 2, 3]
     for name in ("train/loss", "val/loss", "val/acc", "val/macro_f1", "epoch_s"):
         assert len(history[name]) == 3 and all(math.isfinite(v) for v in history[name]), name
-    assert all(0.0 <= v <= 1.0 for v in history["val/acc"]) and all(v > 0 for v in history["epoch_s"])
+    assert all(0.0 <= v <= 1.0 for v in history["val/acc"])
+    # timing is not asserted: each epoch's clock difference is filled in (a whole epoch never measures 0 s)
+    assert all(v > 0 for v in history["epoch_s"])
     # the best epoch's validation loss is the record's best monitor value, to the 4 digits the curve keeps
     assert history["val/loss"][record.best_epoch] == pytest.approx(record.best_monitor["value"], rel=1e-3)
 

@@ -12,6 +12,7 @@ def test_scaling_runs_every_worker_count_on_the_whole_plan(shared_data, tmp_path
     monkeypatch.setenv("ATTNBENCH_RUNS", str(tmp_path / "real-runs"))
     results = measure_scaling(str(suite), [1, 2], data_root=str(shared_data))
     assert [r["workers"] for r in results] == [1, 2]
+    # timing is not asserted: each worker count's wall time is filled in; the speed-up below is its own ratio, any size
     assert all(r["runs"] == 2 and r["seconds"] > 0 for r in results)
     assert results[0]["speedup"] == 1.0 and results[1]["speedup"] == pytest.approx(results[0]["seconds"] / results[1]["seconds"])
     assert not (tmp_path / "real-runs").exists()  # the suite's own records are untouched

@@ -80,8 +80,9 @@ def test_a_died_run_is_recorded_failed_and_retryable_with_the_cause(executed):
         record = store.read(spec.key)
         assert record.status is Status.FAILED and record.retryable is True
         assert record.error.startswith("WorkerDied: ") and how in record.error
-        # the run's own time, from when its worker got it (not a clock reading)
-        assert record.commit == "abc123" and record.spec == spec.to_dict() and 0 <= record.wall_time_s < 60
+        assert record.commit == "abc123" and record.spec == spec.to_dict()
+        # timing is not asserted: a day's bound tells the run's own duration from a clock reading (~1.8e9 s), at any speed
+        assert 0 <= record.wall_time_s < 86400
         assert results[spec.seed]["error"] == record.error
         assert not store.finished(spec.key) and not store.finished(spec.key, retry_failed=True)
 
