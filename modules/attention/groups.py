@@ -15,8 +15,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric.utils import scatter, to_dense_batch
-from torch_geometric.utils import softmax as segment_softmax
 
 
 def host_reads_are_cheap(t: Tensor) -> bool:
@@ -461,6 +459,8 @@ class SegmentGroups(Groups):
             return self._sum_into_nodes(x)
         if how not in ("max", "mean"):
             raise ValueError(f"unknown reduction {how!r}; use 'sum', 'max' or 'mean'")
+        from torch_geometric.utils import scatter  # imported here: see `softmax`
+
         return scatter(x, self.dst, dim=0, dim_size=self.num_nodes, reduce=how)
 
     def _sum_into_nodes(self, x: Tensor) -> Tensor:
@@ -510,6 +510,10 @@ class SegmentGroups(Groups):
         return self._in_degree.to(like.dtype).view(-1, *([1] * (like.dim() - 1)))
 
     def softmax(self, logits: Tensor) -> Tensor:
+        # Imported here, not at the top: PyG's import takes ~1.3 s and pulls in torch._dynamo and transformers
+        # (with a FutureWarning), which dense hosts (modules.hf) never need.
+        from torch_geometric.utils import softmax as segment_softmax
+
         return segment_softmax(logits, self.dst, num_nodes=self.num_nodes, dim=0)
 
     def weighted_sum_operator(self, x: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
@@ -580,6 +584,8 @@ class SegmentGroups(Groups):
         return x.sum() * (like.numel() // x.numel())  # every edge is a valid pair
 
     def _sorted(self) -> tuple[Tensor, Tensor, Tensor]:
+        from torch_geometric.utils import to_dense_batch
+
         if self._padding is None:
             order = torch.argsort(self.dst, stable=True)
             _, mask = to_dense_batch(self.dst[order], self.dst[order], batch_size=self.num_nodes)
@@ -587,6 +593,8 @@ class SegmentGroups(Groups):
         return self._padding
 
     def pad(self, x: Tensor, fill: float) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+        from torch_geometric.utils import to_dense_batch
+
         order, mask, inverse = self._sorted()
         dense, _ = to_dense_batch(x[order], self.dst[order], fill_value=fill, batch_size=self.num_nodes)
         # [N, K, *rest] -> [N, *rest, K]: keys on the last axis, as in DenseGroups.
