@@ -145,8 +145,13 @@ def test_aux_losses_are_weighted_and_read_after_a_forward():
     kernel = kernels(model)[0]
     weight = kernel.loss_weights(0, epoch=0)["kl"]
     torch.testing.assert_close(terms.loss, weight * terms.aux["aux/kl"])
+    # BAM's schedule counts epochs but is a constant at text sites (its GLUE recipe): no epoch needed there ...
+    torch.testing.assert_close(attention_terms(model).loss, terms.loss)
+    # ... and asked for where it moves with them (the sigmoid of its graph recipe)
+    annealed = use_attention(build("albert"), {"name": "bam-weibull", "kl_schedule": "sigmoid"}).train()
+    output(annealed, padded_batch("albert"))
     with pytest.raises(ValueError, match="epoch"):
-        attention_terms(model)  # BAM's schedule counts epochs: it must be told which
+        attention_terms(annealed)
     model.eval()
     output(model, padded_batch("albert"))
     assert "attn/entropy" in attention_terms(model, epoch=0).diagnostics

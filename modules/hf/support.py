@@ -1,0 +1,162 @@
+"""Which transformers models can host a variant, decided before any variant is put in, by either door.
+
+A model can when every layer that computes attention hands its scores -> weights -> values step to transformers'
+attention interface (`ALL_ATTENTION_FUNCTIONS`) and adds nothing of its own to the scores. Refused:
+- a model whose attention layers compute the scores themselves (BigBird, DeBERTa-v2) or pick a class per
+  implementation from a table of their own (Falcon): the variant would never run, and the model would run with
+  its own attention, silently;
+- a layer that passes the interface something a variant does not take: T5's relative-position bias, Gemma-2's
+  logit soft-capping, gpt-oss's attention sinks.
+The checks read the layers' source code (what transformers itself does in `_can_set_attn_implementation`): a
+model is judged by its code, before a forward could show anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+from typing import Any
+
+from torch import nn
+
+from .families import checked_families
+
+INTERFACE = "ALL_ATTENTION_FUNCTIONS"
+SCORE_ARGUMENTS = {
+    "position_bias": "an additive position bias (T5's relative buckets)",
+    "softcap": "logit soft-capping",
+    "s_aux": "attention sinks",
+    "sinks": "attention sinks",
+}
+"""Arguments of the attention-interface call that change the scores in ways a variant does not take."""
+
+
+class UnsupportedModelError(TypeError):
+    """The model's attention does not go through transformers' attention interface alone."""
+
+
+def refusal_message(model_or_class: Any, reason: str) -> str:
+    name = model_or_class.__name__ if isinstance(model_or_class, type) else type(model_or_class).__name__
+    return (f"{name} cannot host an attnbench variant: {reason}. Supported: transformers models whose every attention layer "
+            f"calls transformers' attention interface ({INTERFACE}) and adds nothing of its own to the scores; checked: "
+            f"{', '.join(checked_families())}")
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_source(cls: type) -> str | None:
+    try:
+        return textwrap.dedent(inspect.getsource(cls.forward))
+    except (OSError, TypeError, AttributeError):
+        return None
+
+
+def calls_interface(cls: type) -> bool:
+    """Whether the class's forward calls transformers' attention interface."""
+    source = _forward_source(cls)
+    return source is not None and INTERFACE in source
+
+
+@functools.lru_cache(maxsize=None)
+def interface_arguments(cls: type) -> dict[str, str]:
+    """Keyword -> its expression's source, for every call of the attention interface in the class's forward (the
+    function transformers' layers name `attention_interface`, or a call of `ALL_ATTENTION_FUNCTIONS[...]`)."""
+    source = _forward_source(cls)
+    if source is None:
+        return {}
+    found: dict[str, str] = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        called = ast.unparse(node.func)
+        if "attention_interface" in called or INTERFACE in called:
+            found.update({kw.arg: ast.unparse(kw.value) for kw in node.keywords if kw.arg is not None})
+    return found
+
+
+def _passed_value(module: nn.Module, expression: str) -> Any:
+    """The value an argument expression of the form `self.x` or `self.config.x` has on this module; anything else
+    (a local variable) counts as passed."""
+    parts = expression.split(".")
+    if parts[0] != "self" or len(parts) == 1:
+        return True
+    value: Any = module
+    for part in parts[1:]:
+        value = getattr(value, part, None)
+    return value
+
+
+def is_transformers_module(module: nn.Module) -> bool:
+    return type(module).__module__.startswith("transformers.")
+
+
+def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(qualified name, module) of every module whose forward calls transformers' attention interface."""
+    return [(name, m) for name, m in model.named_modules() if is_transformers_module(m) and calls_interface(type(m))]
+
+
+def own_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules named as attention (class name with "Attention") that hold weights and compute attention without
+    the interface: neither they nor any module inside them calls it, and they are not inside one that does."""
+    interface = {name for name, _ in attention_modules(model)}
+    found = []
+    for name, module in model.named_modules():
+        if not is_transformers_module(module) and not isinstance(module, nn.MultiheadAttention):
+            continue
+        if "Attention" not in type(module).__name__ and not isinstance(module, nn.MultiheadAttention):
+            continue
+        if name in interface or not any(True for _ in module.parameters()):
+            continue
+        prefix = f"{name}." if name else ""
+        inside = any(name.startswith(f"{i}.") for i in interface if i)
+        wraps = any(i.startswith(prefix) for i in interface)
+        if not inside and not wraps:
+            found.append((name, module))
+    return found
+
+
+def check_class(cls: type) -> None:
+    """Refuse, before it is built, a class whose attention is not dispatched by name: transformers' own test of
+    the class's code (`_can_set_attn_implementation`: its attention classes must call the interface). Falcon,
+    for one, would otherwise fail with a KeyError from its own table of attention classes."""
+    can_set = getattr(cls, "_can_set_attn_implementation", None)
+    if can_set is not None and not can_set():
+        own = _own_attention_classes(cls.__module__)
+        what = f"its {', '.join(own)} compute{'s' if len(own) == 1 else ''} attention itself" if own else \
+            f"the attention classes of {cls.__module__} do not all call the interface"
+        raise UnsupportedModelError(refusal_message(cls, what))
+
+
+def _own_attention_classes(module_name: str) -> list[str]:
+    """The attention classes (named "...Attention...") of a modeling module whose forward does not call the interface."""
+    import sys
+
+    namespace = vars(sys.modules.get(module_name, object()))
+    return sorted(name for name, value in namespace.items()
+                  if isinstance(value, type) and issubclass(value, nn.Module) and "Attention" in name
+                  and value.__module__ == module_name and "forward" in vars(value) and not calls_interface(value))
+
+
+def check_supported(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's attention modules, or UnsupportedModelError naming the model, the layer and the reason."""
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        raise UnsupportedModelError(refusal_message(model, "it is not a transformers model (PreTrainedModel)"))
+    check_class(type(model))
+    own = own_attention_modules(model)
+    if own:
+        name, module = own[0]
+        raise UnsupportedModelError(refusal_message(
+            model, f"its {type(module).__name__} ({name or 'the model'}) computes attention itself, not through the interface"))
+    found = attention_modules(model)
+    if not found:
+        raise UnsupportedModelError(refusal_message(model, "none of its layers calls the interface"))
+    for name, module in found:
+        for argument, expression in interface_arguments(type(module)).items():
+            if argument in SCORE_ARGUMENTS and _passed_value(module, expression) is not None:
+                raise UnsupportedModelError(refusal_message(
+                    model, f"its {type(module).__name__} ({name}) passes the interface {argument}={expression}, "
+                           f"{SCORE_ARGUMENTS[argument]}, which attnbench variants do not take"))
+    return found
