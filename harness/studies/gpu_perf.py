@@ -130,6 +130,7 @@ def _case(config: dict, causal: bool, dtype, padded: bool = True):
     import torch
 
     from modules.attention import AttentionSite, DenseGroups, build_attention
+    from modules.attention.contract import held_noise  # noise that is a function of the value it perturbs: equal whole or in blocks
 
     torch.manual_seed(0)
     kernel = build_attention(config, num_heads=4, head_dim=DIM, site=AttentionSite("text", "self", sequence=True)).to(DEVICE).train()
@@ -150,18 +151,6 @@ def _case(config: dict, causal: bool, dtype, padded: bool = True):
 
 BLOCK_ROWS = 16
 """Queries per block where the check forces query blocks (at L = 64 the budget rule would keep calls whole)."""
-
-
-def held_noise(like, distribution: str = "uniform"):
-    """A stochastic kernel's noise as a function of the value it perturbs: the same for a row whether the call
-    runs whole or in query blocks (which draw in another order), so that the two can be compared."""
-    import math
-
-    import torch
-
-    precise = torch.promote_types(like.dtype, torch.float32)
-    u = torch.frac(torch.sin(like.detach().to(precise) * 12.9898 + 0.5) * 43758.5453).clamp(1e-6, 1 - 1e-6).to(like.dtype)
-    return u if distribution == "uniform" else torch.erfinv(2 * u - 1) * math.sqrt(2)
 
 
 def _fused_paths(kernel, q, k, groups):

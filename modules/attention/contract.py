@@ -1,14 +1,19 @@
 """The contract every attention variant keeps (DESIGN.md section 6.2), as checks a variant's author can run
-on their own file: `attnbench check my_variant.py` runs them on each variant the file registers, and
-tests/attention/test_contract.py and test_precision.py run the same functions on every registered variant
-(one copy of the logic, so the command can never check less than the test suite does).
+on their own file: `attnbench check my_variant.py` runs them on each variant the file registers, and the tests
+(tests/attention/test_contract.py, test_causal.py, test_precision.py, test_query_blocks.py and
+tests/modules/test_mechanism_diagnostics.py) run the same functions on every registered variant: one copy of
+the logic, so the command can never check less than the test suite does, with the same tolerances.
 
 Each check takes a variant name (and optional config) and raises AssertionError naming what broke; `PROPERTIES`
-lists the ones `check` runs, `applicable` says where one does not apply (no declared softmax limit)."""
+lists the ones `check` runs, in its order, and `skip_reason` says where one cannot run for a variant (no declared
+softmax limit, not row-separable, no mechanism declared): `check` reports that property skipped with the reason,
+never passed. The checks raise with explicit messages rather than bare asserts: pytest rewrites asserts only in
+test files, and `check`'s user must read what broke."""
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -127,6 +132,146 @@ def check_softmax_limit(name: str, config: dict | None = None) -> None:
     reference = p.dense.softmax(p.dense.scores(p.q, p.k, SCALE))
     torch.testing.assert_close(dense_weights(kernel, p).weights, reference, atol=atol, rtol=0)
     torch.testing.assert_close(segment_weights(kernel, p).weights, p.dense_at_edges(reference), atol=atol, rtol=0)
+
+
+def assert_distribution(weights: torch.Tensor, groups, valid: torch.Tensor | None = None, tolerance: float = 1e-6) -> None:
+    """Each real query's weights are a distribution over its keys: finite, non-negative, summing to 1 within
+    `tolerance`, and exactly 0 on the keys `valid` masks out (dense padding, a causal future). The mask first: a
+    map that ignores it also leaves the unmasked keys' sum short of 1, and the mask is then what to fix."""
+    weights = weights.detach()
+    if not torch.isfinite(weights).all():
+        _fail(f"{int((~torch.isfinite(weights)).sum())} weights are not finite")
+    if (weights < 0).any():
+        _fail(f"weights go negative (smallest {float(weights.min()):.3g}): a distribution has none")
+    if valid is not None:
+        leaked = weights.masked_select(~valid.expand_as(weights))
+        if (leaked != 0).any():
+            _fail(f"masked keys get weight (up to {float(leaked.abs().max()):.3g}): a key the groups mask out (padding, "
+                  f"a causal future) must get exactly 0; normalise with `groups.softmax` / `groups.normalize`, which know the mask")
+    sums = groups.reduce(weights, "sum")
+    if groups.valid_queries is not None:  # nodes without edges (padded tokens' twins) have no distribution
+        sums = sums[groups.valid_queries.expand_as(sums)]
+    off = float((sums - 1).abs().max()) if sums.numel() else 0.0
+    if off > tolerance:
+        _fail(f"a query's weights sum to {float(sums.flatten()[(sums - 1).abs().argmax()]):.6g}, not 1 (off by up to {off:.3g}, "
+              f"allowed {tolerance:g})")
+
+
+def check_weights_are_distributions(name: str, config: dict | None = None) -> None:
+    """Dense (the last sequence padded) and segment, in training and evaluation: each query's weights are a
+    distribution (`assert_distribution`) and padded keys get exactly 0."""
+    p = make_problem()
+    for train in (True, False):
+        kernel = kernel_for(name, **(config or {})).train(train)
+        mode = "train" if train else "eval"
+        for layout, weights, groups, valid in (("dense", lambda: dense_weights(kernel, p).weights, p.dense, p.dense.valid),
+                                               ("segment", lambda: segment_weights(kernel, p).weights, p.segment, None)):
+            try:
+                assert_distribution(weights(), groups, valid)
+            except AssertionError as exc:
+                raise AssertionError(f"{layout} ({mode}): {exc}") from exc
+
+
+CAUSAL_LENGTH = 6
+
+
+def check_causal_mask(name: str, config: dict | None = None) -> None:
+    """Under causal groups (a decoder's self-attention, right-padded prompts), in training and evaluation: the
+    weights are distributions over the past only, and a query's output does not move when a future token does."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, HEADS, CAUSAL_LENGTH, DIM, generator=g, dtype=torch.float64) for _ in range(3))
+    valid = torch.ones(2, CAUSAL_LENGTH, dtype=torch.bool)
+    valid[1, -2:] = False
+    groups = DenseGroups.from_key_padding(valid, causal=True, query_valid=valid)
+    past = torch.ones(CAUSAL_LENGTH, CAUSAL_LENGTH, dtype=torch.bool).tril()
+    for train in (True, False):
+        mode = "train" if train else "eval"
+        torch.manual_seed(0)
+        kernel = build_attention({"name": name, **(config or {})}, num_heads=HEADS, head_dim=DIM, site=TEXT_SITE).double().train(train)
+        torch.manual_seed(1)
+        out, result = kernel(q, k, v, groups, scale=SCALE, need_weights=True)
+        weights = result.weights
+        try:
+            if (weights[..., ~past] != 0).any():
+                _fail(f"future keys get weight (up to {float(weights[..., ~past].abs().max()):.3g})")
+            assert_distribution(weights, groups, past & valid[:, None, None, :])
+        except AssertionError as exc:
+            raise AssertionError(f"causal ({mode}): {exc}") from exc
+        # the last real token of the first sequence changes: every earlier query's output stays
+        k2, v2 = k.clone(), v.clone()
+        k2[0, :, -1] += 3.0
+        v2[0, :, -1] -= 2.0
+        torch.manual_seed(1)
+        moved, _ = kernel(q, k2, v2, groups, scale=SCALE, need_weights=True)
+        for what, got, expected in (("earlier queries' outputs", moved[0, :, :-1], out[0, :, :-1]), ("the other sequence's outputs", moved[1], out[1])):
+            try:
+                torch.testing.assert_close(got, expected, atol=1e-7, rtol=0)
+            except AssertionError as exc:
+                raise AssertionError(f"causal ({mode}): {what} moved when a future token changed: {exc}") from exc
+
+
+def check_fused_path(name: str, config: dict | None = None) -> None:
+    """need_weights=False (what transformer hosts pass) may take a fused path, never other math."""
+    p = make_problem()
+    kernel = kernel_for(name, **(config or {})).eval()
+    with_weights, _ = kernel(p.q, p.k, p.v, p.dense, scale=SCALE, need_weights=True)
+    fused, _ = kernel(p.q, p.k, p.v, p.dense, scale=SCALE, need_weights=False)
+    valid = p.key_valid[:, None, :, None].expand_as(fused)  # padded query rows are free to differ
+    torch.testing.assert_close(fused[valid], with_weights[valid], atol=1e-6, rtol=1e-5,
+                               msg=lambda text: f"need_weights=False gives another output than need_weights=True: {text}")
+
+
+def check_terms(name: str, config: dict | None = None) -> None:
+    """Aux losses are finite scalars, diagnostics detached finite scalars (dense and segment, train and eval),
+    and every aux loss returned in training has a finite non-negative weight in `loss_weights` at every step."""
+    p = make_problem()
+    kernel = kernel_for(name, **(config or {}))
+    returned = set()
+    for train in (True, False):
+        kernel.train(train)
+        for result in (dense_weights(kernel, p), segment_weights(kernel, p)):
+            for key, value in result.aux_losses.items():
+                if value.dim() != 0 or not torch.isfinite(value):
+                    _fail(f"aux loss {key} must be a finite scalar, got shape {tuple(value.shape)}")
+                if train:
+                    returned.add(key)
+            for key, value in result.diagnostics.items():
+                if value.dim() != 0 or value.requires_grad or not torch.isfinite(value):
+                    _fail(f"diagnostic {key} must be a detached finite scalar (shape {tuple(value.shape)}, "
+                          f"requires_grad {value.requires_grad})")
+    # an annealed weight may be 0 at some steps, but every term needs an entry
+    for step in (0, 1, 10_000):
+        weights = kernel.loss_weights(step, epoch=step)
+        if not returned <= set(weights):
+            _fail(f"aux losses {sorted(returned - set(weights))} have no entry in loss_weights (step {step})")
+        bad = {k: w for k, w in weights.items() if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0)}
+        if bad:
+            _fail(f"loss_weights at step {step} must be finite non-negative numbers: {bad}")
+
+
+def check_config(name: str, config: dict | None = None) -> None:
+    """The config is a frozen dataclass, and the knobs its `suggest` proposes to Optuna are its own fields and build."""
+    import dataclasses
+
+    import optuna
+
+    from .registry import suggest_config
+
+    built = kernel_for(name, **(config or {})).config
+    fields = [f.name for f in dataclasses.fields(built)]
+    if fields:
+        try:
+            setattr(built, fields[0], None)
+        except dataclasses.FrozenInstanceError:
+            pass
+        else:
+            _fail(f"the config is not frozen (@dataclass(frozen=True)): {fields[0]} could be set")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    suggested = suggest_config(name, trial)
+    if not set(suggested) <= set(fields):
+        _fail(f"suggest proposes {sorted(set(suggested) - set(fields))}, which are not fields of its config")
+    build_attention({"name": name, **(config or {}), **suggested}, num_heads=HEADS, head_dim=DIM)
 
 
 # ---- padding invariance ---------------------------------------------------------------------------------
@@ -356,15 +501,142 @@ def check_bf16_autocast(name: str, config: dict | None = None, layouts=("dense",
                     assert error <= AUX_TOLERANCE, f"{name} {layout} {mode}: aux loss {key} relative error {error:.3g}"
 
 
+# ---- query blocks (row-separable variants) ---------------------------------------------------------------
+
+def held_noise(like: torch.Tensor, distribution: str = "uniform") -> torch.Tensor:
+    """A stochastic kernel's noise as a function of the value it perturbs: the same for a row whether the call
+    runs whole or in query blocks (which draw in another order), so that the two can be compared."""
+    precise = torch.promote_types(like.dtype, torch.float32)
+    u = torch.frac(torch.sin(like.detach().to(precise) * 12.9898 + 0.5) * 43758.5453).clamp(1e-6, 1 - 1e-6).to(like.dtype)
+    return u if distribution == "uniform" else torch.erfinv(2 * u - 1) * math.sqrt(2)
+
+
+BLOCK_LENGTH, BLOCK_ROWS = 7, 3
+"""Blocks of 3, 3 and 1 queries over 7."""
+
+
+def _block_groups(kind: str, key_valid: torch.Tensor) -> DenseGroups:
+    if kind == "padded":
+        return DenseGroups.from_key_padding(key_valid, query_valid=key_valid)
+    if kind == "causal":
+        return DenseGroups.from_key_padding(key_valid, causal=True, query_valid=key_valid)
+    return DenseGroups()
+
+
+def blocked_call(kernel, p: Problem, groups, rows: int | None, with_aux: bool = True):
+    from .kernel import query_blocks
+
+    q, k, v = (t.clone().requires_grad_() for t in (p.q, p.k, p.v))
+    with query_blocks(rows):
+        out, result = kernel(q, k, v, groups, scale=SCALE, need_weights=False)
+    path = kernel.last_path
+    loss = out.square().sum() + (sum(result.aux_losses.values(), out.new_zeros(())) if with_aux else 0)
+    params = [t for t in kernel.parameters() if t.requires_grad]
+    grads = torch.autograd.grad(loss, [q, k, v, *params], allow_unused=True)
+    return path, out, result, grads
+
+
+def check_query_blocks(name: str, config: dict | None = None, modes=(True, False), kinds=("padded", "causal", "unmasked")) -> None:
+    """A row-separable variant's eager call run in query blocks (kernel.py `query_block_rows`, each block recomputed
+    in the backward) computes the whole call: output, gradients of q, k, v and the kernel's parameters, aux losses
+    and diagnostics, under padded, causal and unmasked groups, in training and evaluation."""
+    p = make_problem(length=BLOCK_LENGTH)
+    for train in modes:
+        for kind in kinds:
+            where = f"{kind} ({'train' if train else 'eval'})"
+            kernel = kernel_for(name, **(config or {})).train(train)
+            kernel.draw_noise = held_noise
+            groups = _block_groups(kind, p.key_valid)
+            whole_path, whole, whole_result, whole_grads = blocked_call(kernel, p, groups, None)
+            blocked_path, blocked, blocked_result, blocked_grads = blocked_call(kernel, p, groups, BLOCK_ROWS)
+            if blocked_path != "blocked" or whole_path == "blocked":
+                _fail(f"{where}: query_blocks({BLOCK_ROWS}) took path {blocked_path!r} (whole call: {whole_path!r}); "
+                      f"a row_separable kernel must run in blocks when they are asked for")
+            if blocked_result.weights is not None:
+                _fail(f"{where}: a blocked call must not return the whole weights")
+            torch.testing.assert_close(blocked, whole, atol=1e-10, rtol=1e-8, msg=lambda text: f"{where}: output: {text}")
+            for index, (a, b) in enumerate(zip(blocked_grads, whole_grads)):
+                if (a is None) != (b is None):
+                    _fail(f"{where}: gradient {index} is None in one call only")
+                if b is not None:
+                    torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8, msg=lambda text: f"{where}: gradient {index}: {text}")
+            for what, found, expected in (("aux losses", blocked_result.aux_losses, whole_result.aux_losses),
+                                          ("diagnostics", blocked_result.diagnostics, whole_result.diagnostics)):
+                if found.keys() != expected.keys():
+                    _fail(f"{where}: {what} {sorted(found)} in blocks, {sorted(expected)} whole")
+                for key in expected:
+                    torch.testing.assert_close(found[key], expected[key], atol=1e-10, rtol=1e-8, msg=lambda text: f"{where}: {what} {key}: {text}")
+
+
+# ---- mechanism diagnostics -------------------------------------------------------------------------------
+
+def check_mechanism_diagnostics(name: str, config: dict | None = None) -> None:
+    """The declared mechanism diagnostics are well formed (each a MechanismDiagnostic with its meaning, names
+    unique, `mechanism_rule` 'any' or 'all'), the kernel reports every one it computes itself, in training and
+    evaluation (`sample_tv` only in training: evaluation takes the mean weights), and none while they are off."""
+    from .kernel import MechanismDiagnostic, mechanism_diagnostics
+
+    cls = attention_entry(name).cls
+    if not cls.mechanism:
+        _fail("declares no mechanism diagnostic")
+    malformed = [d for d in cls.mechanism if not (isinstance(d, MechanismDiagnostic) and d.meaning)]
+    if malformed:
+        _fail(f"every entry of `mechanism` must be a MechanismDiagnostic with its meaning: {malformed}")
+    if cls.mechanism_rule not in ("any", "all"):
+        _fail(f"mechanism_rule must be 'any' or 'all', got {cls.mechanism_rule!r}")
+    names = [d.name for d in cls.mechanism]
+    if len(set(names)) != len(names):
+        _fail(f"mechanism diagnostics must have unique names: {names}")
+    p = make_problem()
+    kernel = kernel_for(name, **(config or {}))
+    for train in (True, False):
+        result = segment_weights(kernel.train(train), p)
+        # graph site: self-attention; the host computes loss shares, the kernel the rest
+        reported = {d.name for d in cls.mechanism if d.loss_share is None and (train or d.name != "sample_tv")}
+        if not reported <= set(result.diagnostics):
+            _fail(f"({'train' if train else 'eval'}) did not report {sorted(reported - set(result.diagnostics))}")
+    with mechanism_diagnostics(False):
+        result = segment_weights(kernel.train(), p)
+    computed_while_off = {d.name for d in cls.mechanism if d.name != "sample_tv"} & set(result.diagnostics)
+    if computed_while_off:
+        _fail(f"computed {sorted(computed_while_off)} in training while mechanism diagnostics were off")
+
+
 # ---- what `attnbench check` runs -------------------------------------------------------------------------
 
 PROPERTIES: dict[str, Callable[[str], None]] = {
+    "weights are distributions": check_weights_are_distributions,
+    "causal mask": check_causal_mask,
     "softmax limit": check_softmax_limit,
     "padding invariance": check_padding_invariance,
-    "bf16 autocast": check_bf16_autocast,
-    "gradients": check_gradients,
     "dense equals segment": check_dense_equals_segment,
+    "fused path": check_fused_path,
+    "gradients": check_gradients,
+    "bf16 autocast": check_bf16_autocast,
+    "aux losses and diagnostics": check_terms,
+    "config": check_config,
+    "query blocks": check_query_blocks,
+    "mechanism diagnostics": check_mechanism_diagnostics,
 }
+"""Every property the test suite checks of each built-in variant, in `check`'s order. The suite checks some at
+extra configs of particular built-ins too (gmm's iterative paths, BAM's fixed prior); `check` runs a plugin's
+defaults."""
+
+PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
+
+
+def skip_reason(name: str, prop: str) -> str | None:
+    """Why `prop` cannot run for variant `name` (reported skipped, never passed); None when it runs."""
+    cls = attention_entry(name).cls
+    if prop == "softmax limit" and not has_reachable_limit(name):
+        return ("no softmax_limit declared: set it to the config at which the variant is softmax (the test suite "
+                "requires it of every built-in but softmax)") if cls.softmax_limit is None else "its limit is fixed by the name's preset"
+    if prop == "query blocks" and not getattr(cls, "row_separable", False):
+        return "not row_separable: its calls are never split into query blocks"
+    if prop == "mechanism diagnostics" and not cls.mechanism:
+        return ("no `mechanism` declared: boards and claims cannot tell whether its idea is at work (every built-in "
+                "declares one; README: Adding a variant)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -372,7 +644,7 @@ class Outcome:
     variant: str
     prop: str
     status: str
-    """"pass", "FAIL" or "n/a" (a property the variant does not declare)."""
+    """PASS, FAIL or SKIPPED (a property that cannot run for the variant; `detail` says why)."""
     detail: str = ""
 
 
@@ -381,21 +653,21 @@ def check_variant(name: str) -> list[Outcome]:
     variant crashed) is a failure too, named by its type."""
     outcomes = []
     for prop, check in PROPERTIES.items():
-        if check is check_softmax_limit and not has_reachable_limit(name):
-            declared = attention_entry(name).cls.softmax_limit
-            outcomes.append(Outcome(name, prop, "n/a", "no softmax_limit declared" if declared is None else "fixed by the name's preset"))
+        reason = skip_reason(name, prop)
+        if reason is not None:
+            outcomes.append(Outcome(name, prop, SKIPPED, reason))
             continue
         try:
             check(name)
         except Exception as exc:  # noqa: BLE001 - any crash of a plugin's code is its failure, reported, not raised
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            outcomes.append(Outcome(name, prop, "FAIL", f"{type(exc).__name__}: {first}"[:300]))
+            outcomes.append(Outcome(name, prop, FAIL, f"{type(exc).__name__}: {first}"[:300]))
         else:
-            outcomes.append(Outcome(name, prop, "pass"))
+            outcomes.append(Outcome(name, prop, PASS))
     return outcomes
 
 
 def format_outcomes(outcomes: list[Outcome]) -> str:
     width = max((len(o.variant) for o in outcomes), default=0)
-    return "\n".join(f"{o.variant:<{width}}  {o.prop:<22} {o.status}{f'  ({o.detail})' if o.detail else ''}" for o in outcomes)
-
+    prop_width = max((len(o.prop) for o in outcomes), default=0)
+    return "\n".join(f"{o.variant:<{width}}  {o.prop:<{prop_width}}  {o.status}{f'  ({o.detail})' if o.detail else ''}" for o in outcomes)

@@ -4,27 +4,13 @@ Parametrised over the registry: a new variant is covered without editing this fi
 
 from __future__ import annotations
 
-import math
-
 import pytest
-import torch
 
-from modules.attention import attention_entry, build_attention, list_attentions, suggest_config
+from modules.attention import attention_entry, list_attentions
 from modules.attention import contract
-from modules.attention.contract import HEADS, DIM, SCALE, dense_weights, has_reachable_limit, kernel_for, make_problem, segment_weights
+from modules.attention.contract import has_reachable_limit
 
 VARIANTS = list_attentions()
-
-
-def assert_distribution(weights, groups, valid=None):
-    assert torch.isfinite(weights).all()
-    assert (weights >= 0).all()
-    sums = groups.reduce(weights, "sum")
-    if groups.valid_queries is not None:  # nodes without edges (padded tokens' twins) have no distribution
-        sums = sums[groups.valid_queries.expand_as(sums)]
-    torch.testing.assert_close(sums, torch.ones_like(sums), atol=1e-6, rtol=0)
-    if valid is not None:
-        assert (weights.masked_select(~valid.expand_as(weights)) == 0).all()
 
 
 def test_builtin_variants_registered():
@@ -35,12 +21,8 @@ def test_builtin_variants_registered():
 
 
 @pytest.mark.parametrize("name", VARIANTS)
-@pytest.mark.parametrize("mode", ["train", "eval"])
-def test_weights_are_distributions_and_masked_keys_get_zero(name, mode):
-    p = make_problem()
-    kernel = kernel_for(name).train(mode == "train")
-    assert_distribution(dense_weights(kernel, p).weights, p.dense, p.dense.valid)
-    assert_distribution(segment_weights(kernel, p).weights, p.segment)
+def test_weights_are_distributions_and_masked_keys_get_zero(name):
+    contract.check_weights_are_distributions(name)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -51,44 +33,17 @@ def test_dense_and_segment_forms_agree(name):
 @pytest.mark.parametrize("name", VARIANTS)
 def test_fused_fast_path_gives_the_same_output(name):
     """need_weights=False (what transformer hosts pass) may take a fused path, never other math."""
-    p = make_problem()
-    kernel = kernel_for(name).eval()
-    with_weights, _ = kernel(p.q, p.k, p.v, p.dense, scale=SCALE, need_weights=True)
-    fused, _ = kernel(p.q, p.k, p.v, p.dense, scale=SCALE, need_weights=False)
-    valid = p.key_valid[:, None, :, None].expand_as(fused)  # padded query rows are free to differ
-    torch.testing.assert_close(fused[valid], with_weights[valid], atol=1e-6, rtol=1e-5)
+    contract.check_fused_path(name)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_aux_losses_finite_scalars_and_diagnostics_detached(name):
-    p = make_problem()
-    kernel = kernel_for(name)
-    returned = set()
-    for mode in (True, False):
-        kernel.train(mode)
-        for result in (dense_weights(kernel, p), segment_weights(kernel, p)):
-            for key, value in result.aux_losses.items():
-                assert value.dim() == 0, f"aux loss {key} is not a scalar"
-                assert torch.isfinite(value), f"aux loss {key} is not finite"
-                if mode:
-                    returned.add(key)
-            for key, value in result.diagnostics.items():
-                assert value.dim() == 0 and not value.requires_grad, f"diagnostic {key} must be a detached scalar"
-                assert torch.isfinite(value), f"diagnostic {key} is not finite"
-    # every aux loss the variant returns in training has a weight schedule entry (which may be 0 at some
-    # steps, as an annealed KL is at first), and every weight is a finite non-negative number
-    for step in (0, 1, 10_000):
-        weights = kernel.loss_weights(step, epoch=step)
-        assert returned <= set(weights), f"aux losses {sorted(returned - set(weights))} have no weight entry"
-        assert all(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0 for w in weights.values()), weights
+    contract.check_terms(name)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_float64_gradcheck(name):
     contract.check_gradients(name)
-
-
-
 
 
 @pytest.mark.parametrize("name", [n for n in VARIANTS if has_reachable_limit(n)])
@@ -105,19 +60,7 @@ def test_every_variant_but_softmax_declares_its_softmax_limit(name):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_config_is_frozen_and_suggest_gives_known_fields(name):
-    import dataclasses
-
-    import optuna
-
-    config = kernel_for(name).config
-    fields = [f.name for f in dataclasses.fields(config)]
-    if fields:
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            setattr(config, fields[0], None)
-    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
-    suggested = suggest_config(name, trial)
-    assert set(suggested) <= set(fields)
-    build_attention({"name": name, **suggested}, num_heads=HEADS, head_dim=DIM)
+    contract.check_config(name)
 
 
 # ---- padding invariance (modules/attention/contract.py says what each case holds fixed) -------------------
@@ -179,37 +122,59 @@ class TemperatureSoftmax(AttentionKernel):
     softmax_limit: ClassVar = {{"temperature": {limit}}}
 
     def normalize(self, logits, groups, *, q=None, k=None):
-        return AttentionResult(groups.softmax({logits} / self.config.temperature))
+        return AttentionResult({weights})
 '''
 
 
-def _check(tmp_path, capsys, name, limit=1.0, logits="logits"):
+def _check(tmp_path, capsys, name, limit=1.0, logits="logits", weights="groups.softmax({logits} / self.config.temperature)"):
     from harness.cli import main
 
     path = tmp_path / f"{name}.py"
-    path.write_text(PLUGIN.format(name=name, limit=limit, logits=logits))
+    path.write_text(PLUGIN.format(name=name, limit=limit, weights=weights.format(logits=logits)))
     code = main(["check", str(path)])
-    return code, [line for line in capsys.readouterr().out.splitlines() if line.startswith(name)]
+    return code, [line for line in capsys.readouterr().out.splitlines() if line.startswith((name, "attnbench check:"))]
 
 
 def _status(lines, prop):
-    """The status column of a `check` line: NAME  PROPERTY  pass|FAIL|n/a  (detail)."""
+    """The status column of a `check` line: NAME  PROPERTY  pass|FAIL|skipped  (detail)."""
     line = next(line for line in lines if f"  {prop} " in line)
     return line.split()[len(prop.split()) + 1]
 
 
-def test_check_passes_a_good_plugin_on_every_property(tmp_path, capsys):
+def test_check_passes_a_good_plugin_and_skips_with_its_reason_what_cannot_run(tmp_path, capsys):
     code, lines = _check(tmp_path, capsys, "check-good")
     assert code == 0
+    # the plugin is not row-separable and declares no mechanism: those two cannot run, and are never reported passed
+    cannot_run = {"query blocks": "not row_separable", "mechanism diagnostics": "no `mechanism` declared"}
     for prop in contract.PROPERTIES:
-        assert _status(lines, prop) == "pass", prop
+        assert _status(lines, prop) == ("skipped" if prop in cannot_run else "pass"), prop
+    for prop, reason in cannot_run.items():
+        assert reason in next(line for line in lines if f"  {prop} " in line)
+    assert lines[-1] == "attnbench check: every property that ran holds; 2 skipped (not checked: see the reasons above)"
+
+
+@pytest.mark.parametrize("name, weights, failing, message", [
+    # the issue's plugin: rows still sum to 1, but weights go negative
+    ("check-negative", "groups.softmax(logits) * 2 - groups.softmax(0 * logits)", "weights are distributions", "weights go negative"),
+    ("check-row-sums", "groups.softmax(logits) * 1.5", "weights are distributions", "sum to"),
+    # softmax over the last axis whatever the groups mask: padded keys and a causal future get weight
+    ("check-ignores-mask", "logits.softmax(-1) if logits.dim() == 4 else groups.softmax(logits)", "weights are distributions",
+     "masked keys get weight"),
+])
+def test_check_fails_weights_that_are_not_distributions_over_the_unmasked_keys(tmp_path, capsys, name, weights, failing, message):
+    code, lines = _check(tmp_path, capsys, name, weights=weights)
+    assert code == 1
+    line = next(line for line in lines if f"  {failing} " in line)
+    assert _status(lines, failing) == "FAIL" and message in line, line
+    if name == "check-ignores-mask":
+        assert _status(lines, "causal mask") == "FAIL"
 
 
 def test_check_names_a_wrong_softmax_limit(tmp_path, capsys):
     code, lines = _check(tmp_path, capsys, "check-bad-limit", limit=2.0)
     assert code == 1
     assert _status(lines, "softmax limit") == "FAIL"
-    assert all(_status(lines, prop) == "pass" for prop in contract.PROPERTIES if prop != "softmax limit")
+    assert all(_status(lines, prop) in ("pass", "skipped") for prop in contract.PROPERTIES if prop != "softmax limit")
 
 
 def test_check_names_broken_gradients(tmp_path, capsys):

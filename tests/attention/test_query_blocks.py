@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.studies.gpu_perf import held_noise  # noise that is a function of the value it perturbs: equal whole or in blocks
 from modules.attention import DenseGroups, attention_entry, list_attentions
+from modules.attention import contract
 from modules.attention.contract import SCALE, kernel_for, make_problem
 from modules.attention.kernel import query_block_rows, query_blocks
 
@@ -23,48 +23,11 @@ def test_the_materialising_builtins_are_row_separable():
     assert not {"gmm", "fenchel-exact"} & set(ROW_SEPARABLE)
 
 
-def _groups(kind, key_valid, length):
-    if kind == "padded":
-        return DenseGroups.from_key_padding(key_valid, query_valid=key_valid)
-    if kind == "causal":
-        return DenseGroups.from_key_padding(key_valid, causal=True, query_valid=key_valid)
-    return DenseGroups()
-
-
-def _call(kernel, p, groups, rows, with_aux=True):
-    q, k, v = (t.clone().requires_grad_() for t in (p.q, p.k, p.v))
-    with query_blocks(rows):
-        out, result = kernel(q, k, v, groups, scale=SCALE, need_weights=False)
-    path = kernel.last_path
-    loss = out.square().sum() + (sum(result.aux_losses.values(), out.new_zeros(())) if with_aux else 0)
-    params = [t for t in kernel.parameters() if t.requires_grad]
-    grads = torch.autograd.grad(loss, [q, k, v, *params], allow_unused=True)
-    return path, out, result, grads
-
-
 @pytest.mark.parametrize("name", ROW_SEPARABLE)
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("kind", ["padded", "causal", "unmasked"])
-def test_query_blocks_compute_the_whole_call(name, mode, kind, monkeypatch):
-    p = make_problem(length=7)
-    kernel = kernel_for(name).train(mode == "train")
-    monkeypatch.setattr(kernel, "draw_noise", held_noise)
-    groups = _groups(kind, p.key_valid, 7)
-    whole_path, whole, whole_result, whole_grads = _call(kernel, p, groups, None)
-    blocked_path, blocked, blocked_result, blocked_grads = _call(kernel, p, groups, 3)  # blocks of 3, 3 and 1 queries
-    assert blocked_path == "blocked" and whole_path != "blocked"
-    assert blocked_result.weights is None
-    torch.testing.assert_close(blocked, whole, atol=1e-10, rtol=1e-8)
-    for a, b in zip(blocked_grads, whole_grads):
-        if b is None:
-            assert a is None
-        else:
-            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
-    assert blocked_result.aux_losses.keys() == whole_result.aux_losses.keys()
-    assert blocked_result.diagnostics.keys() == whole_result.diagnostics.keys()
-    for found, expected in [(blocked_result.aux_losses, whole_result.aux_losses), (blocked_result.diagnostics, whole_result.diagnostics)]:
-        for key in expected:
-            torch.testing.assert_close(found[key], expected[key], atol=1e-10, rtol=1e-8, msg=key)
+def test_query_blocks_compute_the_whole_call(name, mode, kind):
+    contract.check_query_blocks(name, modes=(mode == "train",), kinds=(kind,))
 
 
 @pytest.mark.parametrize("name", ["bam-lognormal", "bam-weibull"])
@@ -75,7 +38,7 @@ def test_the_recomputation_draws_what_the_forward_drew_and_leaves_the_stream_alo
     p = make_problem(length=7)
     kernel = kernel_for(name).train()
     kernel.noise_generator = torch.Generator().manual_seed(5)
-    _, out, _, grads = _call(kernel, p, p.dense, 3, with_aux=False)  # the KL's gradient does not depend on the draws
+    _, out, _, grads = contract.blocked_call(kernel, p, p.dense, 3, with_aux=False)  # the KL's gradient does not depend on the draws
     after_forward_and_backward = kernel.noise_generator.get_state()
 
     # the reference: the same blocks in order, from the same stream, without checkpointing
