@@ -397,6 +397,7 @@ class GANAlignmentAttention(AlignmentAttention):
     def __init__(self, config: GANAlignmentConfig, shape: HeadShape):
         super().__init__(config, shape)
         self.discriminator = highway_mlp(shape.head_dim, config.hidden, 1)
+        self.discriminator.requires_grad_(self.regularised)  # unread at cross-attention: frozen there, for DDP (fenchel says why)
 
     def mechanism_diagnostics(self, q: Tensor, k: Tensor, groups: Groups) -> dict[str, Tensor]:
         out = super().mechanism_diagnostics(q, k, groups)
@@ -463,6 +464,8 @@ class CTAlignmentAttention(AlignmentAttention):
             nn.Linear(shape.head_dim, self.config.hidden), nn.ReLU(), nn.Linear(self.config.hidden, self.config.hidden)
         )
         self.critic = highway_mlp(shape.head_dim, config.hidden, config.hidden)
+        for unread in (self.navigator, self.critic):  # at cross-attention: frozen there, for DDP (fenchel says why)
+            unread.requires_grad_(self.regularised)
 
     def critic_cost(self, clouds: PointClouds) -> Tensor:
         # Reversal outside the critic flips only the critic's gradients (it maximises the loss); the second

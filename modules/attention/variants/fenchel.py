@@ -184,6 +184,13 @@ class FenchelAttention(AttentionKernel):
             nn.init.zeros_(self.position_bias.weight)
         self.degree_weight = nn.Parameter(torch.zeros(heads)) if config.prior in ("position", "degree") else None
         self._bucket_cache: dict[tuple[int, int, torch.device], Tensor] = {}
+        # A parameter this site never reads is frozen, so that DistributedDataParallel does not wait for its gradient
+        # (it fails on the second step otherwise): the position table away from token sequences, the degree coupling
+        # where the position prior applies. Nothing that is read changes.
+        if self.position_bias is not None and not shape.site.sequence:
+            self.position_bias.weight.requires_grad_(False)
+        if self.position_bias is not None and self.degree_weight is not None and shape.site.sequence:
+            self.degree_weight.requires_grad_(False)
 
     # ---- the preference prior log u -------------------------------------------------------------
     def alpha(self) -> Tensor:
