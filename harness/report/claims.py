@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import math
+import statistics
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -391,25 +392,35 @@ def _family(the_plan, records: Mapping[str, Record], task: str, metric: str, see
 
 def _mechanism(variant: str, own: list[Record | None], base: list[Record | None]) -> tuple[bool | None, str] | None:
     """Whether the variant's mechanism was active in these runs, by the rule its kernel declares
-    (modules/attention/mechanism.py), seed by seed against softmax's record of the same seed: active when it was in at
-    least half the seeds that carry the diagnostics; None (no evidence) when no record carries them; None overall for
-    a variant that declares no diagnostic (nothing to gate on)."""
-    from modules.attention.mechanism import declared_mechanism, mechanism_active
+    (modules/attention/mechanism.py), read at each run's evaluated weights, seed by seed against softmax's record of
+    the same seed: active when it was in at least half the seeds that carry the evidence; None (no evidence) when no
+    record carries it; None overall for a variant that declares no diagnostic (nothing to gate on). The evidence
+    names each ruled figure's median over the seeds beside its rule, so a reader sees how far from the threshold
+    the runs were, not only on which side."""
+    from modules.attention.mechanism import NO_EVIDENCE, declared_mechanism, describe_rule, figure_name, mechanism_active, ruled_figure
 
     declared, _ = declared_mechanism(variant)
-    if not any(d.rule for d in declared):
+    ruled = [d for d in declared if d.rule]
+    if not ruled:
         return None
     baseline = {(r.spec or {}).get("seed"): r for r in base if r is not None}
-    verdicts = [mechanism_active(r, baseline.get((r.spec or {}).get("seed"))) for r in own if r is not None]
-    verdicts = [v for v in verdicts if v is not None]
+    pairs = [(r, baseline.get((r.spec or {}).get("seed"))) for r in own if r is not None]
+    verdicts = [mechanism_active(r, b) for r, b in pairs]
     if not verdicts:
         return None
     shown = [v for v in verdicts if v[0] is not None]
     if not shown:
-        return None, f"{verdicts[0][1]} (records made before the diagnostics existed; re-run them)"
+        return None, f"{NO_EVIDENCE} in any of {len(verdicts)} records (made before runs measured it: re-run them); e.g. {verdicts[0][1]}"
     active = sum(1 for v in shown if v[0])
+    figures = []
+    for d in ruled:
+        values = sorted(f for f in (ruled_figure(d, r, b) for r, b in pairs) if f is not None)
+        if values:
+            figures.append(f"median {figure_name(d)} {statistics.median(values):.3g} over {len(values)} seeds (rule: {describe_rule(d)})")
     example = next((v[1] for v in shown if v[0] == (2 * active >= len(shown))), shown[0][1])
-    return 2 * active >= len(shown), f"active in {active} of {len(shown)} seeds; e.g. {example}"
+    return 2 * active >= len(shown), (f"active at the evaluated weights in {active} of {len(shown)} seeds"
+                                      + (f" ({len(verdicts) - len(shown)} without evidence)" if len(shown) < len(verdicts) else "")
+                                      + f"; {'; '.join(figures)}; e.g. {example}")
 
 
 def _specs(the_plan, task: str, label: str, tuned: bool = False) -> list:

@@ -331,14 +331,31 @@ def chosen_execution(copies: Iterable[Record]) -> Record:
     return min(copies, key=lambda r: (r.finished is None, r.finished or "", record_digest(r)))
 
 
-def diagnosed_execution(copies: list[Record]) -> Record:
-    """The execution of a key whose record carries the most mechanism diagnostics (the earliest of those that tie).
-    A key re-run so that its record carries the diagnostics (issue 35: nothing that determines the result changed,
-    so the key stayed) is the same experiment as the copy the boards show (`chosen_execution`); the board's
-    reproducibility line says whether the two gave the same numbers."""
-    def carried(record: Record) -> int:
-        names = {*(record.history or {}), *(record.diagnostics or {})}
-        return sum(1 for name in names if name.startswith(("diag/", "val/diag/")))
+def has_evaluated_diagnostics(record: Record) -> bool:
+    """Whether a record carries mechanism diagnostics at its evaluated weights (`test/diag/<name>`, runs since issue
+    51; modules/attention/mechanism.py reads them)."""
+    return any(name.startswith("test/diag/") for name in record.diagnostics or {})
 
-    most = max(carried(r) for r in copies)
-    return chosen_execution([r for r in copies if carried(r) == most])
+
+def same_evaluated_weights(a: Record, b: Record) -> bool:
+    """Whether two executions of a key evaluated the same weights, as far as records tell: the same kept epoch, the
+    same monitored value there and the same test metrics, bit for bit (a re-run on the same hardware class gives
+    that; another class often takes another trajectory, README "Reproducibility across CPUs")."""
+    def values(record: Record) -> dict:
+        return {name: m.get("value") for name, m in (record.metrics or {}).items()}
+
+    return (a.best_epoch == b.best_epoch and (a.best_monitor or {}).get("value") == (b.best_monitor or {}).get("value")
+            and values(a) == values(b) and a.best_epoch is not None)
+
+
+def diagnosed_execution(copies: list[Record]) -> Record:
+    """The execution of a key to read its mechanism diagnostics from: the copy the boards show (`chosen_execution`)
+    where it carries them at its evaluated weights; else the earliest other execution that evaluated the same
+    weights (`same_evaluated_weights`: a key re-run so that its record carries the evidence, issue 51); else the
+    chosen copy, whose missing evidence the rules then report. An execution on another trajectory is never read:
+    its evaluated weights are not the ones behind the numbers the boards show."""
+    chosen = chosen_execution(copies)
+    if has_evaluated_diagnostics(chosen):
+        return chosen
+    same = [r for r in copies if r is not chosen and has_evaluated_diagnostics(r) and same_evaluated_weights(r, chosen)]
+    return chosen_execution(same) if same else chosen

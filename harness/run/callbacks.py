@@ -49,6 +49,8 @@ class KeepBestAndStop(Callback):
         self.best_value: float | None = None
         """The monitor's value at the kept epoch."""
         self.best_epoch: int | None = None
+        self.best_step: int | None = None
+        """The last optimiser step of the kept epoch (0-based), whose loss weights the test pass's loss shares use."""
         self.best_metrics: dict[str, float] = {}
         """Every validation metric logged at the kept epoch (e.g. val/acc when the monitor is val/loss)."""
         self._state = None
@@ -66,6 +68,7 @@ class KeepBestAndStop(Callback):
                            f"logged metrics: {sorted(trainer.callback_metrics)}") from None
         if decision.save:
             self.best_value, self.best_epoch, self.best_metrics = logged[self.monitor], trainer.current_epoch, logged
+            self.best_step = max(trainer.global_step - 1, 0)
             self._state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         # As EarlyStopping: data-parallel ranks see the same synced metrics, and any rank's stop stops all.
         if trainer.strategy.reduce_boolean_decision(decision.stop, all=False):
@@ -80,11 +83,12 @@ class KeepBestAndStop(Callback):
     # EarlyStopping) and the kept weights (in memory, not a ModelCheckpoint file: see the class docstring).
     def state_dict(self) -> dict:
         return {"rule": self.rule.state_dict(), "best_value": self.best_value, "best_epoch": self.best_epoch,
-                "best_metrics": dict(self.best_metrics), "weights": self._state}
+                "best_step": self.best_step, "best_metrics": dict(self.best_metrics), "weights": self._state}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.rule.load_state_dict(state_dict["rule"])
         self.best_value, self.best_epoch = state_dict["best_value"], state_dict["best_epoch"]
+        self.best_step = state_dict.get("best_step", self.best_epoch)  # checkpoints before it: a graph's one step per epoch
         self.best_metrics, self._state = dict(state_dict["best_metrics"]), state_dict["weights"]
 
 
@@ -234,6 +238,8 @@ class History(Callback):
         if trainer.sanity_checking:
             return
         self._val = _validation_scalars(trainer)
+        if not getattr(pl_module, "validation_measured", True):  # stale values of an earlier pass: not this epoch's
+            self._val = {k: v for k, v in self._val.items() if not k.startswith("val/diag/")}
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         sums = host_floats({name: sum(values) for name, values in self._train.items()})

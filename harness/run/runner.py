@@ -252,7 +252,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
             trainer = L.Trainer(accelerator="auto", devices=1, precision=spec.precision, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                                 enable_model_summary=False)
         outcome = test_outcome(task, spec, trainer, module, datamodule, best.best_epoch, best.best_value,
-                               rule=best.rule.description)
+                               rule=best.rule.description, best_step=best.best_step)
     except Exception as exc:  # noqa: BLE001 - any failure of one run is recorded, the suite goes on
         if distributed.global_rank() != 0:
             return None
@@ -302,9 +302,13 @@ def _fits(ckpt: Mapping[str, Any], module, path: Path) -> bool:
 
 
 def test_outcome(task, spec: RunSpec, trainer: L.Trainer, module, datamodule, best_epoch: int | None,
-                 best_value: float | None, rule: str | None = None) -> dict[str, Any]:
+                 best_value: float | None, rule: str | None = None, best_step: int | None = None) -> dict[str, Any]:
     """Test a trained module and return the record's result fields (lone runs and seed batches alike); `rule`
-    describes the early-stopping rule that chose the best epoch."""
+    describes the early-stopping rule that chose the best epoch. The test pass also measures the mechanism
+    diagnostics at these weights (`test/diag/<name>`, what the mechanism rules read), with the loss weights of the
+    kept epoch (`best_step`: its last optimiser step; a graph's epoch is one step)."""
+    if best_epoch is not None:
+        module.evaluated_at = (best_epoch if best_step is None else best_step, best_epoch)
     tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
     metrics = {}
     for metric in task.metrics:
@@ -316,7 +320,7 @@ def test_outcome(task, spec: RunSpec, trainer: L.Trainer, module, datamodule, be
         raise FloatingPointError(f"test metrics {bad} are not finite")
     return dict(
         metrics=metrics,
-        diagnostics={k: float(v) for k, v in tested.items() if k.startswith("test/attn/")},
+        diagnostics={k: float(v) for k, v in tested.items() if k.startswith(("test/attn/", "test/diag/"))},
         best_epoch=best_epoch,
         best_monitor={"name": task.monitor.name, "value": best_value, **({"rule": rule} if rule else {})},
         parameters=sum(p.numel() for p in module.parameters()),

@@ -573,7 +573,7 @@ def check_query_blocks(name: str, config: dict | None = None, modes=(True, False
 def check_mechanism_diagnostics(name: str, config: dict | None = None) -> None:
     """The declared mechanism diagnostics are well formed (each a MechanismDiagnostic with its meaning, names
     unique, `mechanism_rule` 'any' or 'all'), the kernel reports every one it computes itself, in training and
-    evaluation (`sample_tv` only in training: evaluation takes the mean weights), and none while they are off."""
+    evaluation (in training those the declaration says it measures there, `in_training`), and none while they are off."""
     from .kernel import MechanismDiagnostic, mechanism_diagnostics
 
     cls = attention_entry(name).cls
@@ -592,7 +592,7 @@ def check_mechanism_diagnostics(name: str, config: dict | None = None) -> None:
     for train in (True, False):
         result = segment_weights(kernel.train(train), p)
         # graph site: self-attention; the host computes loss shares, the kernel the rest
-        reported = {d.name for d in cls.mechanism if d.loss_share is None and (train or d.name != "sample_tv")}
+        reported = {d.name for d in cls.mechanism if d.loss_share is None and (d.in_training or not train)}
         if not reported <= set(result.diagnostics):
             _fail(f"({'train' if train else 'eval'}) did not report {sorted(reported - set(result.diagnostics))}")
     with mechanism_diagnostics(False):

@@ -271,7 +271,10 @@ def attention_paths(model: nn.Module | None) -> dict[str, list[str]]:
     return {"attention_paths": sorted(ran)} if ran - {"eager"} else {}
 
 
-MECHANISM_RULES = ("max>", "final>", "final<", "moved", "below-baseline")
+MECHANISM_RULES = ("above", "below", "moved", "below-baseline")
+RENAMED_RULES = {"final>": "above", "final<": "below"}
+"""Rule names of declarations written before issue 51, which read the last training epoch; they now read the
+evaluated weights like every rule."""
 
 
 @dataclass(frozen=True)
@@ -279,31 +282,42 @@ class MechanismDiagnostic:
     """A quantity that shows a variant's idea at work ("is the mechanism on?"), and how to read it.
 
     The kernel puts its value into `AttentionResult.diagnostics` under `name` (a detached scalar) whenever
-    mechanism diagnostics are on, in training as in evaluation; the LightningModules keep it per epoch in the
-    record's history as `diag/<name>` (mean over the epoch's training steps) and `val/diag/<name>` (the
-    validation pass), and its last values in `Record.diagnostics`. modules/attention/mechanism.py applies
-    the rules; the claims board calls it before it gives a negative verdict."""
+    mechanism diagnostics are on; the LightningModules keep it as curves in the record's history, `diag/<name>`
+    (mean over an epoch's training steps) and `val/diag/<name>` (validation passes), and the test pass's value as
+    `Record.diagnostics["test/diag/<name>"]`: the value at the evaluated weights, those that gave the run's test
+    numbers (the epoch the stopping rule kept). modules/attention/mechanism.py applies the rules to that value;
+    the claims board calls it before it gives a negative verdict."""
 
     name: str
     meaning: str
     """One line: what the number is."""
     rule: str | None = None
-    """How `mechanism_active` reads the curve (None: shown, not a rule):
-    'max>': the train curve exceeds `threshold` at some point of training;
-    'final>' / 'final<': its last train value is above / below `threshold`;
-    'moved': its last train value differs from its first by more than `threshold`, relative to the first;
-    'below-baseline': its last validation value is below `threshold` x the same diagnostic of the `baseline`
-    variant's record at the same task and seed."""
+    """How `mechanism_active` reads the value at the evaluated weights (None: shown, not a rule):
+    'above' / 'below': it is above / below `threshold`;
+    'moved': it differs from the first epoch's training value by more than `threshold`, relative to that;
+    'below-baseline': it is below `threshold` x the same diagnostic of the `baseline` variant's record at the same
+    task and seed (at that record's evaluated weights)."""
     threshold: float | None = None
     why: str = ""
-    """Why this threshold: what an inactive mechanism would give, and the margin over it."""
+    """What the threshold measures, in units a reader can judge, and why that size means the mechanism changed
+    the attention: what an inactive mechanism would give, and the margin over it."""
     baseline: str | None = None
     """'below-baseline' only: the variant whose record this one is compared with (softmax)."""
+    in_training: bool = True
+    """Whether training steps measure it too (a curve of `diag/<name>`). False for what costs a sizeable share of a
+    step and no rule reads there (the query/key distance's sorts: half a lone Cora fit, issue 51); evaluation passes
+    always measure every diagnostic, since the rules read the test pass's values."""
     loss_share: str | None = None
     """Set when the host, not the kernel, computes the value: the weighted share of this aux loss term in the
     loss (the weighted term over task loss + weighted aux terms); the kernel does not report it."""
 
     def __post_init__(self):
+        if self.rule in RENAMED_RULES:
+            object.__setattr__(self, "rule", RENAMED_RULES[self.rule])
+        if self.rule == "max>":
+            raise ValueError(f"MechanismDiagnostic {self.name!r}: rule 'max>' read a training curve's peak; rules read the value "
+                             f"at the evaluated weights since issue 51 (a peak long before the kept epoch says nothing of the "
+                             f"weights tested): use 'above', or rule=None to show the value without a rule")
         if self.rule is not None and self.rule not in MECHANISM_RULES:
             raise ValueError(f"MechanismDiagnostic {self.name!r}: rule must be one of {MECHANISM_RULES}, got {self.rule!r}")
         if self.rule is not None and self.threshold is None:
@@ -451,8 +465,10 @@ class AttentionKernel(nn.Module):
     pair_means: ClassVar[tuple[str, ...]] = ()
 
     def measures(self, name: str) -> bool:
-        """Whether to compute the declared diagnostic `name` in this call (in training too: it is a curve)."""
-        return _mechanism_diagnostics_on and any(d.name == name and d.loss_share is None for d in self.mechanism)
+        """Whether to compute the declared diagnostic `name` in this call: at evaluation always, in training where its
+        declaration says `in_training` (a curve of training steps)."""
+        return _mechanism_diagnostics_on and any(d.name == name and d.loss_share is None and (d.in_training or not self.training)
+                                                 for d in self.mechanism)
 
     undecayed: ClassVar[tuple[str, ...]] = ()
     """Names of the kernel's sub-network attributes that train at the host's rate but without its weight decay
@@ -616,9 +632,12 @@ def per_head(x: Tensor, like: Tensor) -> Tensor:
 def standard_diagnostics(weights: Tensor, groups: Groups, kernel: nn.Module | None = None) -> dict[str, Tensor]:
     """Entropy and support of the weights, and `support_fraction` where the kernel declares it; while `kernel`
     trains only what its mechanism declares: the rest nobody reads there, and it would cost a sizeable
-    share of a small graph's training step (measured on Cora)."""
+    share of a small graph's training step (measured on Cora).
+    At evaluation also `uniform_entropy`, the entropy uniform weights over the same keys would have (the mean
+    log of each query's key count): how far `entropy` sits below it says how far the attention is from uniform,
+    which bounds what any variant can change on a host (issue 51: GAT's attention on Cora is near uniform)."""
     measures = getattr(kernel, "measures", None)
-    wanted = {"entropy", "support"} if kernel is None or not kernel.training else set()
+    wanted = {"entropy", "support", "uniform_entropy"} if kernel is None or not kernel.training else set()
     if measures is not None:
         wanted |= {name for name in ("entropy", "support", "support_fraction") if measures(name)}
     if not wanted:
@@ -629,10 +648,13 @@ def standard_diagnostics(weights: Tensor, groups: Groups, kernel: nn.Module | No
             out["entropy"] = groups.entropy(weights).detach()
         if "support" in wanted:
             out["support"] = groups.support(weights).detach()
+        if wanted & {"support_fraction", "uniform_entropy"}:
+            size = groups.reduce(groups.zero_invalid(torch.ones_like(weights)), "sum").clamp_min(1)
         if "support_fraction" in wanted:
             nonzero = groups.reduce((weights > 0).to(weights.dtype), "sum")
-            size = groups.reduce(groups.zero_invalid(torch.ones_like(weights)), "sum").clamp_min(1)
             out["support_fraction"] = groups.mean_over_queries(nonzero / size).detach()
+        if "uniform_entropy" in wanted:
+            out["uniform_entropy"] = groups.mean_over_queries(size.log()).detach()
     return out
 
 
@@ -747,7 +769,7 @@ def qk_distance(q: Tensor, k: Tensor, groups: Groups) -> Tensor:
 
 def qk_diagnostics(kernel: "AttentionKernel", q: Tensor, k: Tensor, groups: Groups) -> dict[str, Tensor]:
     """{"qk_distance": ...} where the kernel measures it and sits at a self-attention site (queries and keys of
-    the same items, where aligning them means something)."""
+    the same items, where aligning them means something); in training only where declared `in_training`."""
     if not kernel.measures("qk_distance") or kernel.site.role != "self" or q is None or k is None:
         return {}  # a caller that normalises logits alone (no queries or keys) gets the weights without the distance
     return {"qk_distance": qk_distance(q, k, groups)}

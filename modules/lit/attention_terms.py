@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..attention import AttentionKernel, AttentionResult
-from ..attention.kernel import mechanism_diagnostics_on
+from ..attention.kernel import mechanism_diagnostics, mechanism_diagnostics_on
 
 
 class DivergedError(FloatingPointError):
@@ -91,6 +91,48 @@ def mechanism_logs(trace: Sequence[tuple[AttentionKernel, AttentionResult]], tas
     return logs
 
 
+DIAGNOSED_EVERY = 8
+"""A long graph fit measures its validation diagnostics in its first epochs and every this many after."""
+
+
+def diagnosed_validation(epoch: int) -> bool:
+    """Whether epoch `epoch` (0-based) measures its validation pass's mechanism diagnostics (the record's curves).
+    Measured at every pass they took a third of a lone Cora epoch (issue 51: q/k distance's sorts, half the fit
+    when training steps measured it too). The rules read the value at the evaluated weights, which the test pass
+    measures, so the curves need only enough points to be drawn: the first 8 epochs, then every 8th, which puts
+    one in every block of a record's curve once blocks are 8 epochs wide (fits over 240 epochs; callbacks.py
+    History)."""
+    return epoch < DIAGNOSED_EVERY or (epoch + 1) % DIAGNOSED_EVERY == 0
+
+
+def schedule_point(module, split: str) -> tuple[int, int]:
+    """(step, epoch) whose loss weights a pass's loss shares use: the training's own, or for the test pass those of
+    the epoch whose weights it evaluates (`module.evaluated_at`, set by the harness from the stopping rule's kept
+    epoch), so that `test/diag/kl_share` is the share at the evaluated weights. A seed batch tests with a fresh
+    Trainer, whose epoch 0 would weigh an annealed KL at 0."""
+    kept = getattr(module, "evaluated_at", None) if split == "test" else None
+    return kept if kept is not None else (module.global_step, module.current_epoch)
+
+
+def test_logs(module, trace: Sequence[tuple[AttentionKernel, AttentionResult]], loss: Tensor) -> dict[str, Tensor]:
+    """A minibatch host's test-pass logs: each attention call's weights (test/attn/...) and the mechanism
+    diagnostics at the evaluated weights (test/diag/<name>, which the mechanism rules read)."""
+    logs = {f"test/{k}": v for k, v in diagnostics(trace).items()}
+    logs.update({f"test/{k}": v for k, v in mechanism_logs(trace, loss, *schedule_point(module, "test")).items()})
+    return logs
+
+
+@contextmanager
+def measured_if(measure: bool) -> Iterator[None]:
+    """Mechanism diagnostics as they are, or off for this region; never turns them on where a caller turned them
+    off (a test that shows they change no training number)."""
+    if measure:
+        yield
+    else:
+        with mechanism_diagnostics(False):
+            yield
+
+
 class ValidationMechanism:
     """A minibatch host's mechanism diagnostics over a validation epoch, as "val/diag/<name>": each batch's value
     weighted by its examples, summed over data-parallel ranks, so that 2 ranks give one process's value (as
@@ -108,7 +150,7 @@ class ValidationMechanism:
             part = torch.stack([value * examples, torch.full_like(value, float(examples))])
             self.sums[name] = part if name not in self.sums else self.sums[name] + part
 
-    def compute_and_reset(self) -> dict[str, Tensor]:
+    def compute_and_reset(self, prefix: str = "val/") -> dict[str, Tensor]:
         sums, self.sums = self.sums, {}
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -122,7 +164,7 @@ class ValidationMechanism:
             stacked = torch.stack([sums[n] if n in sums else torch.zeros(2, device=device) for n in names])
             dist.all_reduce(stacked)
             sums = dict(zip(names, stacked))
-        return {f"val/{name}": total / count for name, (total, count) in sums.items() if float(count) > 0}
+        return {f"{prefix}{name}": total / count for name, (total, count) in sums.items() if float(count) > 0}
 
 
 def check_finite(loss: Tensor, epoch: int) -> None:

@@ -14,7 +14,7 @@ from torch import Tensor
 from datamodules.vocab import Vocabulary
 
 from ..hosts.captioner import Captioner
-from .attention_terms import DivergenceWatch, ValidationMechanism, diagnostics, mechanism_logs, trace_aux_loss
+from .attention_terms import DivergenceWatch, ValidationMechanism, mechanism_logs, test_logs, trace_aux_loss
 from .example_mean import ExampleMean
 from .optimization import WarmupAdamW
 from .caption_metrics import CaptionScores, java_available
@@ -86,7 +86,7 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
         loss = self._reference_loss(batch, trace, need_weights=True)
         size = len(batch["captions"])
         self.log("test/loss", loss, batch_size=size, sync_dist=True)
-        self.log_dict({f"test/{k}": v for k, v in diagnostics(trace).items()}, batch_size=size)
+        self.log_dict(test_logs(self, trace, loss), batch_size=size)
         self.test_scores.update(batch["image_ids"], self._decode(batch["features"], self.beam_size), batch["references"])
 
     def on_test_epoch_end(self):

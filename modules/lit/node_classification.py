@@ -12,7 +12,8 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 from datamodules.evaluation import distributed_kwargs
 
 from ..hosts.gat import GAT, graph_groups
-from .attention_terms import DivergenceWatch, diagnostics, mechanism_logs, trace_aux_loss
+from .attention_terms import (DivergenceWatch, diagnosed_validation, diagnostics, measured_if, mechanism_logs, schedule_point,
+                              trace_aux_loss)
 from .example_mean import ExampleMean
 from .optimization import graph_adam, parameter_groups
 
@@ -20,6 +21,13 @@ from .optimization import graph_adam, parameter_groups
 class NodeClassificationModule(L.LightningModule):
     kernel_lr_scale: float = 1.0
     """Learning-rate multiplier of the attention kernels' parameters (set by the task; lit/optimization.py)."""
+
+    evaluated_at: tuple[int, int] | None = None
+    """(step, epoch) of the weights a test pass evaluates (attention_terms.schedule_point)."""
+    validation_measured: bool = True
+    """Whether the last validation pass measured the mechanism diagnostics (attention_terms.diagnosed_validation):
+    where it did not, the Trainer's callback metrics still hold an earlier pass's val/diag values, which History
+    must not take for this epoch's."""
 
     def __init__(self, model: GAT, num_classes: int, *, lr: float, weight_decay: float):
         super().__init__()
@@ -64,17 +72,22 @@ class NodeClassificationModule(L.LightningModule):
         return self._mask_nodes[split]
 
     def _evaluate(self, graph, split: str, metrics):
-        logits, trace = self._forward(graph)
-        nodes = self._own_share(self._nodes(split, getattr(graph, f"{split}_mask")))
-        loss = F.cross_entropy(logits[nodes], graph.y[nodes])
+        # the test pass always measures: its values are the mechanism at the evaluated weights, which the rules read
+        measured = split == "test" or diagnosed_validation(self.current_epoch)
+        if split == "val":
+            self.validation_measured = measured
+        with measured_if(measured):
+            logits, trace = self._forward(graph)
+            nodes = self._own_share(self._nodes(split, getattr(graph, f"{split}_mask")))
+            loss = F.cross_entropy(logits[nodes], graph.y[nodes])
+            logs = mechanism_logs(trace, loss, *schedule_point(self, split))
         metrics.update(logits[nodes], graph.y[nodes])
         if split == "val":
             self.val_loss.update(loss, len(nodes))
             self.log("val/loss", self.val_loss)
-            logs = mechanism_logs(trace, loss, self.global_step, self.current_epoch)
-            self.log_dict({f"val/{k}": v for k, v in logs.items()}, batch_size=1)
         else:  # tests run on one process (harness/run/distributed.py)
             self.log(f"{split}/loss", loss, batch_size=len(nodes), sync_dist=True)
+        self.log_dict({f"{split}/{k}": v for k, v in logs.items()}, batch_size=1)
         self.log_dict(metrics, batch_size=len(nodes))
         return trace
 

@@ -27,7 +27,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from ..hosts.gat import graph_groups
 from ..hosts.gat_seed_batch import seed_batch_host
-from .attention_terms import mechanism_logs, trace_aux_loss
+from .attention_terms import diagnosed_validation, measured_if, mechanism_logs, trace_aux_loss
 from .node_classification import NodeClassificationModule
 from .optimization import graph_adam, parameter_groups
 
@@ -231,7 +231,7 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
             optimizer.step()
 
         batch.eval()
-        with torch.no_grad():
+        with torch.no_grad(), measured_if(diagnosed_validation(epoch)):  # the lone run's cadence (attention_terms.py)
             val_traces: list[list] = [[] for _ in active]  # the validation pass's diagnostics, as the lone run logs them
             logits = batch.model(graph.x, groups, val_traces)
             val_logits = logits[:, val_nodes]

@@ -22,7 +22,7 @@ from torchmetrics.classification import (
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
 from ..hosts.text_encoder import encode, kernels_of, mean_pool
-from .attention_terms import DivergenceWatch, ValidationMechanism, diagnostics, mechanism_logs, sampling_kernels, trace_aux_loss
+from .attention_terms import DivergenceWatch, ValidationMechanism, diagnostics, mechanism_logs, sampling_kernels, test_logs, trace_aux_loss
 from .example_mean import ExampleMean
 from .optimization import WarmupAdamW
 
@@ -162,7 +162,7 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
         prefix = self.test_prefixes[dataloader_idx]
         self.log(f"{prefix}loss", loss, batch_size=batch_size, add_dataloader_idx=False, sync_dist=True)
         if dataloader_idx == 0:
-            self.log_dict({f"test/{k}": v for k, v in diagnostics(trace).items()}, batch_size=batch_size, add_dataloader_idx=False)
+            self.log_dict(test_logs(self, trace, loss), batch_size=batch_size, add_dataloader_idx=False)
 
     def on_test_epoch_end(self):
         for metrics in self.test_metrics:

@@ -19,7 +19,7 @@ from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import MulticlassCalibrationError
 
 from ..hosts.mcan import MCAN
-from .attention_terms import DivergenceWatch, ValidationMechanism, diagnostics, mechanism_logs, sampling_kernels, trace_aux_loss
+from .attention_terms import DivergenceWatch, ValidationMechanism, mechanism_logs, sampling_kernels, test_logs, trace_aux_loss
 from .example_mean import ExampleMean
 from .optimization import WarmupAdamW
 
@@ -189,7 +189,7 @@ class VQAModule(WarmupAdamW, L.LightningModule):
         self.test_metrics.update(probs, batch["target"])
         batch_size = len(probs)
         self.log("test/loss", loss, batch_size=batch_size, sync_dist=True)
-        self.log_dict({f"test/{k}": v for k, v in diagnostics(trace).items()}, batch_size=batch_size)
+        self.log_dict(test_logs(self, trace, loss), batch_size=batch_size)
 
     def on_test_epoch_end(self):
         self.log_dict(self.test_metrics.compute())

@@ -308,6 +308,8 @@ class LognormalConfig(BAMConfig):
 
 # ---- the kernels -----------------------------------------------------------------------------------
 _fused_on_cpu = False
+_EVALUATION_DRAW_SEED = 0xBA3
+"""Seed of the draw `sample_tv` measures at evaluation (a fixed stream apart from the run's)."""
 
 FUSED_KL_BLOCK_MB = 128
 """Query blocks of the fused path's KL hold at most this many MiB per [B, H, rows, Lk] float32 tensor. Smaller
@@ -361,15 +363,18 @@ class BayesianAttention(AttentionKernel):
     stochastic: ClassVar[bool] = True
     mechanism = (
         MechanismDiagnostic(
-            "kl_share", "the weighted KL's share of the loss: w·KL / (task loss + w·KL)", rule="final>", threshold=0.01,
+            "kl_share", "the weighted KL's share of the loss: w·KL / (task loss + w·KL)", rule="above", threshold=0.01,
             loss_share="kl",
-            why="below 1% of the loss the prior barely pulls on the weights; the KL weight anneals from 0 on graphs, "
-                "so the rule reads the end of training"),
+            why="the prior's share of the loss at the evaluated weights (test pass, the KL weight at the kept epoch): "
+                "below 1% it barely pulls on the weights"),
         MechanismDiagnostic(
-            "sample_tv", "mean total-variation distance of the sampled weights from the mean weights (train only: "
-            "evaluation uses the mean weights)", rule="final>", threshold=1e-3,
-            why="sampling that moves the weights by under 0.1% of their mass is negligible next to GAT's attention "
-                "dropout (which zeroes 60% of them); a Weibull at k=1000 gives ~5e-4"),
+            "sample_tv", "mean total-variation distance of a training draw of the weights from the mean weights, at "
+            "these weights (evaluation itself uses the mean weights; its draw comes from a generator of its own, so "
+            "the run's noise stream is untouched)", rule="above", threshold=0.01,
+            why="the share of each query's attention mass one draw moves. Under 1% the sampled weights are the mean "
+                "weights up to jitter: paper-gat's tuned rows measured 0.35-0.4% (a Cora node's ~5 neighbour weights "
+                "each moved by ~0.002), a Weibull at k=1000 ~0.05%, while GAT's attention dropout zeroes 60% of the "
+                "weights at every step; the rule was 0.1% until issue 51, which counted that jitter as noise at work"),
     )
     mechanism_rule = "all"
     row_separable = True
@@ -502,6 +507,21 @@ class BayesianAttention(AttentionKernel):
             return kl, spread, counted
         return call
 
+    def _evaluated_sample_tv(self, mean: Tensor, groups: Groups) -> Tensor:
+        """`sample_tv` where evaluation uses the mean weights: the distance one training draw would move them at these
+        weights, so that the mechanism rule reads the noise at the evaluated weights (issue 51). Drawn from a
+        generator of its own, seeded the same at every call: the run's noise stream, hence every training number,
+        stays as it was, and the value is the same at any point of a run for the same weights."""
+        generator = torch.Generator(device=mean.device).manual_seed(_EVALUATION_DRAW_SEED)
+        kept, self.noise_generator = self.noise_generator, generator
+        try:
+            with torch.no_grad():
+                sample = groups.normalize(self.rsample(mean), zero_on_masked=True)
+                spread = groups.sum_over_pairs((sample - mean).abs(), mean)
+                return (0.5 * spread / groups.sum_over_pairs(mean, mean).clamp_min(1)).detach()
+        finally:
+            self.noise_generator = kept
+
     def _normalize(self, logits: Tensor, groups: Groups, k: Tensor) -> AttentionResult:
         mean, log_mean = groups.softmax_and_log(logits)
         draws = self.draws()
@@ -521,6 +541,8 @@ class BayesianAttention(AttentionKernel):
                 diagnostics["sample_tv"] = (0.5 * spread / (draws * groups_counted)).detach()
         else:
             weights = mean
+            if self.measures("sample_tv"):
+                diagnostics["sample_tv"] = self._evaluated_sample_tv(mean, groups)
         diagnostics.update(standard_diagnostics(weights, groups, self))
         prior = self.prior_over_keys(k, groups) if self.key_prior is not None else None
         return AttentionResult(weights, {"kl": self.mean_kl(mean, log_mean, prior, groups)}, diagnostics)

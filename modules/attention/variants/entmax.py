@@ -240,8 +240,9 @@ class EntmaxAttention(AttentionKernel):
     scalar_knobs = ("alpha_logit",)
     mechanism = (
         MechanismDiagnostic(
-            "support_fraction", "mean fraction of each query's keys with non-zero weight", rule="final<", threshold=0.95,
-            why="softmax gives every key weight (1.0); at least 5% of the weights exactly zero is sparsity at work"),
+            "support_fraction", "mean fraction of each query's keys with non-zero weight", rule="below", threshold=0.95,
+            why="the share of each query's keys the evaluated attention keeps: softmax keeps all (1.0); at least 5% "
+                "of the weights exactly zero is sparsity at work"),
         MechanismDiagnostic("alpha", "α of the entmax map, mean over heads (fixed for entmax15 and sparsemax)"),
     )
     """The learned α per head."""

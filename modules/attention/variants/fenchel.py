@@ -160,13 +160,15 @@ class FenchelAttention(AttentionKernel):
     mechanism = (
         MechanismDiagnostic(
             "prior_tv", "mean total-variation distance between softmax(α·logits + log u) and the prior-free "
-            "softmax(α·logits)", rule="final>", threshold=0.01,
-            why="the preference prior starts uniform (distance 0); a prior that moves under 1% of each query's "
-                "weight has not learned a preference"),
+            "softmax(α·logits)", rule="above", threshold=0.01,
+            why="the share of each query's attention mass the learned prior moves, at the evaluated weights: it "
+                "starts uniform (0), and a prior that moves under 1% of each query's weight has not learned a "
+                "preference"),
         MechanismDiagnostic(
             "alpha", "the reliability α, mean over heads", rule="moved", threshold=0.05,
-            why="α starts at its configured value; a learned α that moved by under 5% of it changed the "
-                "logits' sharpness by as little (a fixed α never moves: the prior alone then decides)"),
+            why="α at the evaluated weights against the first epoch's, relative: a learned α that moved by under 5% "
+                "changed the logits' sharpness, hence every query's weights, by as little (a fixed α never moves: "
+                "the prior alone then decides)"),
     )
 
     def __init__(self, config: FenchelConfig, shape: HeadShape):

@@ -14,7 +14,8 @@ class SoftmaxAttention(AttentionKernel):
     """Softmax over scaled dot products (SDPA on dense groups, segment softmax on graphs)."""
 
     # No mechanism of its own: its query/key distance is the reference the alignment variants are read against.
-    mechanism = (MechanismDiagnostic("qk_distance", "relative sliced Wasserstein-1 distance between the query and key clouds per head"),)
+    mechanism = (MechanismDiagnostic("qk_distance", "relative sliced Wasserstein-1 distance between the query and key clouds per head",
+                                     in_training=False),)
 
     def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
         weights = groups.softmax(logits)
