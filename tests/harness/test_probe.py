@@ -92,9 +92,13 @@ def test_solver_meets_the_first_order_condition_and_agrees_with_scipy(n, d, alph
             return -value, -grad
 
         reference = minimize(negated, x0=np.zeros(d), jac=True, method="BFGS", options={"gtol": 1e-11, "maxiter": 10_000})
-        # strong concavity (modulus 1 / alpha): ||x - lam*|| <= alpha ||grad(x)||, so this bounds scipy's own error
-        assert np.linalg.norm(reference.jac) < 1e-8
-        np.testing.assert_allclose(lam, reference.x, atol=1e-6, rtol=0)
+        # strong concavity (modulus 1 / alpha): ||x - lam*|| <= alpha ||grad(x)||, so this bounds scipy's own error.
+        # How far BFGS gets before its line search loses precision depends on the CPU's float bits (under 1e-8 on
+        # the Intel Xeon where the test was written, 2e-8 on an AMD EPYC for n>d, issue 50): the reference is good
+        # enough while that bound is well under the comparison's tolerance, and the tolerance covers it
+        scipy_error = alpha * np.linalg.norm(reference.jac)
+        assert scipy_error < 1e-7
+        np.testing.assert_allclose(lam, reference.x, atol=1e-6 + scipy_error, rtol=0)
         # the solution is not just the starting point alpha z
         assert np.linalg.norm(lam - alpha * z) > 1e-3
 
