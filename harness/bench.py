@@ -4,6 +4,7 @@ workers or a submitit job array), then render the leaderboard from the same plan
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -64,21 +65,73 @@ def compare_with_committed(the_plan, store: RecordStore, committed: Path) -> str
 
 
 class Progress:
-    """One line per finished run with the overall count, elapsed time and an ETA."""
+    """One line per finished run with the overall count, elapsed time and an ETA.
 
-    def __init__(self, total: int, workers: int):
+    The ETA counts work items, not runs: the seeds of a seed batch train together and end within moments of each
+    other (as its first seed ends, the batch is about done), so after a batch's first seed a per-run rate said the
+    suite would take about as many batch times as it has runs left (72 runs as 24 batches of 3 on 2 workers: 71
+    batch times where 11 were left). The time left is the items not yet started at the mean item time (from item
+    start to its last seed's end; to its first seed's while no item has ended) plus what the running items still
+    need, shared by the workers, and never less than the longest running item's rest. `started` (LocalExecutor's
+    on_start) says when each item began; without it (a job array) items are the runs and the rate is per run."""
+
+    def __init__(self, total: int, workers: int, items: Sequence[Sequence[RunSpec]] = ()):
         self.total, self.workers, self.done, self.failed = total, workers, 0, 0
         self.start = time.perf_counter()
         self.run_seconds: list[float] = []
+        self.items_left = len(items) or total
+        self.running: dict[int, dict[str, Any]] = {}  # id -> {"start", "keys" still running, "first": s to its first end}
+        self.item_of: dict[str, int] = {}
+        self.item_seconds: list[float] = []  # items ended: start to last seed
+        self.first_seconds: list[float] = []  # items with an ended seed: start to first seed
+        self._next_item = 0
+
+    def started(self, specs: Sequence[RunSpec]) -> None:
+        """A worker took this item (its specs). A retried item's rest (after a device failure) is no new item: its
+        specs leave the entry they had, which ends uncounted."""
+        if any(s.key in self.item_of for s in specs):
+            for spec in specs:
+                old = self.running.get(self.item_of[spec.key])
+                if old is not None:
+                    old["keys"].discard(spec.key)
+            self.running = {index: item for index, item in self.running.items() if item["keys"]}
+        else:
+            self.items_left = max(0, self.items_left - 1)
+        index = self._next_item = self._next_item + 1
+        self.running[index] = {"start": time.perf_counter(), "keys": {s.key for s in specs}, "first": None}
+        for spec in specs:
+            self.item_of[spec.key] = index
+
+    def eta(self, now: float) -> float:
+        known = self.item_seconds or self.first_seconds
+        if not known:  # nothing ended yet but this run: the per-run rate
+            return (now - self.start) / max(self.done, 1) * (self.total - self.done)
+        per_item = statistics.fmean(known)
+        rests = [max(0.0, per_item - (now - item["start"])) if item["first"] is None else 0.0 for item in self.running.values()]
+        work = self.items_left * per_item + sum(rests)
+        return max(work / max(1, self.workers), max(rests, default=0.0))
 
     def __call__(self, spec: RunSpec, summary: dict[str, Any]) -> None:
+        now = time.perf_counter()
         self.done += 1
         status = summary.get("status", Status.FAILED)
         self.failed += status != Status.OK
         self.run_seconds.append(summary.get("wall_time_s") or 0.0)
-        elapsed = time.perf_counter() - self.start
-        remaining = self.total - self.done
-        eta = elapsed / self.done * remaining if self.done else 0.0
+        index = self.item_of.get(spec.key)
+        if index is None:  # no item announced (a job array's runs): each run is its own item
+            self.items_left = max(0, self.items_left - 1)
+            self.item_seconds.append(summary.get("wall_time_s") or 0.0)
+        elif index in self.running:
+            item = self.running[index]
+            if item["first"] is None:
+                item["first"] = now - item["start"]
+                self.first_seconds.append(item["first"])
+            item["keys"].discard(spec.key)
+            if not item["keys"]:
+                self.item_seconds.append(now - item["start"])
+                del self.running[index]
+        elapsed = now - self.start
+        eta = self.eta(now) if self.done < self.total else 0.0
         if status == Status.OK:
             primary = next(iter(summary["metrics"].items()), None)
             result = f"{primary[0]}={primary[1]['value']:.4f}" if primary else ""
@@ -88,7 +141,7 @@ class Progress:
         width = len(str(self.total))
         log(
             f"[{self.done:>{width}}/{self.total}] {status:<6} {spec.task:<10} {spec.display:<16} seed={spec.seed:<3} "
-            f"{result}  {summary.get('wall_time_s') or 0:.1f}s  | elapsed {format_duration(elapsed)}, ETA {format_duration(eta)}"
+            f"{result}  {format_duration(summary.get('wall_time_s'))}  | elapsed {format_duration(elapsed)}, ETA {format_duration(eta)}"
         )
 
 
@@ -159,7 +212,8 @@ def run_suite(
         files = sorted({p.name for p in resuming.values()})
         log(f"attnbench: {len(resuming)} of them resume from checkpoint(s) in {store.root.parent / 'checkpoints'}: "
             + ", ".join(files[:6]) + (f" and {len(files) - 6} more" if len(files) > 6 else ""))
-    progress = Progress(len(todo), workers)
+    items = seed_batches(todo, workers, enabled=seed_batch) if todo and launcher == "workers" else []
+    progress = Progress(len(todo), workers, items)
     if todo and launcher != "workers":
         outcome = submit_runs(todo, submitit_options or SubmititOptions(launcher=launcher), suite_name=suite.name, runs=runs_dir(runs),
                               data_root=data_root, cache_dir=cache_dir, plugin_files=plugin_files, retry_failed=retry_failed,
@@ -184,12 +238,11 @@ def run_suite(
         )
         # Seeds of one configuration train as one seed-batched model where the task allows (harness/run/seed_batch.py);
         # progress still counts seeds, each reported as it ends.
-        items = seed_batches(todo, workers, enabled=seed_batch)
         batches = [item for item in items if len(item) > 1]
         if batches:
             log(f"attnbench: {sum(len(b) for b in batches)} runs as {len(batches)} seed batch(es) of "
                 f"{'-'.join(sorted({str(len(b)) for b in batches}, key=int))} seeds (--no-seed-batch runs each seed alone)")
-        LocalExecutor(options).run(items, progress)
+        LocalExecutor(options).run(items, progress, on_start=progress.started)
         log(f"attnbench: suite {suite.name}: ran {progress.done} runs in {format_duration(time.perf_counter() - progress.start)}, {progress.failed} failed")
     # Counted from the store, not from this call's runs: a failure recorded by an earlier bench is still a
     # failure of the selection, and a script checking the exit status must see it.

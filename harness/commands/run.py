@@ -136,7 +136,8 @@ def _run_seeds(args, params, attention) -> int:
     from harness.plan.planner import seed_batches
     from harness.results.record import Status
     from harness.results.store import RecordStore
-    from harness.run.seed_batch import progress_lines, seed_batch_problem
+    from harness.run.progress import progress_lines
+    from harness.run.seed_batch import seed_batch_problem
     from harness.run.worker import RunWorker, WorkerSettings, run_item
     import torch
 

@@ -58,8 +58,17 @@ class Record(Mapping):
     parameters: int | None = None
     epochs: int | None = None
     time_per_epoch_s: float | None = None
+    """fit_time_s / epochs."""
     fit_time_s: float | None = None
+    """Training time of the whole fit (every epoch's training and validation), over every process that trained it:
+    a run resumed from a checkpoint counts the epochs its checkpoint held too. A seed batch's record counts the
+    seed's share of the batch's epochs (README, "Seed batching")."""
+    fit_time_this_process_s: float | None = None
+    """The part of fit_time_s spent in the process that wrote the record; only on a record resumed from a
+    checkpoint (`execution["resumed_from_epoch"]`): absent, the whole fit ran in that process."""
     wall_time_s: float | None = None
+    """The writing process's wall time for this run, from its start to its record (building, fitting its part of
+    the fit, testing): for a resumed run it can be less than fit_time_s, since the fit began in an earlier process."""
     peak_memory_mb: float | None = None
     history: Mapping[str, Any] | None = None
     """Learning curves (harness/run/callbacks.py History): {"epoch": [...], "train/loss": [...], "val/<m>": [...],

@@ -123,6 +123,11 @@ class EpochTimer(Callback):
         self.epochs, self._before_s = int(state_dict["epochs"]), float(state_dict["fit_s"])
 
     @property
+    def this_process_s(self) -> float:
+        """The part of total_s this process fitted: all of it, less what a resumed run's checkpoint held."""
+        return self.total_s - self._before_s
+
+    @property
     def mean_epoch_s(self) -> float | None:
         return self.total_s / self.epochs if self.epochs else None
 

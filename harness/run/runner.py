@@ -28,6 +28,7 @@ from harness.results.record import Record, utc_now
 from harness.run import distributed
 from harness.run.callbacks import AtomicCheckpointIO, EpochTimer, FollowRankZeroPruning, History, KeepBestAndStop, ResumableRun, live_progress
 from harness.run.distributed import SINGLE, Distribution
+from harness.run.progress import resume_line, say
 
 
 def cpu_model() -> str:
@@ -240,6 +241,8 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
                                                       *(live_progress(task.monitor.name) if verbose else [])], distribution)
         if resumable is not None:
             resume = ckpt is not None and _fits(ckpt, module, path)
+            if resume:
+                say(resume_line([spec], int(ckpt["attnbench"]["epoch"]), path))
             ckpt = None
             if distributed.broadcast(resume):  # every rank loads the file rank 0 trusted
                 ckpt_path = str(path)
@@ -265,6 +268,7 @@ def execute(spec: RunSpec, *, data_root: str | None = None, cache_dir: str | Non
         epochs=timer.epochs,
         time_per_epoch_s=timer.mean_epoch_s,
         fit_time_s=timer.total_s,
+        **fit_in_this_process(timer, resumable),
         wall_time_s=time.perf_counter() - t0,
         peak_memory_mb=memory.peak_mb(),
         history=history.compact(),
@@ -286,6 +290,12 @@ def resumed_metadata(resumable: ResumableRun | None) -> dict[str, Any]:
     if resumable is None or resumable.resumed_from is None:
         return {}
     return {"resumed_from_epoch": resumable.resumed_from, "resumes": resumable.resumes}
+
+
+def fit_in_this_process(timer: EpochTimer, resumable: ResumableRun | None) -> dict[str, float]:
+    """{"fit_time_this_process_s": ...} for a run resumed from a checkpoint, whose fit_time_s counts the epochs the
+    checkpoint held too while its wall_time_s is this process's; {} for a fit that all ran here."""
+    return {"fit_time_this_process_s": timer.this_process_s} if resumed_metadata(resumable) else {}
 
 
 def _fits(ckpt: Mapping[str, Any], module, path: Path) -> bool:

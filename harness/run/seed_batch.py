@@ -8,8 +8,6 @@ finished seeds and the next bench re-runs only the others.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
 import time
 import traceback
@@ -25,36 +23,32 @@ from harness.plan.spec import RunSpec
 from harness.results.record import Record, utc_now
 from modules.lit.node_classification_seed_batch import Checkpointing, checkpointing
 
+from harness.run.progress import batch_progress, resume_line, say
 from harness.run.runner import LOGGER_ENV, PeakMemory, is_device_failure, quiet_lightning, release_device_memory, run_context, test_outcome
-
-
-_progress_out: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar("seed_batch_progress", default=None)
-
-
-@contextlib.contextmanager
-def progress_lines(out: Callable[[str], None] = lambda line: print(line, flush=True)):
-    """Within it, a seed batch reports every epoch through `out` (`run --seeds`, whose user otherwise waits for the
-    first seed to stop in silence); bench's workers do not, since their runs report one line each as they end."""
-    token = _progress_out.set(out)
-    try:
-        yield
-    finally:
-        _progress_out.reset(token)
 
 
 class _Progress:
     """One line per epoch once every seed that trained in it has reported: the seeds still training after it, each
     seed's best monitored value so far, the time per epoch and an upper bound on the time left (every seed running
-    to max_epochs at the current speed; early stopping and a shrinking batch only make it shorter)."""
+    to max_epochs at the current speed; early stopping and a shrinking batch only make it shorter).
 
-    def __init__(self, specs: Sequence[RunSpec], monitor, max_epochs: int, out: Callable[[str], None]):
+    A resumed batch counts from the epoch its checkpoint held (`start_epoch`): its first line is that epoch + 1, and
+    the time per epoch, hence the time left, is measured over the epochs this process trained. With `every_s` the
+    lines are at most that many seconds apart (the last, "done", always comes), and name the batch (bench's
+    workers print several batches' lines into one log)."""
+
+    def __init__(self, specs: Sequence[RunSpec], monitor, max_epochs: int, out: Callable[[str], None], start_epoch: int = 0,
+                 every_s: float = 0.0):
         self.seeds = [s.seed for s in specs]
         self.monitor, self.max_epochs, self.out = monitor, max_epochs, out
         self.training = set(range(len(specs)))
         self.reported: set[int] = set()
         self.gone: set[int] = set()  # stopped by their rule, diverged or failed in this epoch
         self.best: dict[int, float] = {}
-        self.epochs, self.t0 = 0, time.perf_counter()
+        self.start_epoch = self.epochs = start_epoch
+        self.t0 = self.last_line = time.perf_counter()
+        self.every_s = every_s
+        self.label = f"{specs[0].task} x {specs[0].display} seeds {','.join(map(str, self.seeds))} " if every_s else ""
 
     def rule(self, index: int, rule):
         progress = self
@@ -92,12 +86,16 @@ class _Progress:
 
         self.epochs += 1
         self.training -= self.gone
-        per_epoch = (time.perf_counter() - self.t0) / self.epochs
+        self.reported, self.gone = set(), set()
+        now = time.perf_counter()
+        if self.training and now - self.last_line < self.every_s:
+            return
+        self.last_line = now
+        per_epoch = (now - self.t0) / (self.epochs - self.start_epoch)
         left = f"at most {format_duration(per_epoch * (self.max_epochs - self.epochs))} left" if self.training else "done"
         bests = " ".join(f"{self.seeds[i]}:{self.best[i]:.4f}" for i in sorted(self.best))
-        self.out(f"attnbench: seed batch epoch {self.epochs}/{self.max_epochs}: {len(self.training)} of {len(self.seeds)} seeds "
+        self.out(f"attnbench: seed batch {self.label}epoch {self.epochs}/{self.max_epochs}: {len(self.training)} of {len(self.seeds)} seeds "
                  f"still training; best {self.monitor.name} by seed {bests or '-'}; {format_duration(per_epoch)}/epoch, {left}")
-        self.reported, self.gone = set(), set()
 
 
 def seed_batch_problem(spec: RunSpec) -> str | None:
@@ -165,8 +163,9 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
             datamodule = datamodule or dm
             modules.append(module.to(device))
         rules = [task.stopping_rule(params) for _ in specs]  # each seed's own, the one its lone run stops by
-        out = _progress_out.get()
-        progress = _Progress(specs, task.monitor, params.max_epochs, out) if out else None
+        out = batch_progress()
+        progress = _Progress(specs, task.monitor, params.max_epochs, out[0], start_epoch=resumed["epoch"] if resumed else 0,
+                             every_s=out[1]) if out else None
         if progress:
             rules = [progress.rule(index, rule) for index, rule in enumerate(rules)]
 
@@ -175,7 +174,8 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
                 progress.finished(outcome.index)
             spec = specs[outcome.index]
             history = _compact(outcome.history)
-            fields = measured(outcome.epochs, outcome.fit_time_s, history, outcome.batch_epoch_s)
+            fields = {**measured(outcome.epochs, outcome.fit_time_s, history, outcome.batch_epoch_s),
+                      **fit_in_this_process(resumed, outcome.index, outcome.fit_time_s)}
             if outcome.error is not None:
                 record(outcome.index, Record.failed(spec, outcome.error, **fields))
                 return
@@ -240,6 +240,7 @@ def _checkpointing(specs: Sequence[RunSpec], checkpoints, commit: str | None):
             resumed_path = path
             resumed = {"epoch": int(meta["epoch"]), "resumes": int(meta["resumes"]) + 1, "rng": payload["rng"],
                        "seeds": {index: payload["seeds"][key] for index, key in enumerate(keys)}}
+            say(resume_line(specs, resumed["epoch"], path))
             break
     target = checkpoints.batch_path(keys)
     checkpoints.announce_batch(keys)
@@ -252,6 +253,14 @@ def _checkpointing(specs: Sequence[RunSpec], checkpoints, commit: str | None):
                             "seeds": {keys[index]: seed for index, seed in state["seeds"].items()}}, target)
 
     return Checkpointing(due=checkpoints.interval.due, save=save, resume=resumed), resumed_path, resumed
+
+
+def fit_in_this_process(resumed: Mapping[str, Any] | None, index: int, fit_time_s: float | None) -> dict[str, float]:
+    """{"fit_time_this_process_s": ...} for a seed resumed from a checkpoint: its `fit_time_s` counts the whole fit,
+    the epochs its checkpoint held included, while `wall_time_s` is this process's; {} for a fit that all ran here."""
+    if resumed is None or fit_time_s is None:
+        return {}
+    return {"fit_time_this_process_s": fit_time_s - float(resumed["seeds"][index]["fit_time_s"])}
 
 
 def _compact(rows: list[dict[str, float]]):

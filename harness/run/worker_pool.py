@@ -21,8 +21,15 @@ from harness.plan.spec import RunSpec
 from harness.results.record import Record
 from harness.results.store import RecordStore
 from harness.run.devices import require_usable_gpus
+from harness.run.progress import progress_lines
 from harness.run.threads import available_cpus, threads_per_worker
 from harness.run.worker import RunWorker, WorkerSettings, run_item
+
+
+BATCH_PROGRESS_EVERY_S = 30.0
+"""A seed batch in a worker prints its progress line (harness/run/progress.py) at most this often into bench's log:
+a quick batch trains for a minute or two, a paper-gat batch of 20 seeds for an hour, both silent between their
+seeds' result lines otherwise; every epoch would be 300 lines a batch."""
 
 
 @dataclass
@@ -60,7 +67,8 @@ def serve(conn: Connection, settings: WorkerSettings, coordinator: int | None = 
             return
         if message is None:
             return
-        records = run_item(worker, message, lambda record: conn.send(("record", record.summary())))
+        with progress_lines(every_s=BATCH_PROGRESS_EVERY_S):  # printed: a spawned worker shares bench's standard output
+            records = run_item(worker, message, lambda record: conn.send(("record", record.summary())))
         retire = any(record.retryable for record in records)
         conn.send(("done", retire))
         if retire:
@@ -130,9 +138,10 @@ class LocalExecutor:
         child.close()
         return _Worker(process, parent, gpu)
 
-    def run(self, items: Sequence[RunSpec | Sequence[RunSpec]], on_result: Callable[[RunSpec, dict[str, Any]], None]) -> None:
+    def run(self, items: Sequence[RunSpec | Sequence[RunSpec]], on_result: Callable[[RunSpec, dict[str, Any]], None],
+            on_start: Callable[[list[RunSpec]], None] | None = None) -> None:
         """Run work items (a spec, or the seeds of one seed batch: harness/plan/planner.py seed_batches);
-        `on_result` is called once per spec, as its run ends."""
+        `on_result` is called once per spec, as its run ends, and `on_start` with an item's specs as a worker takes it."""
         pending = deque([item] if isinstance(item, RunSpec) else list(item) for item in items)
         workers = [self._start(gpu) for gpu in self.slots[: max(1, min(len(self.slots), len(pending)))]]
         try:
@@ -141,6 +150,8 @@ class LocalExecutor:
                     if worker.item is None and pending:
                         worker.item = pending.popleft()
                         worker.started = time.perf_counter()
+                        if on_start is not None:
+                            on_start(list(worker.item))
                         worker.conn.send([spec.to_dict() for spec in worker.item])
                 busy = [w for w in workers if w.item is not None]
                 ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy])
