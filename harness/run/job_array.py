@@ -10,6 +10,12 @@ a cancelled job, a node failure) runs exactly the runs that have no record yet.
     attnbench bench --suite paper-gat --launcher slurm --no-wait     # submit, print job ids, exit
     attnbench leaderboard --suite paper-gat                           # later, from the records
 
+While it waits, bench sees a task's end from its result file (looked at every second) and from `squeue` (every 15 s:
+a task that died writes no result), never from submitit's `sacct` polling, which clusters without job accounting
+do not answer (submitit warned at every poll and waited for ever on a task that died). A task that `scontrol
+requeue` or a preemption stops resumes its run in flight from the run's last checkpoint when it starts again.
+tests/slurm/ runs all of this on a real one-node cluster.
+
 `--launcher local` is the same path through submitit's LocalExecutor (processes on this machine, all
 shards at once), for laptops and tests. The runs dir, data root, cache dir and the submitit folder must
 be on a filesystem the compute nodes share; the jobs run this interpreter (`sys.executable`).
@@ -18,23 +24,27 @@ One large run on several nodes (DDP) is a single sbatch script, not an array:
 
     #!/bin/bash
     #SBATCH --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --time=08:00:00
-    srun python -m harness.cli run glue-rte softmax --set backbone=minilm --set max_epochs=10 \
+    srun --kill-on-bad-exit=1 python -m harness.cli run glue-rte softmax --set backbone=minilm --set max_epochs=10 \
         --strategy ddp --devices 4 --num-nodes 2
 
-srun starts one process per GPU and Lightning's SLURMEnvironment reads SLURM_NTASKS, SLURM_PROCID,
+(--kill-on-bad-exit: a rank that fails ends the others at once, rather than leaving them waiting for it in the
+process group until ATTNBENCH_DDP_TIMEOUT_MIN.) srun starts one process per GPU and Lightning's SLURMEnvironment reads SLURM_NTASKS, SLURM_PROCID,
 SLURM_NODELIST, ... to form the process group (it checks that --devices and --num-nodes equal
 --ntasks-per-node and --nodes). Only global rank 0 tests and writes the record (harness/run/distributed.py).
 `attnbench tune ... --strategy ddp` works the same way, with a PostgreSQL storage.
 
 Tuning on a cluster: every `attnbench tune` process must reach the same Optuna storage, and SQLite on a
 network filesystem does not lock reliably, so give `attnbench tune --storage postgresql://user@host/db`
-(or `journal:/shared/path/journal.log`) and start as many tune jobs as you like; they share the study.
+(or `journal:/shared/path/journal.log`) and start as many tune jobs as you like (an array of them, say); they share
+the study. A tune task that is requeued or preempted fails the trial it was training when it starts again, and
+retries it once.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,7 +92,8 @@ class SubmititOptions:
     account: str | None = None
     """SLURM account to charge."""
     poll_s: float | None = None
-    """Seconds between checks of the jobs while waiting (default: 2 locally, 30 on SLURM)."""
+    """Seconds between checks of the jobs while waiting (default: 2 locally; on SLURM 15 between `squeue` calls, while
+    the tasks' result files are looked at every second)."""
 
     def __post_init__(self) -> None:
         if self.launcher not in ("slurm", "local"):
@@ -261,18 +272,105 @@ def _compact_ids(job_ids: list[str]) -> str:
     return ", ".join(job_ids)
 
 
+SLURM_POLL_S = 15.0
+"""Default seconds between two `squeue` calls while bench waits for an array: one call asks for every pending task,
+which costs a cluster's controller little; the result files, which cost it nothing, are looked at every second."""
+RESULT_POLL_S = 1.0
+RESULT_GRACE_S = 15.0
+"""How long a task squeue shows ended may take to show its result file (a shared filesystem's cache), as submitit waits."""
+SLURM_UNFINISHED = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
+                    "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+"""squeue's states of a task that is still the scheduler's (a requeued task passes through REQUEUED and PENDING);
+any other state it lists (COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, ...) is final."""
+
+
+class SlurmQueue:
+    """Where the tasks of a SLURM array stand, from `squeue` and the tasks' result files rather than submitit's `sacct`
+    polling: sacct needs the cluster's accounting database, which many small clusters do not run (submitit then warns
+    at every poll, and never sees a task that died), while squeue answers from the controller itself."""
+
+    def __init__(self, log: Callable[[str], None] = print):
+        self.log = log
+        self.last_state: dict[str, str] = {}
+        self.gone_since: dict[str, float] = {}
+        self.asked_at = float("-inf")
+        self.accounting: bool | None = None
+        """Whether sacct answers (None: not asked yet)."""
+
+    def finished(self, pending: Sequence[tuple[Any, Shard]], poll_s: float) -> list[tuple[Any, Shard]]:
+        """The pending (job, shard) pairs that are over: those whose result file is there (a task writes it just before
+        it ends, so a finished array is seen within RESULT_POLL_S), and those squeue no longer shows as the scheduler's
+        that still have none after submitit's grace for a slow shared filesystem (a task that died). squeue is asked
+        at most every `poll_s` seconds."""
+        if time.perf_counter() - self.asked_at >= poll_s:
+            self.asked_at = time.perf_counter()
+            ended = self.ended([job.job_id for job, _ in pending])
+            for job_id in ended or ():
+                self.gone_since.setdefault(job_id, time.perf_counter())
+        now = time.perf_counter()
+        return [(job, shard) for job, shard in pending
+                if _result_written(job) or now - self.gone_since.get(job.job_id, float("inf")) >= RESULT_GRACE_S]
+
+    def ended(self, job_ids: Sequence[str]) -> set[str] | None:
+        """The tasks among `job_ids` that have ended (listed in a final state, or not listed at all), by one squeue
+        call; None where squeue did not answer (controller busy, restarting): ask again at the next poll."""
+        if not job_ids:
+            return set()
+        arrays = sorted({job_id.split("_")[0] for job_id in job_ids})
+        try:
+            done = subprocess.run(["squeue", "--noheader", "--array", "--states=all", "--format=%i %T", f"--jobs={','.join(arrays)}"],
+                                  capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode != 0:
+            # squeue -j of ids the controller has forgotten (MinJobAge after they ended) fails with this message
+            return set(job_ids) if "invalid job id" in done.stderr.lower() else None
+        listed = dict(line.split()[:2] for line in done.stdout.splitlines() if len(line.split()) >= 2)
+        self.last_state.update({job_id: state for job_id, state in listed.items() if job_id in job_ids})
+        return {job_id for job_id in job_ids if listed.get(job_id) not in SLURM_UNFINISHED}
+
+    def check_accounting(self, job_id: str) -> bool:
+        """Ask sacct once; without accounting, say once what that means, rather than submitit's warning (and sacct's own
+        message beside it) at every poll."""
+        if self.accounting is None:
+            try:
+                done = subprocess.run(["sacct", "--noheader", "--parsable2", "--format=JobID", f"--jobs={job_id.split('_')[0]}"],
+                                      capture_output=True, text=True, timeout=60)
+                self.accounting = done.returncode == 0
+                why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                self.accounting, why = False, str(exc)
+            if not self.accounting:
+                self.log(f"attnbench: sacct does not answer here ({why}): this cluster keeps no job accounting, which is "
+                         "where submitit reads the tasks' states. Nothing is wrong with the runs: bench follows the array with "
+                         "squeue and the tasks' result files instead, and a task that dies is reported with the last state "
+                         "squeue showed for it.")
+        return self.accounting
+
+    def dead_task_reason(self, job) -> str:
+        state = self.last_state.get(job.job_id)
+        if state is None and self.check_accounting(job.job_id):
+            state = job.state  # sacct remembers a task the controller has already forgotten
+        return (f"ended without a result (state {state or 'unknown: gone from squeue'}: time limit after its requeues, out of "
+                "memory, killed or cancelled)")
+
+
 def _wait(jobs, payload: list[Shard], options: SubmititOptions, job_ids: list[str], fmt_duration, log) -> LaunchOutcome:
     outcome = LaunchOutcome(job_ids, waited=True)
-    poll_s = options.poll_s if options.poll_s is not None else (30.0 if options.launcher == "slurm" else 2.0)
+    slurm = options.launcher == "slurm"
+    poll_s = options.poll_s if options.poll_s is not None else (SLURM_POLL_S if slurm else 2.0)
+    queue = SlurmQueue(log) if slurm else None
+    if queue is not None:
+        queue.check_accounting(job_ids[0])
     total_runs = sum(len(shard.specs) for shard in payload)
     pending = list(zip(jobs, payload))
     start, runs_done = time.perf_counter(), 0
     width = len(str(len(pending)))
     try:
         while pending:
-            finished = [(job, shard) for job, shard in pending if job.done()]
+            finished = [(job, shard) for job, shard in pending if job.done()] if queue is None else queue.finished(pending, poll_s)
             if not finished:
-                time.sleep(poll_s)
+                time.sleep(poll_s if queue is None else min(poll_s, RESULT_POLL_S))
                 continue
             for job, shard in finished:
                 pending.remove((job, shard))
@@ -282,10 +380,13 @@ def _wait(jobs, payload: list[Shard], options: SubmititOptions, job_ids: list[st
                 eta = elapsed / runs_done * (total_runs - runs_done)
                 clock = f"| shards with {runs_done}/{total_runs} runs done, elapsed {fmt_duration(elapsed)}, ETA {fmt_duration(eta)}"
                 try:
+                    if queue is not None and not _result_written(job):
+                        # submitit's job.result() would wait for the file again, then ask sacct for the state
+                        raise _DeadTask(queue.dead_task_reason(job))
                     summaries = job.result()
                 except Exception as exc:  # noqa: BLE001 - a dead shard is reported, the others go on
                     outcome.lost_shards.append(shard.index)
-                    reason = _job_failure(job, exc)
+                    reason = str(exc) if isinstance(exc, _DeadTask) else _job_failure(job, exc)
                     blamed = record_dead_shard(shard, f"job {job.job_id} {reason}; log {job.paths.stderr}")
                     outcome.ran += blamed is not None
                     outcome.failed += blamed is not None
@@ -305,6 +406,19 @@ def _wait(jobs, payload: list[Shard], options: SubmititOptions, job_ids: list[st
             f"(cancel with scancel on SLURM). Run bench again once they are done to fill any gaps.")
         raise
     return outcome
+
+
+def _result_written(job) -> bool:
+    folder = job.paths.folder
+    try:
+        folder.chmod(folder.stat().st_mode)  # as submitit does: makes an NFS client look at the folder again
+    except OSError:
+        pass
+    return job.paths.result_pickle.exists()
+
+
+class _DeadTask(Exception):
+    """A SLURM task that ended without its result file."""
 
 
 def record_dead_shard(shard: Shard, why: str) -> str | None:
