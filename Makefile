@@ -16,7 +16,7 @@ endif
 export ATTNBENCH_DATA
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser postgres bench paper-gat perf startup gpu-smoke gpu-perf scaling probe tune leaderboard test test-slow mutation clean
+.PHONY: help install browser postgres slurm bench paper-gat perf startup gpu-smoke gpu-perf scaling probe tune leaderboard test test-slow mutation clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -87,7 +87,16 @@ postgres: ## install Debian's postgresql server for the PostgreSQL storage test,
 	  echo "make postgres: could not install postgresql; run 'sudo apt-get install -y postgresql' (Debian/Ubuntu). Until then the PostgreSQL test is skipped."; \
 	fi
 
-test: install browser postgres ## run the test suite (CPU, minutes)
+# Debian's SLURM daemons and munge for the tests against a real scheduler (tests/slurm/): the tests start their own
+# one-node cluster from these programs (tests/slurm/cluster.py), with a configuration in a temporary folder, and stop it.
+slurm: ## install Debian's slurmctld, slurmd, SLURM's client commands and munge for the SLURM tests, when they are missing
+	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else SUDO=none; fi; \
+	if [ "$$SUDO" = none ] || ! $$SUDO apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge; then \
+	  echo "make slurm: could not install SLURM; run 'sudo apt-get install -y slurmctld slurmd slurm-client munge' (Debian/Ubuntu). Until then the SLURM tests are skipped."; \
+	fi
+
+test: install browser postgres slurm ## run the test suite (CPU, minutes)
 	$(BIN)/python -m pytest -q
 
 test-slow: install ## also the slow reproduction tests
