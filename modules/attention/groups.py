@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from functools import cached_property
 from typing import Callable
 
 import torch
@@ -20,8 +19,24 @@ from torch import Tensor
 def host_reads_are_cheap(t: Tensor) -> bool:
     """Whether reading a value of `t` on the host is cheap. On CPU it is a memory read, which a shortcut such as
     "every query has keys, so no mask is needed" repays; on an accelerator it waits for every queued kernel
-    (a device sync) and costs more than the masked operations it would spare, so the shortcuts are skipped."""
-    return t.device.type == "cpu"
+    (a device sync) and costs more than the masked operations it would spare, so the shortcuts are skipped.
+    Under torch.compile a read is a graph break, so there too (the shortcuts change no result)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def cached_property(method: Callable) -> property:
+    """functools.cached_property without its lock: Python 3.11 takes an RLock at every first read, which
+    torch.compile cannot trace (a graph break at each attention call of a compiled model). Groups are built and
+    read within one forward, in one thread."""
+    name = method.__name__
+
+    def read(self):
+        if name not in self.__dict__:
+            self.__dict__[name] = method(self)
+        return self.__dict__[name]
+
+    read.__doc__ = method.__doc__
+    return property(read)
 
 
 class Groups(ABC):

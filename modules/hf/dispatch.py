@@ -23,8 +23,9 @@ KERNEL = "attnbench_kernel"
 
 def recomputing() -> bool:
     """Whether this forward runs inside a backward pass: activation checkpointing recomputing a layer. Its results
-    were recorded in the forward; recording them again would double the trace after every backward."""
-    return torch._C._current_graph_task_id() != -1
+    were recorded in the forward; recording them again would double the trace after every backward. A compiled
+    forward does not ask (the query is a graph break, and a compiled region is not recomputed eagerly)."""
+    return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1
 
 
 class Recorder:

@@ -265,7 +265,7 @@ def _hook_transformers() -> None:
             if attn_implementation is not None:
                 _clear_marks(self.config)  # switched away from a variant: a save must not claim it
             return check_and_adjust(self, attn_implementation, *args, **kwargs)
-        check_class(type(self))
+        check_class(type(self), getattr(self, "config", None))
         implementation = register_one(variant)
         result = check_and_adjust(self, implementation, *args, **kwargs)
         built = not kwargs.get("is_init_check", args[0] if args else False)

@@ -116,26 +116,48 @@ def own_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def check_class(cls: type) -> None:
-    """Refuse, before it is built, a class whose attention is not dispatched by name: transformers' own test of
-    the class's code (`_can_set_attn_implementation`: its attention classes must call the interface). Falcon,
-    for one, would otherwise fail with a KeyError from its own table of attention classes."""
+def check_class(cls: type, config: Any = None) -> None:
+    """Refuse, before its layers are built, a class whose attention is not dispatched by name (transformers' own
+    test of the class's code, `_can_set_attn_implementation`: Falcon would otherwise fail with a KeyError from its
+    own table of attention classes) or whose attention classes pass the interface what a variant does not take,
+    as `config` sets it (Gemma-2's soft-capping is off when its config says None)."""
     can_set = getattr(cls, "_can_set_attn_implementation", None)
     if can_set is not None and not can_set():
         own = _own_attention_classes(cls.__module__)
         what = f"its {', '.join(own)} compute{'s' if len(own) == 1 else ''} attention itself" if own else \
             f"the attention classes of {cls.__module__} do not all call the interface"
         raise UnsupportedModelError(refusal_message(cls, what))
+    for layer in _module_classes(cls.__module__):
+        if calls_interface(layer):
+            for argument, expression in interface_arguments(layer).items():
+                if argument in SCORE_ARGUMENTS and _configured(config, expression) is not None:
+                    raise UnsupportedModelError(refusal_message(
+                        cls, f"its {layer.__name__} passes the interface {argument}={expression}, {SCORE_ARGUMENTS[argument]}, "
+                             f"which attnbench variants do not take"))
+
+
+def _configured(config: Any, expression: str) -> Any:
+    """What an argument expression `self.x` / `self.config.x` will be, read from the config a layer copies it from;
+    anything else (a local variable, an attribute the config does not have) counts as passed."""
+    parts = expression.split(".")
+    name = parts[-1] if parts[0] == "self" and len(parts) in (2, 3) and (len(parts) == 2 or parts[1] == "config") else None
+    if name is None or config is None:
+        return True
+    return getattr(config, name, True)
+
+
+def _module_classes(module_name: str) -> list[type]:
+    import sys
+
+    namespace = vars(sys.modules.get(module_name, object()))
+    return [value for value in namespace.values()
+            if isinstance(value, type) and issubclass(value, nn.Module) and value.__module__ == module_name]
 
 
 def _own_attention_classes(module_name: str) -> list[str]:
     """The attention classes (named "...Attention...") of a modeling module whose forward does not call the interface."""
-    import sys
-
-    namespace = vars(sys.modules.get(module_name, object()))
-    return sorted(name for name, value in namespace.items()
-                  if isinstance(value, type) and issubclass(value, nn.Module) and "Attention" in name
-                  and value.__module__ == module_name and "forward" in vars(value) and not calls_interface(value))
+    return sorted(value.__name__ for value in _module_classes(module_name)
+                  if "Attention" in value.__name__ and "forward" in vars(value) and not calls_interface(value))
 
 
 def check_supported(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -144,7 +166,7 @@ def check_supported(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
     if not isinstance(model, PreTrainedModel):
         raise UnsupportedModelError(refusal_message(model, "it is not a transformers model (PreTrainedModel)"))
-    check_class(type(model))
+    check_class(type(model), model.config)
     own = own_attention_modules(model)
     if own:
         name, module = own[0]
