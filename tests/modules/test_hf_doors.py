@@ -83,6 +83,19 @@ def test_both_doors_give_the_same_kernels_outputs_and_losses(family):
             torch.testing.assert_close(loss_a, loss_b, atol=1e-7, rtol=1e-6, msg=f"{variant} in {family}")
 
 
+def test_set_attn_implementation_on_a_built_model_is_the_same_door():
+    """transformers' own switch on a built model gives it kernels as use_attention does (it ran without any before)."""
+    switched = build("bert")
+    switched.set_attn_implementation("attnbench-entmax15")
+    converted = use_attention(build("bert"), "entmax15")
+    converted.load_state_dict(switched.state_dict())
+    assert [(k.name, k.site) for k in kernels(switched)] == [(k.name, k.site) for k in kernels(converted)]
+    with torch.no_grad():
+        torch.testing.assert_close(switched.eval()(**batch("bert")).last_hidden_state, converted.eval()(**batch("bert")).last_hidden_state)
+    switched.set_attn_implementation("eager")  # and away again: a save would not claim the variant
+    assert "attnbench" not in switched.config.to_json_string()
+
+
 def test_cross_attention_and_patches_get_their_sites_by_either_door():
     """BART's decoder cross-attention is a cross site (no alignment or position prior there), ViT's patches are no
     token sequence (no position prior), by the registration door as by use_attention."""
