@@ -37,7 +37,7 @@ from torch import nn
 from ..attention import AttentionKernel, AttentionResult, AttentionSite, build_attention, list_attentions
 from ..attention.registry import attention_entry, resolve_config
 from .dispatch import KERNEL, Recorder, attention, mask
-from .support import attention_modules, check_class, check_supported
+from .support import UnsupportedModelError, attention_modules, check_class, check_supported
 
 PREFIX = "attnbench-"
 CONFIG_KEY = "attnbench"
@@ -146,8 +146,6 @@ def _head_shape(module: nn.Module) -> tuple[int, int]:
     if head_dim is None and heads and config is not None:
         head_dim = config.hidden_size // heads
     if not heads or not head_dim:
-        from .support import UnsupportedModelError
-
         raise UnsupportedModelError(f"{type(module).__name__}: cannot tell its number of heads and head size")
     return heads, head_dim
 
@@ -340,8 +338,6 @@ def use_attention(model: nn.Module, variant: str | Mapping[str, Any] | None = No
     finally:
         _installing.reset(token)
     if model.config._attn_implementation != implementation:
-        from .support import UnsupportedModelError
-
         raise UnsupportedModelError(f"{type(model).__name__} did not accept attn_implementation={implementation!r}")
     install(model, spec)
     return model
