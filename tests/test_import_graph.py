@@ -24,7 +24,7 @@ FLOORS = [
     ("harness.run",),
     ("harness.report",),
     ("harness.studies",),
-    ("harness.bench", "harness.cli", "harness.commands"),
+    ("harness.bench", "harness.cli", "harness.commands", "harness.__main__"),
 ]
 """Bottom first: a module may import its own floor and the floors below it, never one above. The data
 floor knows no models, models know no harness, and in the harness data flows plan -> run -> results ->

@@ -1,7 +1,9 @@
 """Plan + Records -> the leaderboard "board": per task, per variant, statistics over seeds.
 
 The board is a plain, JSON-serialisable dict (its shape is documented in `build_board`) from which the
-Markdown, CSV and HTML leaderboards are rendered, so that every rendering shows the same numbers.
+Markdown, CSV and HTML leaderboards are rendered, so that every rendering shows the same numbers. This module
+holds the numbers and marks only; what the boards say about them (findings, warnings, the legend) is
+harness/report/sentences.py, read by both renderers.
 Everything in it is in a deterministic order (no clock, no set order, ties broken by name): the same
 records always give the same board.
 
@@ -25,18 +27,20 @@ so a row's rank is its tier among them, ▲ rows (significantly better on the pr
 rows not significantly different from softmax (softmax with them), then the ▼ rows, with competition ranking
 (rows of a tier share its rank, and the next tier's rank is 1 + the rows above it: 1, 1, 3, 3, 3, 6). Within
 a tier rows are listed by mean, which the rank does not claim. A row with fewer than `MIN_SEEDS_TO_RANK`
-finished seeds is shown but neither ranked nor marked. Each table opens with its finding (`finding_sentence`),
-built from the same marks; confidence intervals are clipped to what the metric can take (stats.metric_range).
+finished seeds is shown but neither ranked nor marked. Each table opens with its finding (sentences.py
+`finding_sentence`), built from the same marks (`_finding`); confidence intervals are clipped to what the metric
+can take (stats.metric_range).
 
 What a table can conclude: each task's trivial baseline (Task.trivial_baseline, an input-blind predictor
 scored on the same test data) is shown, and a row whose primary metric is not significantly better than it
-(one-sided, `above_chance_p`) is marked at chance. Each table states its resolution: the smallest paired
+(one-sided, `above_chance_p`, Holm-corrected across the table's rows as the Δ tests are) is marked at chance. Each table states its resolution: the smallest paired
 difference from `softmax` its seeds detect with 80% power, from the paired spread it observed.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -47,30 +51,9 @@ if TYPE_CHECKING:  # the boards read a plan as data (a snapshot's too) and never
 
 from harness.results.record import Record, Status
 from datamodules.paths import MissingDataError
-from harness.report.stats import (ALPHA, CONFIDENCE, MIN_SEEDS_TO_RANK, POWER, above_chance_p, clip_interval, correlation_above_zero_p,
-                                  detectable_difference, holm, metric_kind, metric_range, paired_p, summarize)
+from harness.report.stats import (ALPHA, BASELINE, CONFIDENCE, MIN_SEEDS_TO_RANK, POWER, above_chance_p, clip_interval,
+                                  correlation_above_zero_p, detectable_difference, holm, metric_kind, metric_range, paired_p, summarize)
 
-BASELINE = "softmax"
-TEST_DESCRIPTION = "paired t-test over seeds vs softmax, Holm-corrected across the variants of a task"
-CHANCE_DESCRIPTION = ("one-sided test that the primary metric beats the task's trivial baseline: a one-sample t-test over the "
-                      "seeds (2 or more), an exact binomial test of the correct count on the test examples (one seed, accuracies); "
-                      "correlations (MCC, Pearson, Spearman) are tested against 0, no association, which is what any input-blind "
-                      "predictor has (one seed: MCC·√n standard normal, Pearson and Spearman by Student's t with n−2 degrees of "
-                      "freedom); other metrics have no one-seed test (a table's footnote says why); at chance when p >= α, uncorrected")
-RESOLUTION_DESCRIPTION = ("the smallest true difference from softmax in the primary metric that a two-sided paired t-test at α "
-                          "(before Holm) detects with 80% power at the table's seed count (the median of its variants' paired seeds), "
-                          "given the paired spread the table shows "
-                          "(the median over its variants; a variant that varies more than 1.5 times that is named with its own)")
-RANKING_DESCRIPTION = ("a rank never orders rows the table cannot tell apart: the rows significantly better than softmax "
-                       "in the primary metric (▲) share rank 1, the rows not significantly different from softmax (softmax "
-                       "included) share the next rank, the ▼ rows the one after it (competition ranking: a rank is 1 + the "
-                       "rows in better tiers, e.g. 1, 1, 3, 3, 3, 6); within a rank rows are listed by mean; rows with fewer "
-                       f"than {MIN_SEEDS_TO_RANK} finished seeds are not ranked")
-OVERALL_DESCRIPTION = ("mean over the tasks a variant has a ranked row on of its rank there (the shared ranks above, so a task "
-                       "whose rows the tests cannot tell apart gives every variant rank 1); ▲ / ▼ count the tasks whose "
-                       "primary metric is significantly better / worse than softmax")
-CI_CLIP_DESCRIPTION = ("confidence intervals are clipped to the values the metric can take (percentages [0, 100], "
-                       "correlations [-1, 1], losses, NLL and CIDEr-D >= 0) and marked † where clipped")
 UNKNOWN_HARDWARE = "unknown"
 MISSING = "missing"
 """A planned run without a record, counted next to the record statuses."""
@@ -160,21 +143,16 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         "commits": _commits(unique),
         "seed_batched": seed_batched(unique),
         "finished_range": _finished_range(unique),
-        "skipped_tasks": {task: _without_data_root(why, the_plan.data_root) for task, why in sorted(the_plan.skipped_tasks.items())},
+        "skipped_tasks": {task: without_data_root(why, the_plan.data_root) for task, why in sorted(the_plan.skipped_tasks.items())},
         **_row_settings(suite),
         "alpha": ALPHA,
         "confidence": CONFIDENCE,
-        "test": TEST_DESCRIPTION,
-        "chance_test": CHANCE_DESCRIPTION,
-        "resolution": RESOLUTION_DESCRIPTION,
         "power": POWER,
         "min_seeds_to_rank": MIN_SEEDS_TO_RANK,
-        "overall_rule": OVERALL_DESCRIPTION,
-        "ci_clipping": CI_CLIP_DESCRIPTION,
-        "ranking": RANKING_DESCRIPTION,
         "groups": groups,
         "hardware_classes": [{"label": label, "records": len(by_label[label])} for label in labels],
         "cost_classes": cost_classes,
+        "run_time": run_time(unique),
         **_reproducibility(specs, executions),
         **problems,
         **({"superseded": superseded} if superseded else {}),
@@ -229,25 +207,6 @@ def current_versions(specs: list, records: Mapping[str, Record]) -> tuple[list, 
     return [s for s in specs if id(s) in kept_ids], superseded
 
 
-def versions_sentence(table: Mapping[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str | None:
-    """The keyed versions a table's rows count (a plugin's as `version+source.<hash>`, as `attnbench describe`
-    shows it); None for a board made before tables had versions."""
-    found = table.get("versions")
-    if not found:
-        return None
-    variants = ", ".join(f"{code(name)} {' and '.join(versions)}" for name, versions in found["variants"].items())
-    return (f"Versions (each row counts only records of its variant's version): task {' and '.join(found['task'])}; "
-            f"{variants}.")
-
-
-def superseded_lines(board: dict[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> list[str]:
-    """"3 records of an earlier version of `tempered` (...), not counted", one line per superseded version."""
-    return [f"{s['records']} record{'s' if s['records'] != 1 else ''} of an earlier version of "
-            f"{'the task' if s['of'] == 'task' else code(s['name'])}, not counted (table {s['table']}: version "
-            f"{code(s['version'])}; the table counts version {code(s['current'])})"
-            for s in board.get("superseded", [])]
-
-
 def _reproducibility(specs, executions: Mapping[str, Iterable[Record]]) -> dict[str, Any]:
     """For the planned keys with two or more finished executions: per metric, in how many of them every copy gives
     the identical value, and the largest |difference| from the copy the board shows (in points for percent
@@ -290,31 +249,6 @@ def _reproducibility(specs, executions: Mapping[str, Iterable[Record]]) -> dict[
                                 "metrics": list(metrics.values()), "differing_rows": differing}}
 
 
-def reproducibility_line(board: dict[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str | None:
-    """"37 keys ran on 2 executions: test/acc identical in 35, max |Δ| 0.2 points; ..."; None without such keys."""
-    found = board.get("reproducibility")
-    if not found:
-        return None
-    counts = sorted(found["executions"])
-    executions = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
-    parts = []
-    for m in found["metrics"]:
-        scale, unit = (100.0, " points") if m["percent"] else (1.0, "")
-        parts.append(f"{m['metric']} identical in {m['identical']} of {m['keys']}, max |Δ| {m['max_abs_diff'] * scale:.3g}{unit}")
-    classes = ", ".join(f"{label}: {n}" for label, n in found["classes"].items())
-    line = (f"Reproducibility: {found['keys']} key{'s' if found['keys'] != 1 else ''} ran on {executions} executions "
-            f"({classes}; the board shows the earliest finished): {'; '.join(parts) or 'no shared metric'}")
-    differing = found.get("differing_rows")
-    if differing:
-        across = "across hardware classes: last-bit rounding that these rows' training amplifies" if len(found["classes"]) > 1 else \
-            "on one hardware class: not deterministic"
-        line += (". Keys whose executions differ, by row (" + across + "): "
-                 + ", ".join(f"{code(r['variant'])} {r['differ']} of {r['keys']}" for r in differing) + "; every other row identical")
-    elif parts:
-        line += ". Every row identical"
-    return line
-
-
 def _row_settings(suite) -> dict[str, Any]:
     """What each labelled row of the suite runs, when it sets options (`align-ct-paper-lambda` is align-ct with
     attention.weight = 0.01): a row's label alone would not say. Absent when no row sets any, so boards without
@@ -324,7 +258,7 @@ def _row_settings(suite) -> dict[str, Any]:
     return {"row_settings": settings} if settings else {}
 
 
-def _without_data_root(reason: str, data_root: str | None) -> str:
+def without_data_root(reason: str, data_root: str | None) -> str:
     """A skipped task's reason names the files it looked for under this machine's data root; a board is regenerated
     byte for byte on other machines (CI clones elsewhere), so "in /some/root/planetoid" is written "in the data
     root's planetoid" there."""
@@ -333,6 +267,9 @@ def _without_data_root(reason: str, data_root: str | None) -> str:
     for root in sorted({str(Path(data_root)), str(Path(data_root).resolve())}, key=len, reverse=True):
         reason = reason.replace(root.rstrip("/") + "/", "the data root's ")
     return reason
+
+
+_without_data_root = without_data_root  # the claims page's import until it takes the public name (issue 51)
 
 
 def trivial_baseline(the_plan: Plan, task: str) -> dict[str, Any] | None:
@@ -421,6 +358,7 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
     primary = metrics[0]["name"]
     for row in rows.values():
         row["chance"] = _chance(row["metrics"][primary]["values"], trivial, primary, metrics[0]["higher_is_better"])
+    _correct_chance(rows)
     untested = trivial is not None and trivial["metrics"].get(primary) is not None and metric_kind(primary) != "correlation" and any(
         row["chance"] is None and len(row["metrics"][primary]["values"]) == 1 for row in rows.values())
     ordered = _rank(list(rows.values()), primary, metrics[0]["higher_is_better"])
@@ -438,13 +376,14 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
         "finished_range": _finished_range(table_records),
         "baseline": baseline,
         "trivial": trivial,
-        **({"chance_note": _untested_reason(primary)} if untested else {}),
+        **({"chance_untested": True} if untested else {}),
         "resolution": _resolution(rows, primary),
         "finding": _finding(rows, baseline, metrics),
         "epoch_cap": epoch_cap_hits(table_records),
         "rows": ordered,
         "tuning": dict(sorted(tuning.items())),
         **_mechanism_diagnostics(task_specs, {**records, **_diagnosed(executions or {})}),
+        **_attention_entropy(task_specs, {**records, **_diagnosed(executions or {})}),
     }
 
 
@@ -476,15 +415,54 @@ def _mechanism_diagnostics(task_specs, records: Mapping[str, Record]) -> dict[st
     return {"mechanism": {label: {name: statistics.fmean(v) for name, v in sorted(by_name.items())} for label, by_name in sorted(found.items())}}
 
 
-def mechanism_sentence(table: Mapping[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str | None:
-    """"Mechanism diagnostics (...): `align-ct` qk_distance 0.497; `softmax` qk_distance 0.552"; None without them."""
-    found = table.get("mechanism")
-    if not found:
-        return None
-    rows = "; ".join(f"{code(label)} " + ", ".join(f"{name} {value:.3g}" for name, value in values.items()) for label, values in found.items())
-    return ("Mechanism diagnostics (each variant's evidence that its idea was at work: the final value, mean over the "
-            "finished seeds, validation where measured; what each means and when it counts as active: `attnbench describe "
-            f"<variant>` and modules/attention/mechanism.py): {rows}.")
+ENTROPY_KEY = re.compile(r"^test/attn/(l\d+)/(entropy|uniform_entropy)$")
+
+
+def _attention_entropy(task_specs, records: Mapping[str, Record]) -> dict[str, Any]:
+    """Per row and attention layer, the mean over its finished seeds of the test pass's attention entropy and of the
+    entropy uniform weights over the same keys would have (`test/attn/l<i>/entropy`, `.../uniform_entropy`): how far
+    the evaluated attention is from uniform. Records from before the uniform reference have the entropy alone: their
+    reference is None ("not recorded"), never estimated. Absent when no record has an entropy."""
+    values: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for spec in task_specs:
+        record = records.get(spec.key)
+        if record is None or record.status is not Status.OK:
+            continue
+        for key, value in (record.diagnostics or {}).items():
+            found = ENTROPY_KEY.match(key)
+            if found and value is not None and math.isfinite(float(value)):
+                values.setdefault(spec.display, {}).setdefault(found[1], {}).setdefault(found[2], []).append(float(value))
+    if not values:
+        return {}
+    layers = sorted({layer for by_layer in values.values() for layer in by_layer}, key=lambda name: int(name[1:]))
+    rows = {label: {layer: {"entropy": statistics.fmean(cell["entropy"]) if cell.get("entropy") else None,
+                            "uniform": statistics.fmean(cell["uniform_entropy"]) if cell.get("uniform_entropy") else None}
+                    for layer, cell in sorted(by_layer.items(), key=lambda item: int(item[0][1:]))}
+            for label, by_layer in sorted(values.items())}
+    recorded = any(cell["uniform"] is not None for by_layer in rows.values() for cell in by_layer.values())
+    return {"attention_entropy": {"layers": layers, "uniform_recorded": recorded, "rows": rows}}
+
+
+def run_time(found: Iterable[Record]) -> list[dict[str, Any]]:
+    """Per hardware class, the worker time its records took: each lone run's wall time, and each seed batch's once
+    (a batch's records share their start, and each seed's wall time runs from it to the seed's record, so the
+    batch took its last seed's). [] when no record has a wall time."""
+    lone: dict[str, float] = defaultdict(float)
+    batches: dict[str, dict[tuple, float]] = defaultdict(dict)
+    runs: Counter = Counter()
+    for record in found:
+        if not record.wall_time_s:
+            continue
+        label = hardware_label(record)
+        runs[label] += 1
+        execution = record.execution or {}
+        if execution.get("seed_batch"):
+            batch = (record.started, tuple(execution.get("seeds") or ()), (record.spec or {}).get("task"))
+            batches[label][batch] = max(batches[label].get(batch, 0.0), float(record.wall_time_s))
+        else:
+            lone[label] += float(record.wall_time_s)
+    return [{"class": label, "runs": runs[label], "worker_s": lone[label] + sum(batches[label].values()),
+             "batches": len(batches[label])} for label in sorted(runs)]
 
 
 def _finding(rows: Mapping[str, dict[str, Any]], baseline: str | None, metrics: list[dict[str, Any]]) -> dict[str, Any]:
@@ -523,142 +501,33 @@ def _overall_finding(tables: list[dict[str, Any]]) -> dict[str, Any]:
             better[label].append(table["task"])
         for label in marks[0]["worse"]:
             worse[label].append(table["task"])
-    return {"tasks": len(tables), "tested_tasks": [t["task"] for t in tables if (t.get("finding") or {}).get("tested")],
+    return {"baseline": BASELINE, "tasks": len(tables), "tested_tasks": [t["task"] for t in tables if (t.get("finding") or {}).get("tested")],
             "better": dict(sorted(better.items())), "worse": dict(sorted(worse.items()))}
-
-
-def _names(labels: list[str], code: Callable[[str], str]) -> str:
-    quoted = [code(label) for label in labels]
-    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
-
-
-def _are(labels: list[str]) -> str:
-    return "is" if len(labels) == 1 else "are"
-
-
-def finding_sentence(table: Mapping[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str:
-    """The sentence a table opens with: which rows its tests found better or worse than the baseline (Holm p
-    below α), per metric, with the table's resolution, the rows too few seeds left untested, and the rows at
-    chance. Built from the marks the table shows, so sentence and cells cannot disagree."""
-    found = table.get("finding")
-    primary = table["metrics"][0]
-    if not found or found["baseline"] is None:
-        return f"Nothing in this table is significant: it has no finished {code(BASELINE)} runs to compare with."
-    baseline = code(found["baseline"])
-    if not found["tested"]:
-        return (f"Nothing in this table is significant: no variant has {MIN_SEEDS_TO_RANK} seeds paired with {baseline}, "
-                "the fewest the board tests.")
-    resolution = table.get("resolution") or {}
-    if resolution.get("difference") is not None:
-        scale, digits, unit = (100.0, 2, " points") if primary.get("percent") else (1.0, 4, "")
-        detail = f" (Holm p < {ALPHA:g}; resolution {resolution['difference'] * scale:.{digits}f}{unit})"
-    else:
-        detail = f" (Holm p < {ALPHA:g})"
-    first = found["marks"][0]
-    metric = code(primary["name"])
-    if first["better"] and first["worse"]:
-        clauses = [f"{_names(first['better'], code)} {_are(first['better'])} significantly better than {baseline} in {metric}{detail}",
-                   f"{_names(first['worse'], code)} {_are(first['worse'])} significantly worse"]
-    elif first["better"]:
-        clauses = [f"{_names(first['better'], code)} {_are(first['better'])} significantly better than {baseline} in {metric}{detail}",
-                   "no variant is significantly worse"]
-    elif first["worse"]:
-        clauses = [f"No variant is significantly better than {baseline} in {metric}{detail}",
-                   f"{_names(first['worse'], code)} {_are(first['worse'])} significantly worse"]
-    else:
-        clauses = [f"No variant is significantly better or worse than {baseline} in {metric}{detail}"]
-    for other in found["marks"][1:]:
-        parts = [f"{_names(other[kind], code)} {_are(other[kind])} significantly {kind}" for kind in ("better", "worse") if other[kind]]
-        if parts:
-            clauses.append(f"in {code(other['metric'])}: {', while '.join(parts)}")
-    if found["untested"]:
-        clauses.append(f"{_names(found['untested'], code)} {'has' if len(found['untested']) == 1 else 'have'} fewer than "
-                       f"{MIN_SEEDS_TO_RANK} seeds paired with it and {_are(found['untested'])} not tested")
-    if found["at_chance"]:
-        everyone = len(found["at_chance"]) == found["chance_tested"]
-        clauses.append("no variant is significantly above the trivial baseline" if everyone else
-                       f"{_names(found['at_chance'], code)} {_are(found['at_chance'])} not significantly above the trivial baseline")
-    return "; ".join(clauses) + "."
-
-
-def overall_finding_sentence(finding: Mapping[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str:
-    """The Overall table's opening sentence: each variant significantly better or worse than softmax on some
-    task's primary metric, with those tasks."""
-    tasks = finding["tasks"]
-    if not finding["tested_tasks"]:
-        return (f"Nothing is significant on any of the {tasks} task{'s' if tasks != 1 else ''}: no table has a variant with "
-                f"{MIN_SEEDS_TO_RANK} seeds paired with {code(BASELINE)}.")
-
-    def listed(by_variant: Mapping[str, list[str]]) -> str:
-        groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
-        for label, on in by_variant.items():
-            groups[tuple(on)].append(label)
-        ordered = sorted(groups.items(), key=lambda item: (-len(item[0]), item[1]))
-        return ", ".join(f"{_names(labels, code)} on {_names(list(on), code)}" for on, labels in ordered)
-
-    scope = f"Over the {tasks} task{'s' if tasks != 1 else ''}' primary metrics"
-    better = (f"significantly better than {code(BASELINE)}: {listed(finding['better'])}" if finding["better"]
-              else f"no variant is significantly better than {code(BASELINE)} on any task")
-    worse = f"significantly worse: {listed(finding['worse'])}" if finding["worse"] else "none is significantly worse on any"
-    return f"{scope}, {better}; {worse}."
-
-
-CLIPPED = "†"
-"""Marks an interval clipped to its metric's range, in every rendering."""
-
-
-def clipped_sentence(table: Mapping[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str | None:
-    """The note under a table some of whose intervals were clipped: which metrics, to what range; None when none was."""
-    clipped = [m for m in table["metrics"] if any((row["metrics"].get(m["name"]) or {}).get("ci_clipped") for row in table["rows"])]
-    if not clipped:
-        return None
-    ranges = []
-    for m in clipped:
-        scale = 100.0 if m.get("percent") else 1.0
-        low, high = metric_range(m["name"])
-        if low is not None and high is not None:
-            ranges.append(f"{code(m['name'])} to [{low * scale:g}, {high * scale:g}]")
-        else:
-            ranges.append(f"{code(m['name'])} to " + (f">= {low * scale:g}" if low is not None else f"<= {high * scale:g}"))
-    return (f"{CLIPPED}: this {CONFIDENCE:.0%} Student-t interval reaches past the values the metric can take and is clipped "
-            f"({'; '.join(ranges)}); with so few seeds or so large a spread the interval says little beyond that.")
 
 
 EPOCH_CAP_MARGIN = 0.05
 """A run whose best epoch lies within this share of its epoch cap may still have been improving when the cap
-stopped it: a table where such runs pile up is under-trained, and says so."""
+stopped it: a table where such runs pile up is under-trained, and says so (as it says how many ran to the cap)."""
 
 
 def epoch_cap_hits(table_records: Iterable[Record]) -> dict[str, Any] | None:
-    """How many finished runs had their best epoch within EPOCH_CAP_MARGIN of the cap `max_epochs`:
-    {"hits", "runs", "caps", "margin"}; None when no finished run records both. `best_epoch` counts from 0
-    (Lightning's current_epoch), so the best of a 300-epoch cap is 299; 5% of 300 is 15 epochs: best epochs
-    285-300 (counted from 1) are at the cap."""
+    """Under-training counts over the finished runs that record their cap `max_epochs`: {"at_cap": how many trained
+    all `max_epochs` epochs (their stopping rule never fired: the cap stopped them), "hits": how many kept an epoch
+    within EPOCH_CAP_MARGIN of the cap, "runs", "caps", "margin"}; None when no finished run records a cap and a
+    kept epoch. `best_epoch` counts from 0 (Lightning's current_epoch), so the best of a 300-epoch cap is 299; 5% of
+    300 is 15 epochs: best epochs 285-300 (counted from 1) are at the cap. "at_cap" is None when no record counts
+    its epochs (only kept epochs are then known)."""
     counted = []
     for record in table_records:
         cap = ((record.spec or {}).get("params") or {}).get("max_epochs")
         if record.status is Status.OK and record.best_epoch is not None and cap:
-            counted.append((int(record.best_epoch) + 1, int(cap)))
+            counted.append((int(record.best_epoch) + 1, int(cap), record.epochs))
     if not counted:
         return None
-    hits = sum(1 for best, cap in counted if cap - best <= EPOCH_CAP_MARGIN * cap)
-    return {"hits": hits, "runs": len(counted), "caps": sorted({cap for _, cap in counted}), "margin": EPOCH_CAP_MARGIN}
-
-
-def row_settings_sentence(row: Mapping[str, Any], code: Callable[[str], str] = lambda text: f"`{text}`") -> str:
-    """`code` marks up a name (Markdown backticks; the HTML page passes its escaped <code>)."""
-    options = ", ".join(f"{code(key)} = {code(str(value))}" for key, value in row["options"].items())
-    return f"{code(row['variant'])} with {options} (every other option at its default)."
-
-
-def epoch_cap_sentence(table: Mapping[str, Any]) -> str | None:
-    """The under-training warning every rendering prints under a table; None when no run's best epoch is at the cap."""
-    found = table.get("epoch_cap")
-    if not found or not found["hits"]:
-        return None
-    caps = ", ".join(map(str, found["caps"]))
-    return (f"Under-trained? Best epoch within {found['margin']:.0%} of the cap ({caps} epochs) in {found['hits']} of "
-            f"{found['runs']} runs: those runs may still have been improving when the cap stopped them.")
+    hits = sum(1 for best, cap, _ in counted if cap - best <= EPOCH_CAP_MARGIN * cap)
+    at_cap = sum(1 for _, cap, epochs in counted if epochs is not None and int(epochs) >= cap) \
+        if any(epochs is not None for _, _, epochs in counted) else None
+    return {"at_cap": at_cap, "hits": hits, "runs": len(counted), "caps": sorted({cap for _, cap, _ in counted}), "margin": EPOCH_CAP_MARGIN}
 
 
 def _chance(values: list[float], trivial: dict[str, Any] | None, metric: str, higher: bool) -> dict[str, Any] | None:
@@ -684,16 +553,14 @@ def _chance(values: list[float], trivial: dict[str, Any] | None, metric: str, hi
     return {"p": p, "test": test, "at_chance": p >= ALPHA}
 
 
-def _untested_reason(metric: str) -> str:
-    """Why a one-seed row of `metric` has no test against the trivial baseline (the table's footnote)."""
-    if metric.endswith("f1"):
-        return (f"{metric} of a single seed is not tested against the trivial baseline: how far F1 strays by chance depends "
-                "on the counts of true and false positives and false negatives, which n and the F1 value (all a record "
-                "keeps) do not determine, and a permutation or bootstrap test needs the predictions; with 2 or more seeds "
-                "it is a t-test over seeds")
-    return (f"{metric} of a single seed is not tested against the trivial baseline: it is neither a fraction of correct "
-            "predictions nor a correlation, whose chance spread follows from n alone; with 2 or more seeds it is a "
-            "t-test over seeds")
+def _correct_chance(rows: Mapping[str, dict[str, Any]]) -> None:
+    """Holm over the table's rows tested against the trivial baseline, as the Δ tests are corrected over its variants:
+    each row is one test of one family, and uncorrected, 2 of glue-mrpc's 11 rows came out "above" at p ~ 0.03 where
+    one such p in 11 is what chance alone gives. `p` stays the row's own, `p_holm` decides `at_chance`."""
+    tested = {label: row["chance"]["p"] for label, row in rows.items() if row.get("chance")}
+    for label, p_holm in holm(tested).items():
+        rows[label]["chance"]["p_holm"] = p_holm
+        rows[label]["chance"]["at_chance"] = p_holm >= ALPHA
 
 
 RESOLUTION_OUTLIER = 1.5
@@ -890,15 +757,6 @@ def _tuned_values(tuned, task_specs) -> dict[str, Any]:
     return _plain({**options, **params})
 
 
-def _format_value(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def tuned_values_text(values: Mapping[str, Any]) -> str:
-    """"attention.kl_weight=0.1317, attention.prior=fixed", or "the defaults" when tuning kept them."""
-    return ", ".join(f"{k}={_format_value(v)}" for k, v in values.items()) or "the defaults"
-
-
 def _plain(value: Any) -> Any:
     """Tuning info comes from YAML: keep it JSON-serialisable and in a fixed key order."""
     if isinstance(value, Mapping):
@@ -908,11 +766,3 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def problem_lines(board: dict[str, Any]) -> list[str]:
-    """One line per unreadable record file and per run with conflicting records; none on a board without them."""
-    lines = [f"Unreadable record (not counted as missing; repair the file or delete it and re-run): {why}"
-             for why in board.get("unreadable", {}).values()]
-    lines += superseded_lines(board)
-    lines += [f"Conflict: run {key} has a different record in {', '.join(copies)}; the board shows the store's "
-              "own record until the wrong copy is deleted" for key, copies in board.get("conflicts", {}).items()]
-    return lines

@@ -160,15 +160,19 @@ def write_boards(the_plan: Plan, store: RecordStore, out_dir: str | Path = "lead
 
 
 def warn_unranked(board: dict) -> None:
-    """A table none of whose rows has MIN_SEEDS_TO_RANK finished seeds shows numbers but no ranks and no
-    significance marks, which is easy to miss on a board of one's own few runs: say so on stderr."""
+    """A table none of whose rows has MIN_SEEDS_TO_RANK finished seeds shows numbers but no ranks and no significance
+    marks, which is easy to miss on a board of one's own few runs: say so on stderr, suggesting seeds that have no
+    record in the table yet (suggesting one that has would re-run nothing)."""
     for group in board["groups"]:
         for table in group["tasks"]:
             counts = [len(row["metrics"][table["primary"]]["values"]) for row in table["rows"]]
             if any(counts) and max(counts) < MIN_SEEDS_TO_RANK:
+                used = {seed for row in table["rows"] for metric in row["metrics"].values() for seed in metric.get("seeds", ())}
+                free = [seed for seed in range(len(used) + MIN_SEEDS_TO_RANK) if seed not in used][: MIN_SEEDS_TO_RANK - max(counts)]
                 print(f"attnbench: warning: {board['suite']}: table {table['task']} ({group['hardware']}) has at most {max(counts)} "
                       f"finished seed(s) per row, fewer than the {MIN_SEEDS_TO_RANK} a rank needs: no ranks and no significance "
-                      f"marks; run more seeds (e.g. --seed 1, --seed 2)", file=sys.stderr)
+                      f"marks; run more seeds (e.g. {', '.join(f'--seed {seed}' for seed in free)}, or --seeds "
+                      f"{','.join(map(str, free))})", file=sys.stderr)
 
 
 def write_claims_board(runs: str | None, out_dir: str | Path = "leaderboards", data_root: str | None = None,

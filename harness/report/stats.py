@@ -17,6 +17,8 @@ from typing import Any, Mapping
 
 from scipy import integrate, stats
 
+BASELINE = "softmax"
+"""The row every other row of a table is tested against (paired over seeds)."""
 ALPHA = 0.05
 CONFIDENCE = 0.95
 POWER = 0.8

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from harness.report.board import build_board, finding_sentence, overall_finding_sentence
+from harness.report.board import build_board
+from harness.report.sentences import finding_sentence, overall_finding_sentence
 from harness.report.html_page import render_html
 from harness.report.markdown import render_markdown
 from harness.report.stats import clip_interval, holm, metric_range, paired_p
@@ -133,6 +134,26 @@ def test_a_lower_is_better_primary_metric_ranks_the_lowest_mean_first_with_compe
     assert marks == {"fenchel": "better", "gmm": "better", "softmax": None, "sparsemax": "worse", "entmax15": None}
     overall = {o["variant"]: (o["mean_rank"], o["better"], o["worse"]) for o in build_board(suite, the_plan, found)["groups"][0]["overall"]}
     assert overall == {"fenchel": (1.0, 1, 0), "gmm": (1.0, 1, 0), "softmax": (3.0, 0, 0), "sparsemax": (4.0, 0, 1), "entmax15": (None, 0, 0)}
+
+
+def test_within_a_tier_a_lower_is_better_metric_lists_the_lowest_mean_first(tmp_path):
+    """Rows the tests cannot tell apart share a rank and are listed by mean: ascending for a lower-is-better metric
+    (an error rate, a loss), and the finding names them in that order too. A flipped sort direction failed no test."""
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm", "fenchel", "sparsemax"])
+    errors = {
+        "softmax": BASE,
+        "gmm": shifted([0.004, -0.003, 0.002, -0.004, 0.005]),  # noise around softmax, mean +0.0008: after it
+        "fenchel": shifted([-0.006, 0.001, -0.004, 0.002, -0.005]),  # mean -0.0024: the lowest, first
+        "sparsemax": shifted([0.009, 0.002, 0.006, 0.001, 0.007]),  # mean +0.005: last of the tier
+    }
+    found = records_for(the_plan, errors)
+    for rec in found.values():
+        rec["metrics"]["test/acc"]["higher_is_better"] = False
+    cora = table(build_board(suite, the_plan, found))
+    assert {(r["metrics"]["test/acc"]["vs_baseline"] or {}).get("mark") for r in cora["rows"]} == {None}  # one tier
+    means = [r["metrics"]["test/acc"]["mean"] for r in cora["rows"]]
+    assert [r["variant"] for r in cora["rows"]] == ["fenchel", "softmax", "gmm", "sparsemax"] and means == sorted(means)
+    assert [r["rank"] for r in cora["rows"]] == [1, 1, 1, 1]
 
 
 def test_holm_adjusts_like_the_hand_computation():
@@ -399,7 +420,7 @@ def test_each_group_names_its_software_versions_and_which_metrics_are_percentage
 
 
 def test_problem_lines_name_each_unreadable_file_and_each_conflict_with_its_copies():
-    from harness.report.board import problem_lines
+    from harness.report.sentences import problem_lines
 
     board = {"unreadable": {"k1": "records/k1.json: Expecting value: line 1 column 1 (char 0)"},
              "conflicts": {"k2": ["records/conflicts/k2.aaa.json", "records/conflicts/k2.bbb.json"]}}
@@ -495,12 +516,18 @@ def test_each_table_and_the_overall_table_open_with_what_is_significant(tmp_path
     overall = overall_finding_sentence(board["groups"][0]["finding"])
     assert overall == ("Over the 2 tasks' primary metrics, significantly better than `softmax`: `gmm` on `cora`; "
                        "significantly worse: `entmax` on `cora` and `citeseer`, `sparsemax` on `cora`.")
-    # the sentence is the first thing under each heading, in Markdown and HTML
+    # the sentence is the first thing under each heading, in Markdown and HTML: the board's under its title, each table's under its own
     text = render_markdown(board)
-    for heading, sentence in (("### Overall", overall), ("### cora", finding_sentence(cora)), ("### citeseer", finding_sentence(citeseer))):
+    for heading, sentence in (("# Leaderboard: `synthetic`", overall), ("### cora", finding_sentence(cora)),
+                              ("### citeseer", finding_sentence(citeseer))):
         assert text.split(heading + "\n\n", 1)[1].split("\n", 1)[0] == sentence
     page = render_html(board)
+    assert ('<h1>Leaderboard: <code>synthetic</code></h1>\n<p class="finding">Over the 2 tasks\' primary metrics, significantly better '
+            'than <code>softmax</code>: <code>gmm</code> on <code>cora</code>;') in page
     assert '<h3 id="g1-cora">cora</h3>\n<p class="finding"><code>gmm</code> is significantly better' in page
+    # and the legend comes after every table (on the page behind a fold, linked from the top)
+    assert text.index("## Reading this board") > text.rindex("| `")
+    assert page.index('<details class="legend" id="legend">') > page.rindex("</table>") and 'href="#legend"' in page
 
 
 def test_a_table_without_enough_paired_seeds_says_nothing_is_significant(tmp_path):
@@ -535,3 +562,61 @@ def test_each_metric_has_the_range_its_intervals_are_clipped_to(name, bounds):
     assert metric_range(name) == bounds
     assert clip_interval(-5.0, 5.0, bounds) == (bounds[0] if bounds[0] is not None else -5.0, bounds[1] if bounds[1] is not None else 5.0,
                                                 bounds != (None, None))
+
+
+def test_times_read_in_one_style_seconds_to_three_digits_then_minutes_then_hours():
+    """A cost column once read "9407.5 ms" beside "13.7 s": every time a board or progress line prints is seconds to
+    3 significant digits below 10 minutes."""
+    from harness.timing import format_duration
+
+    cases = {0.2564: "0.256 s", 9.4075: "9.41 s", 9.996: "10.0 s", 13.7: "13.7 s", 15.0: "15.0 s", 369.3: "369 s",
+             5400: "90.0 min", 9000: "2.50 h", None: "—", 0.0: "—"}
+    assert {seconds: format_duration(seconds) for seconds in cases} == cases
+
+
+def test_each_table_says_per_variant_and_layer_how_far_its_evaluated_attention_is_from_uniform(tmp_path):
+    """H / H_uniform per layer from the test pass (mean over seeds); records without the uniform reference (written
+    before it) show "not recorded" for it, never an estimate."""
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"], seeds=3)
+    found = {}
+    for spec in the_plan.specs:
+        if spec.seed > 2:
+            continue
+        diagnostics = {"test/attn/l0/entropy": 1.90 + 0.01 * spec.seed, "test/attn/l1/entropy": 1.50 - 0.01 * spec.seed}
+        if spec.variant == "softmax":  # a new record: with the reference
+            diagnostics.update({"test/attn/l0/uniform_entropy": 1.92, "test/attn/l1/uniform_entropy": 1.92, "test/attn/entropy": 1.7})
+        found[spec.key] = record(spec, {"test/acc": BASE[spec.seed]}, diagnostics=diagnostics)
+    cora = table(build_board(suite, the_plan, found))
+    entropy = cora["attention_entropy"]
+    assert entropy["layers"] == ["l0", "l1"] and entropy["uniform_recorded"]
+    assert entropy["rows"]["softmax"]["l0"] == {"entropy": pytest.approx(1.91), "uniform": pytest.approx(1.92)}
+    assert entropy["rows"]["gmm"]["l1"] == {"entropy": pytest.approx(1.49), "uniform": None}
+    md = render_markdown(build_board(suite, the_plan, found))
+    assert "| variant | l0: H / H_uniform | l1: H / H_uniform |" in md
+    assert "| `softmax` | 1.910 / 1.920 | 1.490 / 1.920 |" in md and "| `gmm` | 1.910 / not recorded | 1.490 / not recorded |" in md
+    assert "1.910 / 1.920" in render_html(build_board(suite, the_plan, found))
+    # a table whose records carry no entropy has no such table
+    plain = {key: {**rec, "diagnostics": {}} for key, rec in found.items()}
+    assert "attention_entropy" not in table(build_board(suite, the_plan, plain))
+
+
+def test_the_few_seeds_warning_suggests_seeds_that_have_no_record_yet(tmp_path, capsys):
+    """Seeds 0 and 1 ran: the warning suggests seed 2 (it suggested --seed 1, which had run)."""
+    from harness.report.leaderboard import warn_unranked
+
+    suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm"], seeds=2)
+    warn_unranked(build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE, "gmm": shifted([0.01] * 5)})))
+    err = capsys.readouterr().err
+    assert "at most 2 finished seed(s) per row" in err and "e.g. --seed 2, or --seeds 2)" in err and "--seed 1" not in err
+
+
+def test_above_trivial_is_holm_corrected_over_the_tables_rows():
+    """glue-mrpc marked 2 of its 11 rows above trivial at p ~ 0.03, uncorrected: one family per table, as the Δ tests."""
+    from harness.report.board import _correct_chance
+
+    ps = {"a": 0.03, "b": 0.031, **{f"r{i}": 0.0001 for i in range(9)}}
+    rows = {label: {"chance": {"p": p, "test": "t", "at_chance": p >= 0.05}} for label, p in ps.items()}
+    _correct_chance(rows)
+    assert rows["a"]["chance"]["at_chance"] and rows["b"]["chance"]["at_chance"]
+    assert rows["a"]["chance"]["p_holm"] == pytest.approx(2 * 0.03) and rows["a"]["chance"]["p"] == 0.03
+    assert not any(rows[f"r{i}"]["chance"]["at_chance"] for i in range(9))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from harness.report.board import build_board, mechanism_sentence
+from harness.report.board import build_board
+from harness.report.sentences import mechanism_sentence
 from harness.results.record import Record
 from tests.fixtures.make_fixtures import claim_records
 

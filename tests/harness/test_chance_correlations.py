@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from harness.report.board import _chance, _untested_reason
+from harness.report.board import _chance
+from harness.report.sentences import untested_reason
 from harness.report.stats import correlation_above_zero_p, metric_kind
 
 BOARDS = Path(__file__).resolve().parents[2] / "leaderboards"
@@ -63,7 +64,7 @@ def test_one_seed_correlations_are_tested_against_zero_and_f1_is_not_tested():
     stsb = {"predictor": "mean", "metrics": {"test/pearson": None}, "test_sizes": {"test/pearson": 1500}, "note": ""}
     assert _chance([0.1], stsb, "test/pearson", True)["p"] == pytest.approx(stats.t.sf(0.1 * math.sqrt(1498 / 0.99), 1498))
     assert _chance([0.818], TRIVIAL_TEXT, "test/f1", True) is None
-    assert "F1" in _untested_reason("test/f1") and "t-test over seeds" in _untested_reason("test/f1")
+    assert "F1" in untested_reason("test/f1") and "t-test over seeds" in untested_reason("test/f1")
     assert _chance([0.70], TRIVIAL_TEXT, "test/acc", True)["test"] == "binomial"  # accuracies as before
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.report.board import epoch_cap_hits, epoch_cap_sentence
 from harness.report.claims import (CLAIMS_FILE, INCONCLUSIVE, NOT_JUDGED, NOT_REPRODUCED, NOT_RUN_HERE, NOT_RUN_YET, OPPOSITE, REPRODUCED,
                                    ClaimsError, load_claims, measure_claims, render_claims_markdown, row_cells, verdict_for)
 from harness.results.record import Record
@@ -362,29 +361,6 @@ def test_the_claims_verb_prints_the_board(tmp_path, capsys):
 
 def test_the_claims_file_is_the_committed_one():
     assert CLAIMS_FILE == REPO / "harness" / "claims.yaml"
-
-
-# ---- under-training ----------------------------------------------------------------------------------------
-
-
-def _capped(best_epoch, cap, status="ok"):
-    return Record.from_dict({"key": f"k{best_epoch}-{cap}-{status}", "status": status, "best_epoch": best_epoch,
-                             "spec": {"params": {"max_epochs": cap}}, "metrics": {}})
-
-
-def test_best_epochs_within_5_percent_of_the_cap_are_counted():
-    # best_epoch counts from 0: 284 is the 285th epoch, 15 (5% of 300) from the cap; 283 is 16 from it
-    found = epoch_cap_hits([_capped(299, 300), _capped(284, 300), _capped(283, 300), _capped(10, 300), _capped(299, 300, "failed")])
-    assert (found["hits"], found["runs"], found["caps"]) == (2, 4, [300])
-    sentence = epoch_cap_sentence({"epoch_cap": found})
-    assert "Best epoch within 5% of the cap (300 epochs) in 2 of 4 runs" in sentence
-    assert epoch_cap_sentence({"epoch_cap": epoch_cap_hits([_capped(100, 300)])}) is None
-    assert epoch_cap_hits([Record.from_dict({"key": "a", "status": "ok", "metrics": {}})]) is None
-
-
-def test_the_committed_quick_board_warns_that_it_is_under_trained():
-    text = (REPO / "leaderboards" / "quick.md").read_text()
-    assert text.count("Best epoch within 5% of the cap (300 epochs) in") == 2
 
 
 def test_a_reason_not_to_run_is_written_once_for_every_claim_it_covers(claims, plans):

@@ -324,3 +324,15 @@ def test_output_into_a_closed_pipe_ends_without_a_traceback(argv):
         writer.wait()
         assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
         assert writer.returncode in (0, 141)
+
+
+def test_python_dash_m_harness_is_the_attnbench_command():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "harness", "--version"], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("attnbench "), done.stderr
+    wrong = subprocess.run([sys.executable, "-m", "harness", "no-such-verb"], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "invalid choice" in wrong.stderr

@@ -93,7 +93,8 @@ def test_rows_not_above_the_trivial_baseline_are_at_chance(tmp_path, shared_data
     board = build_board(suite, the_plan, records_for(the_plan, {"softmax": BASE, "gmm": [chance + 0.002, chance - 0.003, chance + 0.001, None, None]}))
     cora = table(board)
     assert cora["trivial"]["metrics"]["test/acc"] == pytest.approx(chance)
-    assert row(cora, "softmax")["chance"] == {"p": pytest.approx(stats.ttest_1samp(BASE[:3], chance, alternative="greater").pvalue),
+    softmax_p = stats.ttest_1samp(BASE[:3], chance, alternative="greater").pvalue
+    assert row(cora, "softmax")["chance"] == {"p": pytest.approx(softmax_p), "p_holm": pytest.approx(2 * softmax_p),  # Holm over 2 rows
                                                 "test": "t", "at_chance": False}
     gmm = row(cora, "gmm")["chance"]
     assert gmm["at_chance"] and gmm["p"] == pytest.approx(stats.ttest_1samp([0.002, -0.003, 0.001], 0.0, alternative="greater").pvalue, abs=1e-9)
@@ -165,8 +166,9 @@ def test_tables_below_three_seeds_show_values_but_no_ranks_and_no_marks(tmp_path
     assert gmm["mean"] == pytest.approx(statistics_mean(BASE[:2]) + 0.05) and gmm["vs_baseline"]["mark"] is None
     assert board["groups"][0]["overall"][0]["mean_rank"] is None
     md = render_markdown(board)
-    assert "▲" not in md.split("### cora")[1] and "▼" not in md.split("### cora")[1]
-    rows = [line.split(" | ") for line in md.split("### cora")[1].splitlines() if line.startswith("| ") and line.split(" | ")[1].startswith("`")]
+    tables = md.split("### cora")[1].split("## Reading this board")[0]  # the legend after the tables explains ▲ / ▼
+    assert "▲" not in tables and "▼" not in tables
+    rows = [line.split(" | ") for line in tables.splitlines() if line.startswith("| ") and line.split(" | ")[1].startswith("`")]
     assert len(rows) == 3 and all(cells[0] == "| —" for cells in rows)
     # with a third seed the same shift is ranked and marked
     suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm", "sparsemax"], seeds=3)

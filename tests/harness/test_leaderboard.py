@@ -77,7 +77,7 @@ def test_markdown_shows_counts_marks_hardware_sections_and_failures(tmp_path):
 
     cora = table_lines(md, "### cora")
     header = [c.strip() for c in cora[0].strip("|").split("|")]
-    assert header == ["#", "variant", "`test/acc`", "`test/macro_f1`", "Δ `test/acc` (Holm p)", "vs trivial (p)", "n", "failed", "pruned", "missing"]
+    assert header == ["#", "variant", "`test/acc`", "`test/macro_f1`", "Δ `test/acc` (Holm p)", "vs trivial (Holm p)", "n", "failed", "pruned", "missing"]
     gmm, fenchel, softmax, sparsemax = (cells(cora, v) for v in ("gmm", "fenchel", "softmax", "sparsemax"))
     assert gmm[0] == "1" and gmm[2].endswith("▲") and gmm[2].startswith("85.") and "[" in gmm[2]
     assert gmm[6:10] == ["3/5", "1", "1", "0"]
