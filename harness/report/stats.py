@@ -6,16 +6,24 @@
 - against the task's trivial baseline (a fixed number): a one-sided test that the row is better than it
   (`above_chance_p`; for correlations, that it is above 0 with `correlation_above_zero_p` from one seed),
   and a table's resolution, the smallest paired difference its seeds can detect
-  (`detectable_difference`)."""
+  (`detectable_difference`).
+
+The distribution functions come from scipy.special, which is what scipy.stats' t, normal and t-test call (the
+same numbers bit for bit: tests/harness/test_stats.py compares them): importing scipy.stats costs 0.35 s more,
+a fifth of rendering the quick board, so it is imported only where a function needs more (the binomial test of one
+seed, and solving for a resolution not in the table of detectable effects)."""
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import statistics
+from pathlib import Path
 from typing import Any, Mapping
 
-from scipy import integrate, stats
+import numpy as np
+from scipy import special
 
 BASELINE = "softmax"
 """The row every other row of a table is tested against (paired over seeds)."""
@@ -36,7 +44,7 @@ def summarize(values: list[float]) -> dict[str, Any]:
     if n == 1:
         return {"n": 1, "mean": mean, "std": None, "ci_low": None, "ci_high": None}
     std = statistics.stdev(values)
-    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * std / math.sqrt(n)
+    half = t_quantile(0.5 + CONFIDENCE / 2, n - 1) * std / math.sqrt(n)
     return {"n": n, "mean": mean, "std": std, "ci_low": mean - half, "ci_high": mean + half}
 
 
@@ -48,7 +56,27 @@ def paired_p(diffs: list[float]) -> float:
     scale = max(1.0, max(abs(d) for d in diffs))
     if max(diffs) - min(diffs) <= 1e-12 * scale:
         return 1.0 if all(abs(d) <= 1e-12 for d in diffs) else 0.0  # all within 1e-12·scale means scale is 1
-    return float(stats.ttest_rel(diffs, [0.0] * len(diffs)).pvalue)
+    t, df = t_statistic(diffs)
+    return 2 * t_sf(abs(t), df)
+
+
+def t_quantile(q: float, df: int) -> float:
+    """Student's t quantile (scipy.stats.t.ppf)."""
+    return float(special.stdtrit(df, q))
+
+
+def t_sf(t: float, df: int) -> float:
+    """Student's t survival function P(T > t) (scipy.stats.t.sf)."""
+    return float(special.stdtr(df, -t))
+
+
+def t_statistic(values: list[float]) -> tuple[float, int]:
+    """(t, degrees of freedom) of a one-sample t-test of `values` against 0, computed as scipy.stats.ttest_1samp
+    computes it (mean over the standard error from the ddof-1 variance), so its p-values are scipy's bit for bit."""
+    a = np.asarray(values, dtype=np.float64)
+    n = a.shape[0]
+    variance = np.mean((a - np.mean(a, keepdims=True)) ** 2) * (np.float64(n) / (np.float64(n) - 1))
+    return float(np.mean(a) / np.sqrt(variance / n)), n - 1
 
 
 def holm(p_values: Mapping[str, float]) -> dict[str, float]:
@@ -75,8 +103,11 @@ def above_chance_p(values: list[float], chance: float, higher_is_better: bool, t
         scale = max(1.0, max(abs(b) for b in beyond))
         if max(beyond) - min(beyond) <= 1e-12 * scale:
             return (0.0 if min(beyond) > 1e-12 else 1.0), "t"
-        return float(stats.ttest_1samp(beyond, 0.0, alternative="greater").pvalue), "t"
+        t, df = t_statistic(beyond)
+        return t_sf(t, df), "t"
     if len(values) == 1 and test_size and 0.0 < chance < 1.0:
+        from scipy import stats
+
         correct = round(values[0] * test_size)
         return float(stats.binomtest(correct, test_size, chance, alternative="greater" if higher_is_better else "less").pvalue), "binomial"
     return None
@@ -101,10 +132,10 @@ def correlation_above_zero_p(value: float, n: int, metric: str) -> float | None:
     if n < 3 or not -1.0 <= value <= 1.0:
         return None
     if metric.endswith("mcc"):
-        return float(stats.norm.sf(value * math.sqrt(n)))
+        return float(special.ndtr(-value * math.sqrt(n)))  # the standard normal's survival function
     if abs(value) == 1.0:  # a perfect (anti-)correlation: the t statistic is infinite
         return 0.0 if value > 0 else 1.0
-    return float(stats.t.sf(value * math.sqrt((n - 2) / (1.0 - value * value)), n - 2))
+    return t_sf(value * math.sqrt((n - 2) / (1.0 - value * value)), n - 2)
 
 
 def detectable_difference(spread: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
@@ -117,12 +148,38 @@ def detectable_difference(spread: float, n: int, alpha: float = ALPHA, power: fl
     return detectable_effect(n, alpha, power) * spread
 
 
+EFFECTS_FILE = Path(__file__).with_name("detectable_effects.json")
+"""detectable_effect at ALPHA and POWER for 2 to 100 pairs, written by `python -m harness.report.stats` (each is a
+root-finding over a numerical integral, ~0.1 s, and needs scipy.stats, scipy.integrate and scipy.optimize: half a
+second to import); tests/harness/test_stats.py checks the table against the computation."""
+
+
+@functools.lru_cache(maxsize=None)
+def _effects_table() -> dict[int, float]:
+    try:
+        found = json.loads(EFFECTS_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {int(n): float(effect) for n, effect in found["effects"].items()} if (found["alpha"], found["power"]) == (ALPHA, POWER) else {}
+
+
 @functools.lru_cache(maxsize=None)
 def detectable_effect(n: int, alpha: float = ALPHA, power: float = POWER) -> float:
     """`detectable_difference` in units of the paired spread: it depends on n, alpha and power alone (the test
-    statistic is scale-free), so a board computes it once per seed count. Cached because each root-finding
-    integrates the power a dozen times (~0.1 s): uncached, the quick board's eight resolutions were half of
-    its render time, while all eight share n = 3."""
+    statistic is scale-free), so it is solved once per seed count, or read from EFFECTS_FILE, which holds this
+    function's own values for the usual ones. Cached because each root-finding integrates the power a dozen
+    times (~0.1 s): uncached, the quick board's eight resolutions were half of its render time."""
+    if (alpha, power) == (ALPHA, POWER) and n in _effects_table():
+        return _effects_table()[n]
+    return solve_detectable_effect(n, alpha, power)
+
+
+def solve_detectable_effect(n: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest standardized mean difference a two-sided paired t-test over `n` pairs detects with `power` at
+    level `alpha` (see detectable_difference)."""
+    from scipy import integrate, stats
+    from scipy.optimize import brentq
+
     df = n - 1
     critical = float(stats.t.ppf(1 - alpha / 2, df))
 
@@ -140,8 +197,6 @@ def detectable_effect(n: int, alpha: float = ALPHA, power: float = POWER) -> flo
     high = 1.0
     while shortfall(high) < 0:
         high *= 2
-    from scipy.optimize import brentq
-
     return float(brentq(shortfall, 0.0, high, xtol=1e-10))
 
 
@@ -171,3 +226,14 @@ def clip_interval(low: float | None, high: float | None, bounds: tuple[float | N
     new_low = low if lowest is None else max(low, lowest)
     new_high = high if highest is None else min(high, highest)
     return new_low, new_high, (new_low, new_high) != (low, high)
+
+
+def write_effects_table(largest: int = 100) -> Path:
+    """EFFECTS_FILE from solve_detectable_effect, for 2 to `largest` pairs (about 10 s)."""
+    effects = {str(n): solve_detectable_effect(n) for n in range(2, largest + 1)}
+    EFFECTS_FILE.write_text(json.dumps({"alpha": ALPHA, "power": POWER, "effects": effects}, indent=0) + "\n")
+    return EFFECTS_FILE
+
+
+if __name__ == "__main__":
+    print(write_effects_table())

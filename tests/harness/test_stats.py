@@ -97,3 +97,42 @@ def test_detectable_difference_at_two_seeds_by_simulation_and_none_without_a_spr
     assert np.mean(np.abs(t) > stats.t.ppf(0.975, 1)) == pytest.approx(0.8, abs=0.003)
     assert detectable_difference(0.0, 5) is None and detectable_difference(-1.0, 5) is None
     assert detectable_difference(1.0, 1) is None
+
+
+def test_the_special_function_forms_give_scipy_stats_numbers():
+    """stats.py calls scipy.special directly (scipy.stats costs 0.35 s to import): the same p-values and quantiles."""
+    from harness.report.stats import t_quantile, t_sf
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(2, 40))
+        diffs = rng.normal(rng.normal(0, 0.02), rng.uniform(1e-4, 0.05), size=n).tolist()
+        assert paired_p(diffs) == pytest.approx(stats.ttest_rel(diffs, [0.0] * n).pvalue, rel=1e-12, abs=1e-300)
+        chance = float(rng.uniform(-0.05, 0.05))
+        assert above_chance_p(diffs, chance, True)[0] == pytest.approx(
+            stats.ttest_1samp(diffs, chance, alternative="greater").pvalue, rel=1e-12, abs=1e-300)
+        assert t_quantile(0.975, n - 1) == pytest.approx(stats.t.ppf(0.975, n - 1), rel=1e-12)
+        x = float(rng.normal() * 3)
+        assert t_sf(x, n - 1) == pytest.approx(stats.t.sf(x, n - 1), rel=1e-12, abs=1e-300)
+        assert correlation_above_zero_p(0.1, n + 10, "test/mcc") == pytest.approx(stats.norm.sf(0.1 * math.sqrt(n + 10)), rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [2, 3, 20, 36, 100])
+def test_the_table_of_detectable_effects_is_the_computation(n):
+    from harness.report.stats import _effects_table, solve_detectable_effect
+
+    assert _effects_table()[n] == pytest.approx(solve_detectable_effect(n), rel=1e-9)
+
+
+def test_a_board_s_statistics_import_neither_scipy_stats_nor_its_integrator():
+    """The quick board's render spent half its time on the resolution's root-finding and a fifth importing scipy.stats."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; from harness.report.stats import summarize, paired_p, above_chance_p, detectable_difference; "
+            "summarize([0.8, 0.81, 0.79]); paired_p([0.01, 0.02, -0.005]); above_chance_p([0.8, 0.81], 0.13, True); "
+            "detectable_difference(0.01, 3); detectable_difference(0.01, 36); "
+            "print(sorted(m for m in ('scipy.stats', 'scipy.integrate', 'scipy.optimize') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
