@@ -262,6 +262,10 @@ def test_seeds_on_two_hardware_classes_rank_in_one_table_with_cost_per_class(tmp
     assert text.count("### cora") == 1 and "Cost per hardware class" in text
     assert f"| `gmm` | {CPU['label']} | 3 |" in text and f"| `gmm` | {GPU['label']} | 3 |" in text
     assert "time/epoch" not in text.split("### cora")[1].split("Cost per hardware class")[0]  # no mixed cost column in the ranking
+    # the page names both classes where it said "Accelerator: unknown, device: unknown"
+    page = render_html(board)
+    assert "Accelerator: unknown" not in page
+    assert f"<p>Hardware classes: {GPU['label']} (6 records); {CPU['label']} (6 records);" in page
 
 
 def test_seed_batched_records_are_costed_apart_from_lone_runs_on_the_same_hardware(tmp_path):
