@@ -60,12 +60,31 @@ def local_raw_dir(root: Path, name: str) -> Path:
     return root / "planetoid" / NAMES[name] / "raw"
 
 
+def _incomplete_copy(name: str, root: Path) -> str | None:
+    """Where the data root holds the set under another folder name (../shared/data's `PubMed_missing_allx`, named so
+    that PyG does not try to download the rest): which of the files are there and which lack, so that the reason a
+    task is skipped names the one missing file rather than the whole set."""
+    files = raw_file_names(name)
+    for folder in sorted((root / "planetoid").glob(f"{NAMES[name]}*/raw")) if (root / "planetoid").is_dir() else ():
+        present = [f for f in files if (folder / f).is_file()]
+        if present:
+            lacking = [f for f in files if f not in present]
+            return (f"{NAMES[name]}: the data root's {folder.parent.relative_to(root)}/ holds {len(present)} of its {len(files)} "
+                    f"raw Planetoid files and lacks {', '.join(lacking)}; with {'it' if len(lacking) == 1 else 'them'} there "
+                    f"(github.com/kimiyoung/planetoid, data/), rename the folder to planetoid/{NAMES[name]}, or point "
+                    f"--data-root or ATTNBENCH_DATA at a root that has all {len(files)}.")
+    return None
+
+
 def check_raw_files(name: str, root: Path) -> Path:
     """The folder of `name`'s raw files under `root`; MissingDataError naming each missing or corrupt file."""
     raw = local_raw_dir(root, name)
     files = raw_file_names(name)
     missing = [f for f in files if not (raw / f).is_file()]
     if missing:
+        near = _incomplete_copy(name, root) if not raw.is_dir() else None
+        if near:
+            raise MissingDataError(near)
         raise MissingDataError(
             f"{NAMES[name]}: missing {', '.join(missing)} in {raw}. Put the eight Planetoid files "
             f"ind.{name}.{{{','.join(RAW_PARTS)}}} (github.com/kimiyoung/planetoid, data/) there, or point at a data "

@@ -14,13 +14,14 @@ params: {max_epochs: 300}   # task parameters for every task (per-task params ov
 tuned: [bam-weibull]        # these variants also run as "<name> (tuned)" rows, from the committed tuned parameters
 seed_history:               # the seed counts as declared, oldest first: when a count grew and why (the claims board
   - {seeds: 3, declared: 2026-11-22, why: "..."}                   # judges on the first declared seeds too)
-  - {task: citeseer, seeds: 32, declared: 2026-11-24, why: "..."}
+  - {task: citeseer, seeds: 32, declared: 2026-11-24, at: "2026-11-24T20:24:01+00:00", why: "..."}
 ```
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -36,7 +37,10 @@ if TYPE_CHECKING:
 
 BUILTIN_SUITES = Path(__file__).parents[1] / "suites"
 TOP_LEVEL_KEYS = {"name", "description", "tasks", "variants", "exclude_variants", "seeds", "params", "tuned", "seed_history"}
-SEED_HISTORY_KEYS = {"seeds", "task", "declared", "commit", "why"}
+SEED_HISTORY_KEYS = {"seeds", "task", "declared", "commit", "why", "at", "after_first_seeds"}
+"""`at`: the moment of the declaration (an ISO time, e.g. its commit's), which harness/report/seed_history.py checks
+the records' finish times against (else the end of the `declared` day); `after_first_seeds: true`: the entry asserts
+that every row's first seeds of the previous count had finished, which that check flags where the records disagree."""
 
 
 class SuiteError(ValueError):
@@ -218,6 +222,13 @@ def _seed_history(value: Any, where: str, seeds: tuple[int, ...], tasks: tuple[T
             raise SuiteError(f"{at}: unknown key(s) {sorted(unknown)}; allowed: {sorted(SEED_HISTORY_KEYS)}.{_keys_hint(unknown, SEED_HISTORY_KEYS)}")
         if not isinstance(entry["seeds"], int) or isinstance(entry["seeds"], bool) or entry["seeds"] < 1:
             raise SuiteError(f"{at}: seeds must be a positive count, got {entry['seeds']!r}")
+        if "at" in entry:
+            try:
+                datetime.fromisoformat(str(entry["at"]))
+            except ValueError:
+                raise SuiteError(f"{at}: at must be an ISO time such as 2026-11-24T20:24:01+00:00, got {entry['at']!r}") from None
+        if "after_first_seeds" in entry and not isinstance(entry["after_first_seeds"], bool):
+            raise SuiteError(f"{at}: after_first_seeds must be true or false, got {entry['after_first_seeds']!r}")
         if "task" in entry and entry["task"] not in names:
             raise SuiteError(f"{at}: task {entry['task']!r} is not one of the suite's tasks.{did_you_mean(entry['task'], names)}")
     for task in (None, *names):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,6 +23,7 @@ import yaml
 
 from harness.report.stats import ALPHA, CONFIDENCE, POWER, detectable_difference, holm, paired_p, summarize
 from harness.results.record import Record, Status
+from harness.report.seed_history import seed_history_lines
 from harness.results.store import diagnosed_execution
 
 CLAIMS_FILE = Path(__file__).resolve().parents[1] / "claims.yaml"
@@ -42,8 +44,10 @@ VERDICT_RULE = (
     "**opposite effect**: the effect has the other sign and is significant after correction. **not reproduced**: the CI "
     "excludes the paper's Δ on the side of a smaller effect. **inconclusive**: neither; the resolution says how large a "
     "difference these seeds could have seen. Both negative verdicts are given only when the variant's mechanism "
-    "diagnostics show it was active in these runs (modules/attention/mechanism.py states each rule); otherwise the row is "
-    "**inconclusive: mechanism inactive** (or: no mechanism evidence in the records), with the figure. **not judged**: "
+    "diagnostics show it was active in these runs, read at the evaluated weights (those the stopping rule kept, which "
+    "gave the test numbers; modules/attention/mechanism.py states each rule and what its threshold measures); otherwise "
+    "the row is **inconclusive: mechanism inactive** (or: no evidence at the evaluated weights, for records made before "
+    "runs measured it), with the median figure over the seeds. **not judged**: "
     "the row runs attnbench's default configuration, neither the paper's stated one nor one tuned on validation data, "
     "so its numbers are shown but carry no verdict. *in this setup*: our `softmax` differs from the paper's baseline by "
     "more than its CI, so the verdict speaks for our baseline. A claim with a sign but no number (*direction*) is "
@@ -231,12 +235,103 @@ def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_
     # A store that does not exist holds no records; opening one would create its folder, and this only reads.
     store = RecordStore(runs) if (runs_dir(runs) / "records").is_dir() else None
     plans, records, evidence = {}, {}, {}
-    for suite in sorted({c["measured_by"]["suite"] for c in claims["claims"] if "measured_by" in c}):
+    measured = {c["measured_by"]["suite"] for c in claims["claims"] if "measured_by" in c}
+    for suite in sorted(measured | set(_cost_suites(claims))):
         plans[suite] = plan(load_suite(suite), data_root)
         loaded = store.load(s.key for s in plans[suite].specs) if store else None
         records[suite] = loaded.records if loaded else {}
         evidence[suite] = {key: diagnosed_execution(copies) for key, copies in loaded.executions.items()} if loaded else {}
-    return measure_claims(claims, plans, records, evidence)
+    board = measure_claims(_with_measured_costs(claims, plans, records), {s: plans[s] for s in measured},
+                           {s: records[s] for s in measured}, {s: evidence[s] for s in measured})
+    from harness.report.board import without_data_root  # a reason names files under this machine's data root
+
+    for row in board["rows"]:
+        suite = (row["claim"].get("measured_by") or {}).get("suite")
+        if row.get("reason") and suite in plans:
+            row["reason"] = without_data_root(row["reason"], plans[suite].data_root)
+    board["host_attention"] = host_attention(plans, records, evidence)
+    board["seed_history"] = {suite: lines for suite in sorted(measured)
+                             if (lines := seed_history_lines(plans[suite].suite, plans[suite].specs, records[suite]))}
+    return board
+
+
+COST_PLACEHOLDER = re.compile(r"\{cost:([a-z0-9-]+)\}")
+"""`{cost:<suite>}` in a claim's `not_here`: replaced by the measured time per run of that suite's committed records,
+where cost, not a missing file, is why the claim is not run here (issue 51: the page said "hours" where MiniLM on RTE
+took a median 23.9 minutes)."""
+
+
+def _cost_suites(claims: Mapping[str, Any]) -> list[str]:
+    return sorted({name for claim in claims["claims"] for name in COST_PLACEHOLDER.findall(claim.get("not_here") or "")})
+
+
+def measured_cost(suite: str, the_plan, records: Mapping[str, Record]) -> str:
+    """'a median 23.9 min per run of suite `minilm-rte` (4 runs, CPU AMD EPYC (1 thread/run))', from the records."""
+    by_class: dict[str, list[float]] = {}
+    for spec in the_plan.specs:
+        record = records.get(spec.key)
+        if record is not None and record.status is Status.OK and record.wall_time_s:
+            by_class.setdefault(record.hardware_label or "unknown hardware", []).append(float(record.wall_time_s))
+    if not by_class:
+        return f"no run of suite `{suite}` recorded to measure the cost by"
+    label, times = max(by_class.items(), key=lambda item: (len(item[1]), item[0]))
+    return f"a median {statistics.median(times) / 60:.1f} min per run of suite `{suite}` ({len(times)} runs, {label})"
+
+
+def _with_measured_costs(claims: Mapping[str, Any], plans, records) -> dict[str, Any]:
+    def filled(text: str | None) -> str | None:
+        if not text:
+            return text
+        return COST_PLACEHOLDER.sub(lambda m: measured_cost(m.group(1), plans[m.group(1)], records[m.group(1)]), text)
+
+    return {**claims, "claims": [{**claim, "not_here": filled(claim.get("not_here"))} if claim.get("not_here") else claim
+                                 for claim in claims["claims"]]}
+
+
+NEAR_UNIFORM = 0.95
+"""Softmax's evaluated attention is called near uniform on a host where its entropy is at least this share of the
+uniform distribution's over the same keys: within 5% of the most spread-out attention possible."""
+
+
+def host_attention(plans, records, evidence) -> list[dict[str, Any]]:
+    """Per suite and task the claims measure: softmax's evaluated attention entropy against the uniform
+    distribution's over the same keys, per layer, over the seeds whose records carry both (runs since issue 51)."""
+    found = []
+    for suite, the_plan in sorted(plans.items()):
+        for task in sorted({s.task for s in the_plan.specs}):
+            ratios: dict[int, list[float]] = {}
+            for spec in the_plan.specs:
+                if spec.task != task or spec.display != BASELINE:
+                    continue
+                record = evidence[suite].get(spec.key) or records[suite].get(spec.key)
+                values = (record.diagnostics or {}) if record is not None and record.status is Status.OK else {}
+                layer = 0
+                while f"test/attn/l{layer}/entropy" in values:
+                    uniform = values.get(f"test/attn/l{layer}/uniform_entropy")
+                    if uniform:
+                        ratios.setdefault(layer, []).append(values[f"test/attn/l{layer}/entropy"] / uniform)
+                    layer += 1
+            if ratios:
+                found.append({"suite": suite, "task": task, "seeds": min(len(v) for v in ratios.values()),
+                              "layers": [statistics.fmean(ratios[layer]) for layer in sorted(ratios)]})
+    return found
+
+
+def host_attention_line(found: list[dict[str, Any]], code=lambda text: f"`{text}`") -> str | None:
+    """The claims page's statement of how far the host's own attention is from uniform, and what that implies."""
+    if not found:
+        return None
+    parts = [f"{code(row['task'])} ({code(row['suite'])}, {row['seeds']} seeds) "
+             + ", ".join(f"layer {i + 1} {ratio:.1%}" for i, ratio in enumerate(row["layers"])) for row in found]
+    near = [row for row in found if min(row["layers"]) >= NEAR_UNIFORM]
+    line = ("- The host's own attention: softmax's attention at the evaluated weights has this share of the uniform "
+            "distribution's entropy over the same keys: " + "; ".join(parts) + ".")
+    if near:
+        line += (f" On {', '.join(code(row['task']) for row in near)} it is near uniform (at least {NEAR_UNIFORM:.0%}): "
+                 "every node spreads its attention almost evenly over its neighbours, so a variant that reshapes the "
+                 "attention distribution has little to act on there. A negative verdict on that host says the variant "
+                 "does not help it; it is not evidence against the variant where attention is sharp (text, vision).")
+    return line
 
 
 def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records: Mapping[str, Mapping[str, Record]],
@@ -269,7 +364,9 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record], 
     task, variant = measured["task"], measured["variant"]
     source = claim["config"]["source"]
     if task in the_plan.skipped_tasks or task in the_plan.missing_data:
-        reason = claim.get("not_here") or f"the suite's task `{task}` was skipped: its data is not in the data root"
+        # what is actually missing, in the loader's words, then what else the claim needs
+        missing = the_plan.skipped_tasks.get(task) or the_plan.missing_data.get(task)
+        reason = "; ".join(part for part in (f"the suite's task `{task}` was skipped: {missing}", claim.get("not_here")) if part)
         return {"verdict": NOT_RUN_HERE, "reason": reason}
     pair = f"{task} x {variant}"
     kept_defaults = source == "tuned" and pair in the_plan.tuned_as_defaults  # the tuning chose the defaults: one row
@@ -487,7 +584,7 @@ def verdict_for(claim: Mapping[str, Any], measure: Mapping[str, Any], family: Ma
         verdict = NOT_REPRODUCED
         detail = "the CI excludes the paper's Δ" + (f"; {alone}" if alone else "")
     if verdict in NEGATIVE and mechanism is not None and mechanism[0] is not True:
-        why = "mechanism inactive" if mechanism[0] is False else "no mechanism evidence in the records"
+        why = "mechanism inactive" if mechanism[0] is False else "no mechanism evidence at the evaluated weights"
         return {"verdict": INCONCLUSIVE, "detail": f"{why}: {mechanism[1]} (else: {verdict})", "withheld": verdict}
     if verdict in NEGATIVE and baselines_differ:
         verdict_text = f"{verdict} in this setup"
@@ -634,9 +731,9 @@ def table_notes(rows: list[Mapping[str, Any]]) -> list[tuple[list[str], str]]:
 def render_claims_markdown(board: Mapping[str, Any]) -> str:
     out = io.StringIO()
     out.write("# The papers' claims, measured here\n\n")
+    out.write("".join(f"{line}\n" for line in summary_lines(board)) + "\n")
     out.write("Generated by `attnbench leaderboard --claims` (`make leaderboard`) from `harness/claims.yaml` and the run "
               "records; do not edit by hand. To add a claim, see README, \"Claims\".\n\n")
-    out.write("".join(f"{line}\n" for line in summary_lines(board)) + "\n")
     out.write(f"{board['rule']} {board['resolution_rule']} Values are in the paper's units (points).\n\n")
     for paper_id, paper in board["papers"].items():
         rows = [row for row in board["rows"] if row["claim"]["paper"] == paper_id]
@@ -688,7 +785,7 @@ def summary_lines(board: Mapping[str, Any], code: Any = lambda text: f"`{text}`"
         return f"{code(row['claim']['id'])} ({_ci(row.get('measure'), row['claim']['kind'] != 'baseline')})"
 
     counts = _verdict_counts(board)
-    lines = ["**Summary.** Verdicts: " + ", ".join(f"{name} {n}" for name, n in counts.items()) + "."]
+    lines = [finding_line(board, code), "", "**Summary.** Verdicts: " + ", ".join(f"{name} {n}" for name, n in counts.items()) + "."]
     holds = [r for r in rows if r["verdict"] == REPRODUCED]
     lines.append("- Holds here: " + (", ".join(with_delta(r) for r in holds) if holds else "no measured claim") + ".")
     fails = [r for r in rows if r["verdict"] in NEGATIVE]
@@ -699,7 +796,7 @@ def summary_lines(board: Mapping[str, Any], code: Any = lambda text: f"`{text}`"
     if withheld or unresolved:
         parts = []
         if withheld:
-            parts.append(f"a negative verdict withheld because the mechanism was not shown active: {ids(withheld)}")
+            parts.append(f"a negative verdict withheld because the mechanism was not shown active at the evaluated weights: {ids(withheld)}")
         if unresolved:
             parts.append(f"within what the seeds resolve, or not significant after Holm: {ids(unresolved)}")
         lines.append("- Open: " + "; ".join(parts) + ".")
@@ -724,5 +821,27 @@ def summary_lines(board: Mapping[str, Any], code: Any = lambda text: f"`{text}`"
         caveats.append(f"{len(elsewhere)} claims need what this machine lacks (a GPU, ALBERT weights, full VQA or COCO data; each paper's table says which)")
     if caveats:
         lines.append("- Caveats: " + "; ".join(caveats) + ".")
+    attention = host_attention_line(board.get("host_attention") or [], code)
+    if attention:
+        lines.append(attention)
+    for suite, history in (board.get("seed_history") or {}).items():
+        lines.extend(f"- Seed history of {code(suite)}, checked against its records: {line}" for line in history)
     return lines
+
+
+def finding_line(board: Mapping[str, Any], code: Any = lambda text: f"`{text}`") -> str:
+    """The page's first line: what the measured claims come to, in one sentence (the counts and caveats follow)."""
+    rows = board["rows"]
+    measured = [r for r in rows if r["verdict"] not in (NOT_RUN_HERE, "structural")]
+    holds = [r for r in measured if r["verdict"] == REPRODUCED]
+    fails = [r for r in measured if r["verdict"] in NEGATIVE]
+    open_ = [r for r in measured if r not in holds and r not in fails]
+
+    def named(selected) -> str:
+        return ", ".join(code(r["claim"]["id"]) for r in selected) if selected else "none"
+
+    elsewhere = sum(1 for r in rows if r["verdict"] == NOT_RUN_HERE)
+    return (f"**Finding.** Of the {len(measured)} claims this machine can measure, {len(holds)} hold{'s' if len(holds) == 1 else ''} "
+            f"({named(holds)}), {len(fails)} do{'es' if len(fails) == 1 else ''} not ({named(fails)}) and {len(open_)} "
+            f"{'is' if len(open_) == 1 else 'are'} open; {elsewhere} more need what it lacks.")
 

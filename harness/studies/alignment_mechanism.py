@@ -1,9 +1,12 @@
 """Did the alignment regularisers align anything on paper-gat? (issue 35; README "align-gan on graphs").
 
-Reads the committed paper-gat records (or `--runs-dir`) and prints, per task and alignment row, over the seeds that
-recorded the mechanism diagnostics: the discriminator's peak training accuracy (align-gan), the final validation
-query/key distance (`qk_distance`, relative sliced Wasserstein-1) and its ratio to softmax's at the same seed, the
-figure the claims board's mechanism rule reads (modules/attention/mechanism.py). Medians with the range over seeds.
+Reads the committed paper-gat records (or `--runs-dir`) and prints, per task and alignment row, over the seeds whose
+records carry the evidence at the evaluated weights (the test pass on the weights the stopping rule kept, issue 51):
+the discriminator's accuracy there (align-gan), the query/key distance (`qk_distance`, relative sliced Wasserstein-1)
+and its ratio to softmax's at the same seed, the figure the claims board's mechanism rule reads
+(modules/attention/mechanism.py), the share of the seeds where that ratio is under the rule's 0.8, and softmax's
+attention entropy as a share of the uniform distribution's (how much the host's attention expresses at all).
+Medians with the range over seeds. Records without the evidence are counted apart, never read at their last epoch.
 
     python -m harness.studies.alignment_mechanism [--runs-dir leaderboards] [--data-root ../shared/data]
 """
@@ -34,28 +37,33 @@ def summary(the_plan, store: RecordStore) -> list[dict]:
     out = []
     for (task, row), seeds in sorted(by_row.items()):
         base = by_row.get((task, "softmax"), {})
-        peaks, finals, ratios = [], [], []
+        discs, finals, ratios, uniform = [], [], [], []
         for seed, record in seeds.items():
-            history, final = record.history or {}, record.diagnostics or {}
-            disc = [v for v in history.get("diag/disc_acc") or [] if v is not None]
-            if disc:
-                peaks.append(max(disc))
-            qk = final.get("val/diag/qk_distance")
+            values = record.diagnostics or {}
+            if values.get("test/diag/disc_acc") is not None:
+                discs.append(values["test/diag/disc_acc"])
+            if values.get("test/attn/uniform_entropy"):
+                uniform.append(values["test/attn/entropy"] / values["test/attn/uniform_entropy"])
+            qk = values.get("test/diag/qk_distance")
             if qk is None:
                 continue
             finals.append(qk)
-            reference = (base.get(seed).diagnostics or {}).get("val/diag/qk_distance") if seed in base else None
+            reference = (base.get(seed).diagnostics or {}).get("test/diag/qk_distance") if seed in base else None
             if reference and row != "softmax":
                 ratios.append(qk / reference)
-        out.append({"task": task, "row": row, "seeds": len(finals), "disc_peak": peaks, "qk": finals, "qk_ratio": ratios})
+        out.append({"task": task, "row": row, "seeds": len(finals), "without": len(seeds) - len(finals), "disc": discs,
+                    "qk": finals, "qk_ratio": ratios, "active": sum(1 for r in ratios if r < 0.8), "uniform": uniform})
     return out
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| task | row | seeds with diagnostics | discriminator's peak accuracy | final val qk_distance | ÷ softmax's, same seed |",
-             "|---|---|---:|---|---|---|"]
+    lines = ["| task | row | seeds with evidence (without) | discriminator's accuracy | qk_distance | ÷ softmax's, same seed | "
+             "seeds under x0.8 | entropy ÷ uniform's |",
+             "|---|---|---:|---|---|---|---:|---|"]
     for r in rows:
-        lines.append(f"| {r['task']} | {r['row']} | {r['seeds']} | {_spread(r['disc_peak'])} | {_spread(r['qk'])} | {_spread(r['qk_ratio'])} |")
+        active = f"{r['active']} of {len(r['qk_ratio'])}" if r["qk_ratio"] else "—"
+        lines.append(f"| {r['task']} | {r['row']} | {r['seeds']} ({r['without']}) | {_spread(r['disc'])} | {_spread(r['qk'])} | "
+                     f"{_spread(r['qk_ratio'])} | {active} | {_spread(r['uniform'])} |")
     return "\n".join(lines)
 
 

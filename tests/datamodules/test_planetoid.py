@@ -43,6 +43,21 @@ def test_missing_files_are_named(shared_data, tmp_path):
     assert "ATTNBENCH_DATA" in str(info.value)
 
 
+def test_a_set_kept_under_another_folder_name_names_the_one_missing_file(shared_data, tmp_path):
+    """../shared/data keeps PubMed's 7 of 8 files in planetoid/PubMed_missing_allx (issue 51: the reason said the
+    data was not in the data root); the reason names the file that lacks and what to do with the folder."""
+    from datamodules.planetoid import data_available
+
+    root = tmp_path / "data"
+    target = root / "planetoid" / "Cora_partial" / "raw"
+    target.mkdir(parents=True)
+    for f in raw_file_names("cora")[1:]:
+        shutil.copy(shared_data / "planetoid" / "Cora" / "raw" / f, target / f)
+    reason = data_available("cora", root)
+    assert reason.startswith("Cora: the data root's planetoid/Cora_partial/ holds 7 of its 8 raw Planetoid files and lacks ind.cora.x;")
+    assert "rename the folder to planetoid/Cora" in reason and str(root) not in reason  # no machine's path on a board
+
+
 def test_corrupt_file_is_reported(shared_data, tmp_path):
     root = tmp_path / "data"
     shutil.copytree(shared_data / "planetoid" / "Cora", root / "planetoid" / "Cora")

@@ -85,6 +85,6 @@ def test_the_alignment_study_reads_the_diagnosed_executions_against_softmax_at_t
         store.import_record(record)  # the re-execution that recorded the diagnostics
     rows = {(r["task"], r["row"]): r for r in summary(the_plan, store)}
     gan = rows[("cora", "align-gan")]
-    assert gan["seeds"] == 20 and set(gan["qk_ratio"]) == {0.5} and set(gan["disc_peak"]) == {0.7}
-    assert rows[("cora", "softmax")]["qk_ratio"] == []
-    assert "| cora | align-gan | 20 | 0.700 [0.700, 0.700] | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] |" in table(list(rows.values()))
+    assert gan["seeds"] == 20 and set(gan["qk_ratio"]) == {0.5} and set(gan["disc"]) == {0.7} and gan["active"] == 20
+    assert rows[("cora", "softmax")]["qk_ratio"] == [] and set(rows[("cora", "softmax")]["uniform"]) == {1.40 / 1.41}
+    assert "| cora | align-gan | 20 (0) | 0.700 [0.700, 0.700] | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] | 20 of 20 | — |" in table(list(rows.values()))

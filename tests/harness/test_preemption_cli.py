@@ -70,4 +70,5 @@ def test_a_killed_seed_batch_run_names_its_checkpoint_and_counts_on_from_its_epo
     assert epochs[0].startswith("attnbench: seed batch epoch 5/8:") and epochs[-1].startswith("attnbench: seed batch epoch 8/8:"), epochs
     for record in (json.loads(p.read_text()) for p in (tmp_path / "records").glob("*.json")):
         assert record["execution"]["resumed_from_epoch"] == 4 and record["epochs"] == 8
+        # timing is not asserted: the resumed process fitted a part of the whole fit, at any speed (4 of its 8 epochs)
         assert 0 < record["fit_time_this_process_s"] < record["fit_time_s"]
