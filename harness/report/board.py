@@ -269,9 +269,6 @@ def without_data_root(reason: str, data_root: str | None) -> str:
     return reason
 
 
-_without_data_root = without_data_root  # the claims page's import until it takes the public name (issue 51)
-
-
 def trivial_baseline(the_plan: Plan, task: str) -> dict[str, Any] | None:
     """The task's trivial baseline as board data; None when it declares none or its data is not here (a plan
     made without checking data, say, where the board's other numbers still stand)."""
