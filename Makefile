@@ -45,7 +45,7 @@ startup: install ## how fast --help, --version, list, describe and argument erro
 gpu-smoke: install ## on a GPU machine (< 10 min): versions, every variant dense bf16/fp32, on Cora, in MiniLM, one captioning epoch; writes leaderboards/gpu-smoke/<gpu>.md. Without a GPU: says so, exits 0
 	$(BIN)/python -m harness.studies.gpu_smoke
 
-gpu-perf: install ## on a GPU machine (<= 8 min): fused-vs-eager correctness, the dense table at L=512/2048/8192, Cora epochs, scaling; writes leaderboards/gpu-perf/<gpu>.md. Without a GPU: says so, exits 0
+gpu-perf: install ## on a GPU machine (<= 8 min): correctness, the dense table at L=512/2048/8192, ALBERT-base steps, Cora epochs, scaling, the goals met; writes leaderboards/gpu-perf/<gpu>.md. Without a GPU: builds .gpukit and checks a device call carries <= 64 MiB
 	$(BIN)/python -m harness.studies.gpu_perf
 
 scaling: install ## the SUITE (default quick) with 1 and with 2 workers in one command: prints the speed-up

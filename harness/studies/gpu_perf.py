@@ -10,12 +10,20 @@ Writes leaderboards/gpu-perf/<gpu>.md with, in order:
     reported as such;
 (c) a Cora epoch of softmax, lone and as a 20-seed batch;
 (d) `attnbench scaling --suite paper-gat --variants softmax --seeds 1,20`;
-(e) the `quick` suite's wall time at 1, 2 and 4 workers per GPU.
+(e) the `quick` suite's wall time at 1, 2 and 4 workers per GPU;
+(f) the papers' own setting: one training step of an ALBERT-base-sized encoder (random weights from a config: 12
+    layers, hidden 768, 12 heads, L = 512, batch 8, bf16) per variant through `modules.hf.use_attention`, its time
+    and peak memory, and the GPU-hours a 3-epoch MNLI fine-tune (`glue-albert`) would take at that speed.
 (c)-(e) run with reduced epochs to fit the budget; the page says which. Each section stops starting items
-once its share of the budget is spent and says so. Exits non-zero at the end if a correctness check
-FAILED. Without a GPU it says so and exits 0.
+once its share of the budget is spent and says so, and a measurement that fails (out of memory, a compile error)
+shows the error in its cell while the page goes on. The page opens with the issue's goals, each met or not with its
+figure (issue 47). Exits non-zero at the end if a correctness check FAILED.
 
-    python -m harness.studies.gpu_perf [--data-root DIR] [--budget-s 480] [--out leaderboards/gpu-perf]
+Without a GPU (issue 47's "no GPU" mode of the prepared device call) it builds the GPU kit (.gpukit/, from
+../shared/gpu-kit/build.sh, unless --no-kit) and checks that what a device call carries fits: the tracked tree,
+the untracked files git does not ignore, and .gpukit, against the 64 MiB a call may carry. Exit 0 when it fits.
+
+    python -m harness.studies.gpu_perf [--data-root DIR] [--budget-s 480] [--out leaderboards/gpu-perf] [--no-kit]
 """
 
 from __future__ import annotations
@@ -36,7 +44,15 @@ from typing import Callable
 NO_GPU = "no GPU: make gpu-perf needs a CUDA device"
 
 # Shares of the budget, in section order; what a section leaves unspent goes to the next.
-SHARES = {"correctness": 0.15, "dense": 0.40, "cora": 0.10, "scaling": 0.15, "quick": 0.20}
+SHARES = {"correctness": 0.15, "dense": 0.35, "albert": 0.10, "cora": 0.10, "scaling": 0.15, "quick": 0.15}
+CARRY_LIMIT_MIB = 64
+"""What one device call may carry: the tracked tree, untracked files git does not ignore, and the carried paths."""
+ALBERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                   embedding_size=128, vocab_size=30000, max_position_embeddings=512)
+"""albert-base-v2's shape (its config.json), built with random weights: the weights are not on the lent machine."""
+ALBERT_STEP = {"length": 512, "batch": 8}
+MNLI_TRAIN_PAIRS, MNLI_EPOCHS = 392_702, 3
+"""GLUE MNLI's training set and the epochs of a fine-tune: what the GPU-hours column prices."""
 DENSE = [(512, 32), (2048, 32), (8192, 4)]  # (L, B) at H=12, d=64
 HEADS, DIM = 12, 64
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}
@@ -77,6 +93,9 @@ class Page:
         self.budget_s = budget_s
         self.deadline = self.start
         self.failed: list[str] = []
+        self.figures: dict[str, object] = {}
+        """What the sections measured that a goal reads (`goal_lines`): ("dense", L, variant, precision) ->
+        (ms, GiB) or the cell's error text, "cora" -> the lone and batch figures."""
 
     def say(self, line: str = "") -> None:
         print(line, flush=True)
@@ -360,6 +379,8 @@ def dense(page: Page) -> None:
                 if name == "softmax":
                     base[precision] = (ms, peak)
                 cells[precision] = (ms, peak)
+            for precision, cell in cells.items():
+                page.figures[("dense", length, name, precision)] = cell
             page.say("| " + " | ".join([name, path, *_cells(cells, base)]) + " |")
         prev_length, prev_batch = length, batch
     page.say()
@@ -380,6 +401,186 @@ def _cells(cells: dict, base: dict) -> list[str]:
     else:
         out += ["", ""]
     return out
+
+
+# ---- (f) the papers' own setting: an ALBERT-base-sized encoder ----------------------------------------------
+
+def albert_step(name: str, device: str = "cuda", shape: dict | None = None, batch: int = ALBERT_STEP["batch"],
+                length: int = ALBERT_STEP["length"], bf16: bool = True, repeats: int = 3) -> tuple[float, float]:
+    """(median ms of one training step, peak GiB) of an ALBERT sequence classifier with random weights built from
+    `shape` (ALBERT-base by default), the variant put in by `modules.hf.use_attention`: forward under autocast, the
+    classification loss plus the variant's own terms (`attention_terms`), backward, an AdamW step. Peak memory on CPU
+    is not measured (0). The alignment paper fine-tunes ALBERT-base this way (its run_glue)."""
+    import torch
+    import transformers
+
+    from modules.hf import attention_terms, use_attention
+
+    torch.manual_seed(0)
+    config = transformers.AlbertConfig(**(shape or ALBERT_BASE), num_labels=3, attn_implementation="eager")
+    model = use_attention(transformers.AlbertForSequenceClassification(config), name).to(device).train()
+    optimiser = torch.optim.AdamW(model.parameters(), lr=3e-5)
+    ids = torch.randint(5, config.vocab_size, (batch, length), device=device)
+    labels = torch.randint(0, 3, (batch,), device=device)
+    cuda = device.startswith("cuda")
+    times = []
+    for i in range(repeats + 1):
+        if cuda:
+            if i == 1:
+                torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=ids, labels=labels).loss
+            terms = attention_terms(model, epoch=0).loss
+            loss = loss if terms is None else loss + terms
+        loss.backward()
+        optimiser.step()
+        optimiser.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times), (torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0)
+
+
+_albert_step = albert_step  # the measurement itself, for a test that runs section (f) at a tiny shape
+
+
+def mnli_gpu_hours(step_ms: float, batch: int = ALBERT_STEP["batch"]) -> float:
+    """GPU-hours of a `MNLI_EPOCHS`-epoch MNLI fine-tune at one step per `step_ms`."""
+    steps = -(-MNLI_TRAIN_PAIRS // batch) * MNLI_EPOCHS
+    return steps * step_ms / 1000 / 3600
+
+
+def albert(page: Page, device: str = "cuda", shape: dict | None = None) -> None:
+    import torch
+
+    from modules.attention import list_attentions
+
+    page.section("albert")
+    page.say(f"## (f) The papers' own setting: an ALBERT-base-sized encoder, one training step")
+    page.say()
+    page.say(f"AlbertForSequenceClassification with random weights from albert-base-v2's shape (12 layers, hidden 768, "
+             f"12 heads), L = {ALBERT_STEP['length']}, batch {ALBERT_STEP['batch']}, bf16 autocast, AdamW; the variant in "
+             f"every layer through `modules.hf.use_attention`, its own loss terms added. Median of 3 steps after a warm-up. "
+             f"GPU-hours: a {MNLI_EPOCHS}-epoch MNLI fine-tune ({MNLI_TRAIN_PAIRS:,} pairs, `glue-albert`) at this speed.")
+    page.say()
+    page.say("| variant | ms per step | × softmax | peak GiB | × softmax | MNLI GPU-hours |")
+    page.say("|---|---:|---:|---:|---:|---:|")
+    base = None
+    for name in ["softmax", *[n for n in list_attentions() if n != "softmax"]]:
+        if page.left_s() < 0:
+            page.say(f"| {name} | skipped (time budget spent) | | | | |")
+            continue
+        try:
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            ms, peak = albert_step(name, device, shape)
+        except Exception as exc:  # noqa: BLE001 - an out-of-memory or compile error goes in the cell; the table goes on
+            traceback.print_exc(limit=2)
+            kind = "OOM" if type(exc).__name__ == "OutOfMemoryError" else f"error: {type(exc).__name__}: {str(exc)[:80]}"
+            page.say(f"| {name} | {kind.replace('|', '/')} | | | | |")
+            page.figures[("albert", name)] = kind
+            continue
+        base = base or (ms, peak)
+        page.figures[("albert", name)] = (ms, peak)
+        ratio = f"{peak / base[1]:.2f}" if base[1] else ""
+        page.say(f"| {name} | {ms:.0f} | {ms / base[0]:.2f} | {peak:.1f} | {ratio} | {mnli_gpu_hours(ms):.1f} |")
+    page.say()
+
+
+# ---- the goals (issue 47), read from what the sections measured -------------------------------------------
+
+DENSE_GOALS = [  # (variants, the most × SDPA at L = 512 in bf16)
+    (("fenchel", "gmm", "align-gan", "align-ot", "align-ct"), 1.3),
+    (("sparsemax", "entmax15"), 2.5),
+    (("bam-weibull", "bam-lognormal"), 2.0),
+    (("entmax",), 4.0),
+]
+
+
+def goal_lines(page: Page) -> list[str]:
+    """One line per goal of issue 47: met, not met or not measured, with the figure it was read from."""
+    figures = page.figures
+
+    def cell(length: int, name: str, precision: str = "bf16"):
+        return figures.get(("dense", length, name, precision))
+
+    lines = []
+    base = cell(512, "softmax")
+    for names, limit in DENSE_GOALS:
+        for name in names:
+            found = cell(512, name)
+            if not isinstance(found, tuple) or not isinstance(base, tuple):
+                lines.append(f"- {name} at L = 512, bf16, ≤ {limit}× SDPA: not measured ({found or 'no row'})")
+                continue
+            ratio = found[0] / base[0]
+            lines.append(f"- {name} at L = 512, bf16, ≤ {limit}× SDPA: {'met' if ratio <= limit else 'NOT met'} ({ratio:.2f}×)")
+    if isinstance(base, tuple):
+        over = [(name, c[1] / base[1]) for (kind, length, name, precision), c in figures.items()
+                if kind == "dense" and length == 512 and precision == "bf16" and isinstance(c, tuple)
+                and name not in ("fenchel-exact", "softmax") and c[1] / base[1] > 1.5]
+        lines.append("- peak memory at L = 512 ≤ 1.5× softmax's (all but fenchel-exact): "
+                     + ("met" if not over else "NOT met: " + ", ".join(f"{n} {r:.2f}×" for n, r in sorted(over))))
+    long = {name: c for (kind, length, name, precision), c in figures.items() if kind == "dense" and length == 8192 and precision == "bf16"}
+    failing = sorted(name for name, c in long.items() if not isinstance(c, tuple) and name != "fenchel-exact")
+    lines.append("- L = 8192, B = 4: every variant but fenchel-exact runs: "
+                 + ("not measured" if not long else "met" if not failing else "NOT met: " + ", ".join(f"{n} ({long[n]})" for n in failing)))
+    cora = figures.get("cora")
+    if isinstance(cora, dict):
+        lines.append(f"- a lone Cora epoch ≤ 5 ms: {'met' if cora['lone_ms'] <= 5 else 'NOT met'} ({cora['lone_ms']:.1f} ms)")
+        lines.append(f"- a 20-seed batch ≥ 8× one seed's throughput: {'met' if cora['batch_throughput'] >= 8 else 'NOT met'} "
+                     f"({cora['batch_throughput']:.1f}×)")
+    else:
+        lines.append("- Cora (lone epoch ≤ 5 ms, 20-seed batch ≥ 8×): not measured")
+    ratio = figures.get("paper-gat 20 seeds")
+    lines.append("- paper-gat at 20 seeds ≤ 2× one seed's time: " + (f"{'met' if ratio <= 2 else 'NOT met'} ({ratio:.2f}×, capped epochs)"
+                                                                      if isinstance(ratio, float) else "not measured"))
+    lines.append("- quick (72 runs) on one GPU ≤ 3 minutes: not read here (section (e) runs it with capped epochs)")
+    return lines
+
+
+# ---- without a GPU: the kit and what a device call carries ---------------------------------------------------
+
+def carried_mib(root: Path, carry: tuple[str, ...] = (".gpukit",)) -> dict[str, float]:
+    """MiB a device call carries from `root`: the tracked tree, the untracked files git does not ignore, and each
+    carried path (the device tool's rule)."""
+    def files(*arguments: str) -> list[Path]:
+        out = subprocess.run(["git", "ls-files", "-z", *arguments], cwd=root, capture_output=True, text=True, check=True).stdout
+        return [root / name for name in out.split("\0") if name]
+
+    def size(paths) -> float:
+        return sum(p.stat().st_size for p in paths if p.is_file() and not p.is_symlink()) / 2**20
+
+    carried = [root / path for path in carry]
+    untracked = [p for p in files("--others", "--exclude-standard") if not any(p.is_relative_to(c) for c in carried)]
+    found = {"tracked tree": size(files()), "untracked, not ignored": size(untracked)}
+    for path in carry:
+        found[path] = size((root / path).rglob("*")) if (root / path).exists() else 0.0
+    return found
+
+
+def no_gpu(root: Path, build_kit: bool) -> int:
+    """The prepared device call's CPU mode: build the kit, report what would travel, exit 0 when it fits."""
+    print(NO_GPU + "; checking what the device call would carry instead")
+    kit_script = root.parent / "shared" / "gpu-kit" / "build.sh"
+    if build_kit:
+        if kit_script.is_file():
+            built = subprocess.run(["bash", str(kit_script)], cwd=root, capture_output=True, text=True)
+            print(f"gpu kit: bash {kit_script} exited {built.returncode}" + (f": {built.stderr.strip()[-300:]}" if built.returncode else ""))
+            if built.returncode:
+                return built.returncode
+        else:
+            print(f"gpu kit: {kit_script} is not here; .gpukit is measured as it is")
+    found = carried_mib(root)
+    total = sum(found.values())
+    for what, mib in found.items():
+        print(f"  {what}: {mib:.1f} MiB")
+    print(f"  in all: {total:.1f} MiB of the {CARRY_LIMIT_MIB} MiB a call carries: {'fits' if total <= CARRY_LIMIT_MIB else 'TOO BIG'}")
+    print("the device call: carry ['.gpukit'], command: bash .gpukit/run.sh env \"python3 -m harness.studies.gpu_perf "
+          "--budget-s 480 --out $OUT\"")
+    return 0 if total <= CARRY_LIMIT_MIB else 1
 
 
 # ---- (c) Cora epochs --------------------------------------------------------------------------------------
@@ -424,6 +625,7 @@ def cora(page: Page, data_root: str | None) -> None:
                  f"{outside['plain']:.1f} | {lone.time_per_epoch_s / plain.time_per_epoch_s:.1f}× by epoch |")
         page.say(f"| 20-seed batch | {1000 * batch_epoch:.1f} (all 20 seeds) | {batch_s:.1f} | {outside['batch']:.1f} | "
                  f"{20 * lone.time_per_epoch_s / batch_epoch:.1f}× by epoch, {20 * lone_s / batch_s:.1f}× by wall time |")
+        page.figures["cora"] = {"lone_ms": 1000 * lone.time_per_epoch_s, "batch_throughput": 20 * lone.time_per_epoch_s / batch_epoch}
         page.say()
         if page.left_s() > 0:
             epoch_profiles(page, data_root)
@@ -585,6 +787,9 @@ def scaling(page: Page, section: str, title: str, arguments: list[str], data_roo
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         lines = [line for line in done.stdout.splitlines() if line.strip()][-12:]
+        twenty = [line.strip("| ").split(" | ") for line in lines if line.startswith("| 20 |")]
+        if section == "scaling" and twenty and twenty[-1][-1].endswith("x"):  # its "time vs 1 seed(s)" column
+            page.figures["paper-gat 20 seeds"] = float(twenty[-1][-1].rstrip("x"))
         page.say("```")
         for line in lines:
             page.say(line)
@@ -601,13 +806,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", default=os.environ.get("ATTNBENCH_DATA"))
     parser.add_argument("--budget-s", type=float, default=480.0, help="the whole command's time; each section gets its share")
     parser.add_argument("--out", default="leaderboards/gpu-perf")
+    parser.add_argument("--no-kit", action="store_true", help="without a GPU: measure what would travel without building the kit")
     args = parser.parse_args(argv)
 
     import torch
 
     if not torch.cuda.is_available():
-        print(NO_GPU)
-        return 0
+        return no_gpu(Path(__file__).resolve().parents[2], build_kit=not args.no_kit)
 
     import torch._dynamo
 
@@ -626,9 +831,11 @@ def main(argv: list[str] | None = None) -> int:
     page.say(f"- reduced budgets: Cora {CORA_EPOCHS} epochs; paper-gat capped at {PAPER_GAT_EPOCHS} epochs; "
              f"quick capped at {QUICK_EPOCHS} epochs (its 72 runs)")
     page.say()
+    goals_at = len(page.lines)  # the goals go here once the sections have measured them
     with flex_requested(True):  # every FlexForm is checked, though CUDA calls take it only when asked for
         correctness(page)
     dense(page)
+    albert(page)
     cora(page, args.data_root)
     with tempfile.TemporaryDirectory(prefix="gpu-perf-") as folder:
         work = Path(folder)
@@ -638,6 +845,7 @@ def main(argv: list[str] | None = None) -> int:
         scaling(page, "quick", f"## (e) quick suite at 1, 2 and 4 workers per GPU (max {QUICK_EPOCHS} epochs)",
                 ["--suite", str(capped_suite("quick", QUICK_EPOCHS, work)), "--workers", "1,2,4"], args.data_root, work)
     page.say(f"total {time.perf_counter() - page.start:.0f} s")
+    page.lines[goals_at:goals_at] = ["## Goals (issue 47), read from this page", "", *goal_lines(page), ""]
     if page.failed:
         page.say()
         page.say("FAILED: " + "; ".join(page.failed))

@@ -11,17 +11,75 @@ import torch
 from harness.studies import gpu_perf
 
 
-def test_without_a_gpu_it_says_so_and_exits_0(monkeypatch, capsys, tmp_path):
+def test_without_a_gpu_it_says_so_and_reports_what_would_travel(monkeypatch, capsys, tmp_path):
+    """Issue 47's "no GPU" mode: the prepared call checks what a device call carries (the tests skip building the
+    kit, which downloads wheels: `make gpu-perf` builds it)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert gpu_perf.main(["--out", str(tmp_path / "out")]) == 0
-    assert capsys.readouterr().out.strip() == gpu_perf.NO_GPU
+    assert gpu_perf.main(["--out", str(tmp_path / "out"), "--no-kit"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(gpu_perf.NO_GPU) and "tracked tree:" in out and "MiB a call carries: fits" in out
     assert not (tmp_path / "out").exists()  # the report is written only on a GPU
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without a GPU")
 def test_the_make_target_s_command_exits_0_here():
-    done = subprocess.run([sys.executable, "-m", "harness.studies.gpu_perf"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "harness.studies.gpu_perf", "--no-kit"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and gpu_perf.NO_GPU in done.stdout
+
+
+def test_what_travels_counts_the_tracked_tree_untracked_files_and_the_kit_and_refuses_too_much(tmp_path, monkeypatch, capsys):
+    def git(*arguments):
+        subprocess.run(["git", *arguments], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text("ignored/\n")
+    (tmp_path / "tracked.bin").write_bytes(b"x" * 2**20)
+    git("add", "tracked.bin", ".gitignore")
+    (tmp_path / "untracked.bin").write_bytes(b"x" * 2**19)
+    (tmp_path / "ignored").mkdir()
+    (tmp_path / "ignored" / "big.bin").write_bytes(b"x" * 2**21)  # ignored and not carried: does not travel
+    (tmp_path / ".gpukit").mkdir()
+    (tmp_path / ".gpukit" / "wheel.whl").write_bytes(b"x" * 3 * 2**20)
+    found = gpu_perf.carried_mib(tmp_path)
+    assert found["tracked tree"] == pytest.approx(1.0, abs=1e-3) and found["untracked, not ignored"] == pytest.approx(0.5, abs=1e-3)
+    assert found[".gpukit"] == pytest.approx(3.0)
+    monkeypatch.setattr(gpu_perf, "CARRY_LIMIT_MIB", 4)
+    assert gpu_perf.no_gpu(tmp_path, build_kit=False) == 1 and "TOO BIG" in capsys.readouterr().out
+
+
+def test_the_albert_base_section_runs_every_variant_and_prices_mnli(monkeypatch):
+    """Section (f) on CPU with a tiny ALBERT (the GPU page runs albert-base-v2's shape): a row of numbers per
+    variant, and the GPU-hours column is steps x step time."""
+    from modules.attention import list_attentions
+
+    monkeypatch.setattr(gpu_perf, "ALBERT_STEP", {"length": 16, "batch": 2})
+    tiny = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, embedding_size=8,
+                vocab_size=64, max_position_embeddings=32)
+    page = gpu_perf.Page(600)
+    monkeypatch.setattr(gpu_perf, "albert_step", lambda name, device, shape: gpu_perf.__dict__["_albert_step"](
+        name, device, tiny, batch=2, length=16, bf16=False, repeats=1))
+    gpu_perf.albert(page, device="cpu")
+    rows = [line for line in page.lines if line.startswith("| ") and not line.startswith("| variant")]
+    assert [row.split(" | ")[0].strip("| ") for row in rows] == ["softmax", *[n for n in list_attentions() if n != "softmax"]]
+    assert all(isinstance(page.figures[("albert", name)], tuple) for name in list_attentions()), rows
+    assert gpu_perf.mnli_gpu_hours(1000.0, batch=8) == pytest.approx(-(-392_702 // 8) * 3 / 3600)
+
+
+def test_the_goals_are_read_from_the_page_s_figures():
+    page = gpu_perf.Page(1)
+    for name, ms, gib in (("softmax", 10.0, 1.0), ("fenchel", 12.0, 1.2), ("gmm", 20.0, 1.1), ("bam-weibull", 15.0, 2.0)):
+        page.figures[("dense", 512, name, "bf16")] = (ms, gib)
+    page.figures[("dense", 8192, "softmax", "bf16")] = (1.0, 1.0)
+    page.figures[("dense", 8192, "entmax", "bf16")] = "OOM"
+    page.figures["cora"] = {"lone_ms": 4.2, "batch_throughput": 6.0}
+    lines = "\n".join(gpu_perf.goal_lines(page))
+    assert "- fenchel at L = 512, bf16, ≤ 1.3× SDPA: met (1.20×)" in lines
+    assert "- gmm at L = 512, bf16, ≤ 1.3× SDPA: NOT met (2.00×)" in lines
+    assert "- bam-weibull at L = 512, bf16, ≤ 2.0× SDPA: met (1.50×)" in lines
+    assert "sparsemax at L = 512, bf16, ≤ 2.5× SDPA: not measured (no row)" in lines
+    assert "peak memory at L = 512 ≤ 1.5× softmax's (all but fenchel-exact): NOT met: bam-weibull 2.00×" in lines
+    assert "every variant but fenchel-exact runs: NOT met: entmax (OOM)" in lines
+    assert "a lone Cora epoch ≤ 5 ms: met (4.2 ms)" in lines and "≥ 8× one seed's throughput: NOT met (6.0×)" in lines
 
 
 @pytest.mark.parametrize("config,causal", [({"name": "softmax"}, False), ({"name": "align-ct"}, False),
