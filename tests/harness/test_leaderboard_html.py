@@ -318,7 +318,8 @@ def test_the_claims_page_opens_with_the_markdowns_summary_and_folds_the_claims_n
     markdown, page = claims_pages
     text = page.read_text(encoding="utf-8")
     counts = re.search(r"Verdicts: [^.\n]*\.", markdown).group(0)
-    summary = re.search(r'<p class="finding summary">(.*?)</p>', text).group(1)
+    finding, summary = re.findall(r'<p class="finding summary">(.*?)</p>', text)[:2]
+    assert finding.startswith("<strong>Finding.</strong> Of the ")  # the page opens with its finding (issue 51)
     assert re.sub(r"</?strong>", "", summary).endswith(counts)
     body = text.split("<body>", 1)[1]
     assert body.index('class="finding summary"') < body.index("<section")
