@@ -21,6 +21,7 @@ OPTIONAL_IMPORTS = {
 }
 DECLARED_NOT_IMPORTED = {
     "tokenizers": "transformers' fast tokenizers, declared for its version floor",
+    "accelerate": "transformers' Trainer imports it (modules/hf/trainer.py subclasses Trainer, which refuses to run without it)",
 }
 
 
