@@ -393,18 +393,19 @@ def _diagnosed(executions: Mapping[str, list[Record]]) -> dict[str, Record]:
 
 
 def _mechanism_diagnostics(task_specs, records: Mapping[str, Record]) -> dict[str, Any]:
-    """Per row, the final value of each mechanism diagnostic its records carry (mean over the finished seeds; the
-    validation pass's where measured, else training's), read from the records alone so that a board renders without
-    the variants' code. Absent (no line on the board) when no record carries one: records from before them."""
+    """Per row, each mechanism diagnostic its records carry (mean over the finished seeds): at the evaluated weights
+    (the test pass, what the mechanism rules read) where measured, else the last validation pass's, else training's
+    (records from before issue 51), read from the records alone so that a board renders without the variants' code.
+    Absent (no line on the board) when no record carries one: records from before them."""
     found: dict[str, dict[str, list[float]]] = {}
     for spec in task_specs:
         record = records.get(spec.key)
         if record is None or record.status is not Status.OK:
             continue
         values = record.diagnostics or {}
-        names = {k.split("/")[-1] for k in values if k.startswith(("diag/", "val/diag/"))}
+        names = {k.split("/")[-1] for k in values if k.startswith(("diag/", "val/diag/", "test/diag/"))}
         for name in names:
-            value = values.get(f"val/diag/{name}", values.get(f"diag/{name}"))
+            value = next((values[key] for key in (f"test/diag/{name}", f"val/diag/{name}", f"diag/{name}") if values.get(key) is not None), None)
             if value is not None and math.isfinite(float(value)):
                 found.setdefault(spec.display, {}).setdefault(name, []).append(float(value))
     if not found:

@@ -163,9 +163,9 @@ def mechanism_sentence(table: Mapping[str, Any], code: Callable[[str], str] = _b
     if not found:
         return None
     rows = "; ".join(f"{code(label)} " + ", ".join(f"{name} {value:.3g}" for name, value in values.items()) for label, values in found.items())
-    return ("Mechanism diagnostics (each variant's evidence that its idea was at work: the final value, mean over the "
-            "finished seeds, validation where measured; what each means and when it counts as active: `attnbench describe "
-            f"<variant>` and modules/attention/mechanism.py): {rows}.")
+    return ("Mechanism diagnostics (each variant's evidence that its idea was at work, mean over the finished seeds: at "
+            "the evaluated weights where the records measured it, else the last validation pass's; what each means and "
+            f"when it counts as active: `attnbench describe <variant>` and modules/attention/mechanism.py): {rows}.")
 
 
 def _names(labels: list[str], code: Callable[[str], str]) -> str:
