@@ -199,6 +199,12 @@ MpiDefault=none
 ReturnToService=2
 # Seconds between a cancelled or requeued job's SIGTERM and its SIGKILL (SLURM's default 30 would only slow the tests).
 KillWait=5
+# Launch and RPC limits for a loaded 2-core machine (make test beside other work). At SLURM's defaults (10 s each) a
+# requeued array task once ended FAILED in CI with nothing in its output file: its batch script never started. A launch
+# slower than BatchStartTimeout ends a job that way, the likeliest cause at that load (not reproduced in 5 loaded runs
+# since, nor its cause proven). The limits only bound a hang.
+BatchStartTimeout=120
+MessageTimeout=60
 NodeName={self.node} NodeAddr=127.0.0.1 {hardware} State=UNKNOWN
 PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """

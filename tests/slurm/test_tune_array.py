@@ -66,7 +66,7 @@ def test_two_array_tasks_share_a_study_and_a_requeued_trial_is_retried(slurm, sh
     slurm.requeue(f"{array}_{index}")
     states = slurm.wait_until_ended(array, timeout=300)
     logs = {i: (tmp_path / f"tune_{i}.out").read_text() for i in (0, 1)}
-    assert states == {f"{array}_0": "COMPLETED", f"{array}_1": "COMPLETED"}, f"{states}\n{logs[0][-3000:]}\n{logs[1][-3000:]}"
+    assert states == {f"{array}_0": "COMPLETED", f"{array}_1": "COMPLETED"}, f"{states}\n{logs[0][-3000:]}\n{logs[1][-3000:]}\n{slurm.logs()}"
 
     (name,) = optuna.get_all_study_names(storage)
     trials = optuna.load_study(study_name=name, storage=storage).trials
