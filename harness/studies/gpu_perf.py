@@ -444,22 +444,20 @@ def albert_step(name: str, device: str = "cuda", shape: dict | None = None, batc
     return 1000 * statistics.median(times), (torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0)
 
 
-_albert_step = albert_step  # the measurement itself, for a test that runs section (f) at a tiny shape
-
-
 def mnli_gpu_hours(step_ms: float, batch: int = ALBERT_STEP["batch"]) -> float:
     """GPU-hours of a `MNLI_EPOCHS`-epoch MNLI fine-tune at one step per `step_ms`."""
     steps = -(-MNLI_TRAIN_PAIRS // batch) * MNLI_EPOCHS
     return steps * step_ms / 1000 / 3600
 
 
-def albert(page: Page, device: str = "cuda", shape: dict | None = None) -> None:
+def albert(page: Page, device: str = "cuda", shape: dict | None = None, **step: object) -> None:
+    """Section (f); `shape` and `step` (albert_step's batch, length, bf16, repeats) default to the page's setting."""
     import torch
 
     from modules.attention import list_attentions
 
     page.section("albert")
-    page.say(f"## (f) The papers' own setting: an ALBERT-base-sized encoder, one training step")
+    page.say("## (f) The papers' own setting: an ALBERT-base-sized encoder, one training step")
     page.say()
     page.say(f"AlbertForSequenceClassification with random weights from albert-base-v2's shape (12 layers, hidden 768, "
              f"12 heads), L = {ALBERT_STEP['length']}, batch {ALBERT_STEP['batch']}, bf16 autocast, AdamW; the variant in "
@@ -476,7 +474,7 @@ def albert(page: Page, device: str = "cuda", shape: dict | None = None) -> None:
         try:
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
-            ms, peak = albert_step(name, device, shape)
+            ms, peak = albert_step(name, device, shape, **step)
         except Exception as exc:  # noqa: BLE001 - an out-of-memory or compile error goes in the cell; the table goes on
             traceback.print_exc(limit=2)
             kind = "OOM" if type(exc).__name__ == "OutOfMemoryError" else f"error: {type(exc).__name__}: {str(exc)[:80]}"

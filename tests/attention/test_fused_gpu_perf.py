@@ -47,18 +47,15 @@ def test_what_travels_counts_the_tracked_tree_untracked_files_and_the_kit_and_re
     assert gpu_perf.no_gpu(tmp_path, build_kit=False) == 1 and "TOO BIG" in capsys.readouterr().out
 
 
-def test_the_albert_base_section_runs_every_variant_and_prices_mnli(monkeypatch):
+def test_the_albert_base_section_runs_every_variant_and_prices_mnli():
     """Section (f) on CPU with a tiny ALBERT (the GPU page runs albert-base-v2's shape): a row of numbers per
     variant, and the GPU-hours column is steps x step time."""
     from modules.attention import list_attentions
 
-    monkeypatch.setattr(gpu_perf, "ALBERT_STEP", {"length": 16, "batch": 2})
     tiny = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, embedding_size=8,
                 vocab_size=64, max_position_embeddings=32)
     page = gpu_perf.Page(600)
-    monkeypatch.setattr(gpu_perf, "albert_step", lambda name, device, shape: gpu_perf.__dict__["_albert_step"](
-        name, device, tiny, batch=2, length=16, bf16=False, repeats=1))
-    gpu_perf.albert(page, device="cpu")
+    gpu_perf.albert(page, device="cpu", shape=tiny, batch=2, length=16, bf16=False, repeats=1)
     rows = [line for line in page.lines if line.startswith("| ") and not line.startswith("| variant")]
     assert [row.split(" | ")[0].strip("| ") for row in rows] == ["softmax", *[n for n in list_attentions() if n != "softmax"]]
     assert all(isinstance(page.figures[("albert", name)], tuple) for name in list_attentions()), rows
