@@ -380,7 +380,7 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
         "rows": ordered,
         "tuning": dict(sorted(tuning.items())),
         **_mechanism_diagnostics(task_specs, {**records, **_diagnosed(executions or {})}),
-        **_attention_entropy(task_specs, {**records, **_diagnosed(executions or {})}),
+        **attention_entropy(task_specs, {**records, **_diagnosed(executions or {})}),
     }
 
 
@@ -416,20 +416,25 @@ def _mechanism_diagnostics(task_specs, records: Mapping[str, Record]) -> dict[st
 ENTROPY_KEY = re.compile(r"^test/attn/(l\d+)/(entropy|uniform_entropy)$")
 
 
-def _attention_entropy(task_specs, records: Mapping[str, Record]) -> dict[str, Any]:
+def attention_entropy(task_specs, records: Mapping[str, Record]) -> dict[str, Any]:
     """Per row and attention layer, the mean over its finished seeds of the test pass's attention entropy and of the
     entropy uniform weights over the same keys would have (`test/attn/l<i>/entropy`, `.../uniform_entropy`): how far
-    the evaluated attention is from uniform. Records from before the uniform reference have the entropy alone: their
-    reference is None ("not recorded"), never estimated. Absent when no record has an entropy."""
+    the evaluated attention is from uniform; per row, how many seeds carry the uniform reference (`seeds`). Records
+    from before the uniform reference have the entropy alone: their reference is None ("not recorded"), never
+    estimated. Absent when no record has an entropy. The claims page reads softmax's row (claims.host_attention)."""
     values: dict[str, dict[str, dict[str, list[float]]]] = {}
+    seeds: dict[str, int] = defaultdict(int)
     for spec in task_specs:
         record = records.get(spec.key)
         if record is None or record.status is not Status.OK:
             continue
+        referenced = False
         for key, value in (record.diagnostics or {}).items():
             found = ENTROPY_KEY.match(key)
             if found and value is not None and math.isfinite(float(value)):
                 values.setdefault(spec.display, {}).setdefault(found[1], {}).setdefault(found[2], []).append(float(value))
+                referenced = referenced or found[2] == "uniform_entropy"
+        seeds[spec.display] += referenced
     if not values:
         return {}
     layers = sorted({layer for by_layer in values.values() for layer in by_layer}, key=lambda name: int(name[1:]))
@@ -438,7 +443,7 @@ def _attention_entropy(task_specs, records: Mapping[str, Record]) -> dict[str, A
                     for layer, cell in sorted(by_layer.items(), key=lambda item: int(item[0][1:]))}
             for label, by_layer in sorted(values.items())}
     recorded = any(cell["uniform"] is not None for by_layer in rows.values() for cell in by_layer.values())
-    return {"attention_entropy": {"layers": layers, "uniform_recorded": recorded, "rows": rows}}
+    return {"attention_entropy": {"layers": layers, "uniform_recorded": recorded, "rows": rows, "seeds": dict(sorted(seeds.items()))}}
 
 
 def run_time(found: Iterable[Record]) -> list[dict[str, Any]]:

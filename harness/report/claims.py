@@ -295,25 +295,19 @@ uniform distribution's over the same keys: within 5% of the most spread-out atte
 
 def host_attention(plans, records, evidence) -> list[dict[str, Any]]:
     """Per suite and task the claims measure: softmax's evaluated attention entropy against the uniform
-    distribution's over the same keys, per layer, over the seeds whose records carry both (runs since issue 51)."""
+    distribution's over the same keys, per layer (the boards' table, board.attention_entropy, read from the same
+    executions the mechanism evidence comes from), where its records carry the uniform reference (runs since issue 51)."""
+    from harness.report.board import attention_entropy
+
     found = []
     for suite, the_plan in sorted(plans.items()):
+        read = {**records[suite], **evidence[suite]}
         for task in sorted({s.task for s in the_plan.specs}):
-            ratios: dict[int, list[float]] = {}
-            for spec in the_plan.specs:
-                if spec.task != task or spec.display != BASELINE:
-                    continue
-                record = evidence[suite].get(spec.key) or records[suite].get(spec.key)
-                values = (record.diagnostics or {}) if record is not None and record.status is Status.OK else {}
-                layer = 0
-                while f"test/attn/l{layer}/entropy" in values:
-                    uniform = values.get(f"test/attn/l{layer}/uniform_entropy")
-                    if uniform:
-                        ratios.setdefault(layer, []).append(values[f"test/attn/l{layer}/entropy"] / uniform)
-                    layer += 1
-            if ratios:
-                found.append({"suite": suite, "task": task, "seeds": min(len(v) for v in ratios.values()),
-                              "layers": [statistics.fmean(ratios[layer]) for layer in sorted(ratios)]})
+            table = attention_entropy([s for s in the_plan.specs if s.task == task], read).get("attention_entropy") or {}
+            cells = (table.get("rows") or {}).get(BASELINE)
+            if cells and all(cell["uniform"] for cell in cells.values()):
+                found.append({"suite": suite, "task": task, "seeds": table["seeds"][BASELINE],
+                              "layers": [cell["entropy"] / cell["uniform"] for cell in cells.values()]})
     return found
 
 
