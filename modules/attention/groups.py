@@ -15,13 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-def host_reads_are_cheap(t: Tensor) -> bool:
-    """Whether reading a value of `t` on the host is cheap. On CPU it is a memory read, which a shortcut such as
-    "every query has keys, so no mask is needed" repays; on an accelerator it waits for every queued kernel
-    (a device sync) and costs more than the masked operations it would spare, so the shortcuts are skipped.
-    Under torch.compile a read is a graph break, so there too (the shortcuts change no result)."""
-    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+from ..device_policy import host_reads_are_cheap  # noqa: F401  (re-exported: the variants import it from here)
 
 
 def cached_property(method: Callable) -> property:

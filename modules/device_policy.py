@@ -1,0 +1,57 @@
+"""Where device behaviour is decided: every branch that a CUDA run takes differently from a CPU run asks here.
+
+Three questions decide them:
+- `takes_cuda_path(x)`: run the form a GPU runs (fused or blocked kernels, fused Adam, compiled FlexAttention where
+  the device allows it), rather than the CPU's bit-identical reference form;
+- `host_reads_are_cheap(x)`: may a shortcut read a value on the host (on a GPU that read waits for every queued
+  kernel, a sync; under torch.compile it is a graph break);
+- `as_on_cuda()`: the policy itself.
+
+A CPU run can set the policy to "as on CUDA" (`behave_as_cuda()`): then every branch takes the path a CUDA run
+takes, on CPU tensors. The GPU cost page (`harness.studies.gpu_cost`) counts kernels, syncs and bytes that way, so
+what it counts is what a GPU would run. The default is the device's own behaviour, so CPU results are unchanged."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+_as_cuda = False
+
+
+def as_on_cuda() -> bool:
+    """Whether this process behaves as on CUDA whatever its tensors' device (set by `behave_as_cuda`)."""
+    return _as_cuda
+
+
+@contextmanager
+def behave_as_cuda(enabled: bool = True) -> Iterator[None]:
+    """Within the block, every device branch takes the CUDA path (or, with enabled=False, the device's own)."""
+    global _as_cuda
+    previous, _as_cuda = _as_cuda, enabled
+    try:
+        yield
+    finally:
+        _as_cuda = previous
+
+
+def _device_type(x: torch.Tensor | torch.device | str) -> str:
+    if isinstance(x, torch.Tensor):
+        return x.device.type
+    return torch.device(x).type
+
+
+def takes_cuda_path(x: torch.Tensor | torch.device | str) -> bool:
+    """Whether the code for `x` (a tensor or a device) runs what a GPU runs: on CUDA, or anywhere as on CUDA."""
+    return _as_cuda or _device_type(x) == "cuda"
+
+
+def host_reads_are_cheap(x: torch.Tensor | torch.device | str) -> bool:
+    """Whether reading a value of `x` on the host is cheap. On CPU it is a memory read, which a shortcut such as
+    "every query has keys, so no mask is needed" repays; on an accelerator it waits for every queued kernel (a
+    device sync) and costs more than the masked operations it would spare, so the shortcuts are skipped there and
+    under the "as on CUDA" policy. Under torch.compile a read is a graph break, so there too (the shortcuts change
+    no result)."""
+    return not _as_cuda and _device_type(x) == "cpu" and not torch.compiler.is_compiling()
