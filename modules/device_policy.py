@@ -1,10 +1,11 @@
 """Where device behaviour is decided: every branch that a CUDA run takes differently from a CPU run asks here.
 
-Three questions decide them:
+Four questions decide them:
 - `takes_cuda_path(x)`: run the form a GPU runs (fused or blocked kernels, fused Adam, compiled FlexAttention where
   the device allows it), rather than the CPU's bit-identical reference form;
 - `host_reads_are_cheap(x)`: may a shortcut read a value on the host (on a GPU that read waits for every queued
   kernel, a sync; under torch.compile it is a graph break);
+- `takes_cpu_path(x)`: run the CPU's own form (a NumPy sort where torch's is slow on a CPU);
 - `as_on_cuda()`: the policy itself.
 
 A CPU run can set the policy to "as on CUDA" (`behave_as_cuda()`): then every branch takes the path a CUDA run
@@ -40,12 +41,21 @@ def behave_as_cuda(enabled: bool = True) -> Iterator[None]:
 def _device_type(x: torch.Tensor | torch.device | str) -> str:
     if isinstance(x, torch.Tensor):
         return x.device.type
-    return torch.device(x).type
+    if isinstance(x, (torch.device, str)):
+        return torch.device(x).type
+    # a tensor-like that says only where it lives (a test's stand-in for a CUDA tensor's shape)
+    return "cuda" if getattr(x, "is_cuda", False) else torch.device(getattr(x, "device", "cpu")).type
 
 
 def takes_cuda_path(x: torch.Tensor | torch.device | str) -> bool:
     """Whether the code for `x` (a tensor or a device) runs what a GPU runs: on CUDA, or anywhere as on CUDA."""
     return _as_cuda or _device_type(x) == "cuda"
+
+
+def takes_cpu_path(x: torch.Tensor | torch.device | str) -> bool:
+    """Whether the code for `x` runs the CPU's own form (a NumPy sort, a host-side shortcut): on a CPU tensor, and
+    not as on CUDA. Not simply `not takes_cuda_path(x)`: other accelerators (MPS) take neither CPU form."""
+    return not _as_cuda and _device_type(x) == "cpu"
 
 
 def host_reads_are_cheap(x: torch.Tensor | torch.device | str) -> bool:
@@ -54,4 +64,4 @@ def host_reads_are_cheap(x: torch.Tensor | torch.device | str) -> bool:
     device sync) and costs more than the masked operations it would spare, so the shortcuts are skipped there and
     under the "as on CUDA" policy. Under torch.compile a read is a graph break, so there too (the shortcuts change
     no result)."""
-    return not _as_cuda and _device_type(x) == "cpu" and not torch.compiler.is_compiling()
+    return takes_cpu_path(x) and not torch.compiler.is_compiling()

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..device_policy import host_reads_are_cheap, takes_cpu_path, takes_cuda_path
 from .groups import DenseGroups, Groups, SegmentGroups
 
 
@@ -112,7 +113,7 @@ def query_block_rows(kernel: "AttentionKernel", groups: Groups, q: Tensor, k: Te
     num_queries = q.shape[-2]
     if _forced_block_rows is not None:
         return _forced_block_rows if _forced_block_rows < num_queries else None
-    if not q.is_cuda:
+    if not takes_cuda_path(q):
         return None
     budget = float(budget_mb if budget_mb is not None else os.environ.get(BLOCK_BUDGET_ENV, WEIGHTS_BUDGET_MB)) * 2**20
     row_bytes = 4 * q.shape[0] * q.shape[1] * k.shape[-2]
@@ -208,7 +209,7 @@ def select_path(fused: FusedAttention | None, groups: Groups, q: Tensor, *, need
         return fused.library.path if dropout_p == 0.0 and (v is None or fused.library.fits(v)) else "eager"
     if fused.q is None:
         return "eager"
-    if (fused.flex is not None and dropout_p == 0.0 and (q.is_cuda or _flex_on_cpu) and flex_wanted()
+    if (fused.flex is not None and dropout_p == 0.0 and (takes_cuda_path(q) or _flex_on_cpu) and flex_wanted()
             and _flex_head_dim(fused.flex.q.shape[-1]) and _flex_attention() is not None):
         return "flex"
     return "sdpa"
@@ -236,7 +237,7 @@ def run_flex(form: FlexForm, v: Tensor, groups: Groups) -> Tensor:
     Shapes are left to compile's automatic dynamic marking: text batches vary in length, and one
     static graph per length would exhaust the recompile limit and fall back to the unfused form."""
     flex = _flex_attention()
-    if form.q.is_cuda:
+    if takes_cuda_path(form.q):
         if "cuda" not in _compiled_flex:
             _compiled_flex["cuda"] = torch.compile(flex)
         flex = _compiled_flex["cuda"]
@@ -681,7 +682,7 @@ def _sorted_points(values: Tensor) -> Tensor:
     took 58 ms on Cora's first layer (8 heads x 32 directions x 2708 points, one thread, Intel Xeon), and the
     diagnostic runs every epoch: torch's sort made a Cora epoch ~4x slower. Both give the same order. Torch's sort
     elsewhere: on GPUs, and for the dtypes NumPy lacks (bf16, which CPU autocast gives the projections)."""
-    if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64):
+    if not takes_cpu_path(values) or values.dtype not in (torch.float32, torch.float64):
         return values.sort(dim=1).values
     import numpy as np
 
@@ -693,7 +694,7 @@ def _all_valid_on_cpu(valid: Tensor) -> bool:
     """Whether a CPU mask is all True, read through NumPy. On a CPU the read costs nothing and lets the diagnostic
     skip its masking passes (every node of Cora is a key: ~1.5 ms of a layer's ~13 ms); a GPU tensor never takes
     the branch, so a GPU step still reads nothing (tests/modules/test_host_syncs.py counts ATen reads)."""
-    return valid.device.type == "cpu" and bool(valid.numpy().all())
+    return host_reads_are_cheap(valid) and bool(valid.numpy().all())
 
 
 def _quantiles(values: Tensor, valid: Tensor | None) -> Tensor:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..attention import AttentionKernel
+from ..device_policy import takes_cuda_path
 
 KERNEL_LR = 1e-2
 """Learning rate of the kernels' scalar knobs that the task defaults aim at: about 100 Adam steps to move a kernel scalar by O(1),
@@ -86,8 +87,10 @@ def graph_adam(groups: list[dict], lr: float, device: torch.device) -> torch.opt
     """GAT's Adam. On CUDA the fused implementation: one kernel steps every parameter of a group, the seed batch's
     stacked host tensors and its S kernels' parameters alike, where the default (foreach) launches about ten
     kernels per group and a Cora step on a GPU is made of launches (issue 37). Elsewhere the default, whose CPU
-    updates the seed batch's bit-identity with lone runs rests on (both sides build their Adam here)."""
-    return torch.optim.Adam(groups, lr=lr, **({"fused": True} if torch.device(device).type == "cuda" else {}))
+    updates the seed batch's bit-identity with lone runs rests on (both sides build their Adam here). Which one is
+    the device policy's call (`takes_cuda_path`): a CPU run "as on CUDA" (the GPU cost page) gets the fused one too,
+    a plain CPU run the default."""
+    return torch.optim.Adam(groups, lr=lr, **({"fused": True} if takes_cuda_path(device) else {}))
 
 
 class WarmupAdamW:
