@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from harness.commands import bench, check, claims, describe, leaderboard, perf, probe, results, run, scaling, tune
 from harness.commands import list as list_verb
-from harness.commands.arguments import (LAUNCHERS, RENAMED, add_launcher_arguments, check_counts, parse_seeds,
-                                        parse_sets)
+from harness.commands.arguments import (LAUNCHERS, RENAMED, add_launcher_arguments, check_counts, early_problem,
+                                        parse_seeds, parse_sets)
 from harness.commands.from_catalogue import answer_from_catalogue
 from harness.commands.tune import study_progress
 
@@ -92,6 +92,11 @@ def run_command(argv: Sequence[str] | None = None) -> int:
             problem = data_root_problem(args.data_root, f"${DATA_ENV}")
         if problem:
             raise MissingDataError(problem)
+        # a malformed suite file or a task's missing data files, answered before the verb imports torch
+        problem = early_problem(args)
+        if problem:
+            print(f"attnbench: error: {problem}", file=sys.stderr)
+            return 2
         return VERBS[args.command].main(args)
     except (UnknownNameError, DuplicateNameError, PluginError, MissingDataError, ValueError) as exc:
         print(f"attnbench: error: {exc}", file=sys.stderr)

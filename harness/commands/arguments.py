@@ -161,3 +161,26 @@ def check_counts(args) -> str | None:
         except StorageError as exc:
             return str(exc)
     return None
+
+
+SUITE_COMMANDS = ("bench", "leaderboard", "scaling", "tune")
+"""The verbs whose --suite names a suite file (leaderboard's takes several)."""
+
+
+def early_problem(args) -> str | None:
+    """What can be refused from files alone, before the verb imports torch, Lightning and the registries (about 6 s
+    of CPU): a suite file that is not valid YAML or has an unknown or missing key (harness/plan/suite.py
+    read_suite_file), and a built-in task whose data files are absent from the data root (datamodules/paths.py
+    early_data_problem). The message is the one the full check gives; None: the verb checks the rest itself."""
+    from datamodules.paths import early_data_problem
+    from harness.plan.suite import SuiteError, read_suite_file, suite_path
+
+    suites = getattr(args, "suite", None) if args.command in SUITE_COMMANDS else None
+    for name in (suites if isinstance(suites, list) else [suites] if suites else []):
+        try:
+            read_suite_file(suite_path(name))
+        except SuiteError as exc:
+            return str(exc)
+    if args.command in ("run", "tune") and getattr(args, "task", None) and not getattr(args, "plugin", None):
+        return early_data_problem(args.task, getattr(args, "data_root", None))
+    return None

@@ -138,12 +138,14 @@ def suite_path(name_or_path: str) -> Path:
     )
 
 
-def load_suite(name_or_path: str) -> Suite:
-    from modules.attention import list_attentions
+TASK_ENTRY_KEYS = ("name", "params", "optional", "seeds")
 
-    from harness.plan.spec import resolve_attention
 
-    path = suite_path(name_or_path)
+def read_suite_file(path: Path) -> dict[str, Any]:
+    """The suite file's YAML, checked for what needs no registry: valid YAML, a mapping, known and required keys,
+    task entries' keys, the seeds, `params` a mapping. It imports neither torch nor the registries, so that a
+    malformed file is answered before they load (the command line checks it first, harness/commands/arguments.py
+    early_problem); load_suite then checks names and values against the registries."""
     where = f"suite file {path}"
     try:
         data = yaml.safe_load(path.read_text())
@@ -153,11 +155,31 @@ def load_suite(name_or_path: str) -> Suite:
         raise SuiteError(f"{where} must be a mapping with keys tasks, variants, seeds (see harness/plan/suite.py)")
     unknown = set(data) - TOP_LEVEL_KEYS
     if unknown:
-        raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; allowed keys are {sorted(TOP_LEVEL_KEYS)}."
+        raise SuiteError(f"{where}: unknown key(s) {sorted(map(str, unknown))}; allowed keys are {sorted(TOP_LEVEL_KEYS)}."
                          f"{_keys_hint(unknown, TOP_LEVEL_KEYS)}")
     for required in ("tasks", "variants", "seeds"):
         if required not in data:
             raise SuiteError(f"{where}: missing {required!r}")
+    for i, item in enumerate(_as_list(data["tasks"], f"{where}: tasks")):
+        _task_entry_shape(item, f"{where}: tasks[{i}]")
+    if data["variants"] != "all":
+        for i, item in enumerate(_as_list(data["variants"], f"{where}: variants")):
+            if item != "all" and not (isinstance(item, str) or (isinstance(item, dict) and "name" in item)):
+                raise SuiteError(f"{where}: variants[{i}] must be a variant name or a mapping with 'name' (plus 'label' and config fields)")
+    _seeds(data["seeds"], f"{where}: seeds")
+    if not isinstance(data.get("params") or {}, dict):
+        raise SuiteError(f"{where}: params must be a mapping of task parameter -> value")
+    return data
+
+
+def load_suite(name_or_path: str) -> Suite:
+    from modules.attention import list_attentions
+
+    from harness.plan.spec import resolve_attention
+
+    path = suite_path(name_or_path)
+    where = f"suite file {path}"
+    data = read_suite_file(path)
 
     tasks = tuple(_task_entry(t, f"{where}: tasks[{i}]") for i, t in enumerate(_as_list(data["tasks"], f"{where}: tasks")))
     excluded = set(_as_list(data.get("exclude_variants", []), f"{where}: exclude_variants"))
@@ -256,15 +278,23 @@ def _seeds(value: Any, where: str) -> tuple[int, ...]:
     raise SuiteError(f"{where} must be a positive integer (a count) or a non-empty list of integers >= 0, got {value!r}")
 
 
-def _task_entry(item: Any, where: str) -> TaskEntry:
+def _task_entry_shape(item: Any, where: str) -> dict:
+    """A task entry as a mapping, its keys and seeds checked (no registry needed)."""
     if isinstance(item, str):
         item = {"name": item}
     if not isinstance(item, dict) or "name" not in item:
         raise SuiteError(f"{where} must be a task name or a mapping with 'name' (and optional 'params', 'optional', 'seeds')")
-    unknown = set(item) - {"name", "params", "optional", "seeds"}
+    unknown = set(item) - set(TASK_ENTRY_KEYS)
     if unknown:
-        raise SuiteError(f"{where}: unknown key(s) {sorted(unknown)}; a task entry has name, params, optional, seeds."
-                         f"{_keys_hint(unknown, ('name', 'params', 'optional', 'seeds'))}")
+        raise SuiteError(f"{where}: unknown key(s) {sorted(map(str, unknown))}; a task entry has name, params, optional, seeds."
+                         f"{_keys_hint(unknown, TASK_ENTRY_KEYS)}")
+    if "seeds" in item:
+        _seeds(item["seeds"], f"{where}: seeds")
+    return item
+
+
+def _task_entry(item: Any, where: str) -> TaskEntry:
+    item = _task_entry_shape(item, where)
     seeds = _seeds(item["seeds"], f"{where}: seeds") if "seeds" in item else None
     from modules.tasks import get_task
 
