@@ -385,32 +385,46 @@ def _task_table(task_name: str, planned_metrics, task_specs, records: Mapping[st
 
 
 def _diagnosed(executions: Mapping[str, list[Record]]) -> dict[str, Record]:
-    """Per key run more than once, the execution to read mechanism diagnostics from (the store's rule, as the claims
-    board reads them): a key re-run to record its diagnostics shows the earliest copy's numbers, not its evidence."""
-    from harness.results.store import diagnosed_execution
+    """Per key run more than once, the record to read evidence at the evaluated weights from (report/evidence.py, as
+    the claims page reads it): the shown execution's own test-pass values, completed from an execution of the same
+    evaluated weights where it lacks them."""
+    from harness.report.evidence import evidence_record
 
-    return {key: diagnosed_execution(list(copies)) for key, copies in executions.items()}
+    return {key: evidence_record(copies) for key, copies in executions.items() if copies}
+
+
+EVALUATED_KEY = re.compile(r"^test/(?:diag|attn)/([A-Za-z_][A-Za-z0-9_]*)$")
+"""A value at the evaluated weights (test/diag/<name>, or test/attn/<name> in records made before test/diag existed);
+per-layer keys (test/attn/l0/<name>) are not matched."""
+NOT_MECHANISM = frozenset({"entropy", "support", "uniform_entropy"})
+"""Test-pass attention statistics every kernel reports: the entropy table shows them, the mechanism line does not."""
 
 
 def _mechanism_diagnostics(task_specs, records: Mapping[str, Record]) -> dict[str, Any]:
-    """Per row, each mechanism diagnostic its records carry (mean over the finished seeds): at the evaluated weights
-    (the test pass, what the mechanism rules read) where measured, else the last validation pass's, else training's
-    (records from before issue 51), read from the records alone so that a board renders without the variants' code.
-    Absent (no line on the board) when no record carries one: records from before them."""
+    """Per row, each mechanism diagnostic at the evaluated weights (the test pass: what the mechanism rules read): its
+    mean over the seeds whose records carry it, and how many of the row's finished seeds that is. Validation and
+    training values are never mixed in: they come from other weights than the test numbers. Read from the records
+    alone, so that a board renders without the variants' code. Absent (no line on the board) when no record carries one."""
     found: dict[str, dict[str, list[float]]] = {}
+    finished: dict[str, int] = {}
     for spec in task_specs:
         record = records.get(spec.key)
         if record is None or record.status is not Status.OK:
             continue
+        finished[spec.display] = finished.get(spec.display, 0) + 1
         values = record.diagnostics or {}
-        names = {k.split("/")[-1] for k in values if k.startswith(("diag/", "val/diag/", "test/diag/"))}
-        for name in names:
-            value = next((values[key] for key in (f"test/diag/{name}", f"val/diag/{name}", f"diag/{name}") if values.get(key) is not None), None)
-            if value is not None and math.isfinite(float(value)):
-                found.setdefault(spec.display, {}).setdefault(name, []).append(float(value))
+        by_name: dict[str, float] = {}
+        for key in sorted(values, key=lambda k: not k.startswith("test/diag/")):  # test/diag/ first where both exist
+            match = EVALUATED_KEY.match(key)
+            if match and match.group(1) not in NOT_MECHANISM and match.group(1) not in by_name and values[key] is not None \
+                    and math.isfinite(float(values[key])):
+                by_name[match.group(1)] = float(values[key])
+        for name, value in by_name.items():
+            found.setdefault(spec.display, {}).setdefault(name, []).append(value)
     if not found:
         return {}
-    return {"mechanism": {label: {name: statistics.fmean(v) for name, v in sorted(by_name.items())} for label, by_name in sorted(found.items())}}
+    return {"mechanism": {label: {name: {"mean": statistics.fmean(v), "seeds": len(v), "of": finished[label]}
+                                     for name, v in sorted(by_name.items())} for label, by_name in sorted(found.items())}}
 
 
 ENTROPY_KEY = re.compile(r"^test/attn/(l\d+)/(entropy|uniform_entropy)$")
@@ -660,26 +674,37 @@ def _mean_curves(histories: list[Mapping[str, Any]]) -> dict[str, list] | None:
     return curves
 
 
+def paired_comparisons(by_label: Mapping[str, Mapping[int, float]], baseline: str) -> dict[str, dict[str, Any]]:
+    """Every row of a table against `baseline` on one metric: per label {diff, spread, n_pairs, p, p_holm, family}, the
+    paired t-test over the seeds both finished, Holm-corrected over every row compared (the table's family). The one
+    definition of a table's family: the boards mark rows by it and the claims page reads its verdicts from it."""
+    base = by_label.get(baseline, {})
+    found: dict[str, dict[str, Any]] = {}
+    tests = {}
+    for label, values in by_label.items():
+        if label == baseline:
+            continue
+        diffs = [v - base[seed] for seed, v in values.items() if seed in base]
+        if len(diffs) < 2:
+            continue
+        found[label] = {"diff": statistics.fmean(diffs), "spread": statistics.stdev(diffs), "n_pairs": len(diffs),
+                        "p": paired_p(diffs), "p_holm": None, "family": 0}
+        tests[label] = found[label]["p"]
+    for label, p_holm in holm(tests).items():
+        found[label].update(p_holm=p_holm, family=len(tests))
+    return found
+
+
 def _compare(rows: dict[str, dict[str, Any]], baseline: str | None, metric: dict[str, Any]) -> None:
     if baseline is None:
         return
     name = metric["name"]
-    base = dict(zip(rows[baseline]["metrics"][name]["seeds"], rows[baseline]["metrics"][name]["values"]))
-    tests = {}
-    for label, row in rows.items():
-        if label == baseline:
-            continue
-        cell = row["metrics"][name]
-        diffs = [v - base[seed] for seed, v in zip(cell["seeds"], cell["values"]) if seed in base]
-        if len(diffs) < 2:
-            continue
-        cell["vs_baseline"] = {"diff": statistics.fmean(diffs), "spread": statistics.stdev(diffs), "n_pairs": len(diffs),
-                               "p": paired_p(diffs), "p_holm": None, "mark": None}
-        tests[label] = cell["vs_baseline"]["p"]
-    for label, p_holm in holm(tests).items():
-        comparison = rows[label]["metrics"][name]["vs_baseline"]
-        comparison["p_holm"] = p_holm
-        if p_holm < ALPHA and comparison["diff"] != 0 and comparison["n_pairs"] >= MIN_SEEDS_TO_RANK:
+    by_label = {label: dict(zip(row["metrics"][name]["seeds"], row["metrics"][name]["values"])) for label, row in rows.items()}
+    for label, found in paired_comparisons(by_label, baseline).items():
+        comparison = {key: found[key] for key in ("diff", "spread", "n_pairs", "p", "p_holm")}
+        comparison["mark"] = None
+        rows[label]["metrics"][name]["vs_baseline"] = comparison
+        if comparison["p_holm"] < ALPHA and comparison["diff"] != 0 and comparison["n_pairs"] >= MIN_SEEDS_TO_RANK:
             comparison["mark"] = "better" if (comparison["diff"] > 0) == metric["higher_is_better"] else "worse"
 
 

@@ -23,11 +23,13 @@ from harness.report.claims_page import (COLUMNS, NEAR_UNIFORM, config_text, find
                                         render_claims_markdown, row_cells, row_notes, summary_lines, table_notes, verdict_text)
 from harness.report.claims_schema import CLAIMS_FILE, CONFIG_SOURCES, KINDS, ClaimsError, load_claims  # noqa: F401
 from harness.report.seed_history import seed_history_lines
-from harness.report.stats import ALPHA, CONFIDENCE, POWER, detectable_difference, holm, paired_p, summarize
+from harness.report.stats import ALPHA, CONFIDENCE, POWER, detectable_difference, summarize
 from harness.report.verdicts import (INCONCLUSIVE, NEGATIVE, NOT_JUDGED, NOT_REPRODUCED, NOT_RUN_HERE, NOT_RUN_YET,  # noqa: F401
                                      OPPOSITE, REPRODUCED, paper_delta, verdict_for)
 from harness.results.record import Record, Status
-from harness.results.store import diagnosed_execution
+from harness.report.evidence import evidence_record
+from harness.report.mechanism_test import (ALTERNATIVES, MechanismTest, NullRate, corrected, log_ratios, median_ratio, null_rate,
+                                           wilcoxon_of_ratios)
 
 BASELINE = "softmax"
 VERDICT_RULE = (
@@ -37,11 +39,14 @@ VERDICT_RULE = (
     f"(corrected p < {ALPHA:g}). **reproduced**: the effect has the paper's sign and is significant after correction. "
     "**opposite effect**: the effect has the other sign and is significant after correction. **not reproduced**: the CI "
     "excludes the paper's Δ on the side of a smaller effect. **inconclusive**: neither; the resolution says how large a "
-    "difference these seeds could have seen. Both negative verdicts are given only when the variant's mechanism "
-    "diagnostics show it was active in these runs, read at the evaluated weights (those the stopping rule kept, which "
-    "gave the test numbers; modules/attention/mechanism.py states each rule and what its threshold measures); otherwise "
-    "the row is **inconclusive: mechanism inactive** (or: no evidence at the evaluated weights, for records made before "
-    "runs measured it), with the median figure over the seeds. **not judged**: "
+    "difference these seeds could have seen. The claim is judged as stated, by the same rules for either sign: a "
+    "mechanism that did not act is a failure of the claim at that setting, not a reason to withhold the verdict. Beside "
+    "each verdict the mechanism is reported, read at the evaluated weights only (those the stopping rule kept, which gave "
+    "the test numbers): the declared paired test where the variant's rule compares with `softmax` (below), else the "
+    "kernel's threshold rule over the seeds whose records carry the evidence (modules/attention/mechanism.py), with the "
+    "commit that declared each threshold, *post hoc* where that came after the runs it judges had finished. A row tuned "
+    "on validation data is compared with a `softmax` that was not, and says so beside its verdict. A paper figure that "
+    "could not be checked against the paper here is marked *untraced*, and its verdict with it. **not judged**: "
     "the row runs attnbench's default configuration, neither the paper's stated one nor one tuned on validation data, "
     "so its numbers are shown but carry no verdict. *in this setup*: our `softmax` differs from the paper's baseline by "
     "more than its CI, so the verdict speaks for our baseline. A claim with a sign but no number (*direction*) is "
@@ -54,6 +59,7 @@ VERDICT_RULE = (
     "too, and a verdict that differs is marked as resting on the seeds added later.")
 RESOLUTION_RULE = (f"Resolution: the smallest true difference a two-sided paired t-test at α = 0.05 detects with "
                    f"{POWER:.0%} power at this n, given the paired spread observed (the boards' notion, for this one pair of rows).")
+
 
 def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_root: str | None) -> dict[str, Any]:
     """Plan each suite a claim names once, load its records from the store `runs`, and measure every claim. A suite's
@@ -70,7 +76,7 @@ def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_
         plans[suite] = plan(load_suite(suite), data_root)
         loaded = store.load(s.key for s in plans[suite].specs) if store else None
         records[suite] = loaded.records if loaded else {}
-        evidence[suite] = {key: diagnosed_execution(copies) for key, copies in loaded.executions.items()} if loaded else {}
+        evidence[suite] = {key: evidence_record(copies) for key, copies in loaded.executions.items() if copies} if loaded else {}
     board = measure_claims(_with_measured_costs(claims, plans, records), {s: plans[s] for s in measured},
                            {s: records[s] for s in measured}, {s: evidence[s] for s in measured})
     from harness.report.board import without_data_root  # a reason names files under this machine's data root
@@ -153,15 +159,48 @@ def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records:
         else:
             suite_records = records[measured["suite"]]
             diagnosed = {**suite_records, **(evidence or {}).get(measured["suite"], {})}
-            row.update(_measure(claim, plans[measured["suite"]], suite_records, diagnosed))
+            row.update(_measure(claim, plans[measured["suite"]], suite_records, diagnosed, claims))
             if paper.get("setting") and row.get("attention"):
                 setting = paper["setting"]
                 row["setting"] = {"name": setting["name"], "paper": setting["paper"], "ours": row["attention"].get(setting["name"])}
+        if claims["papers"][claim["paper"]].get("untraced") and claim["kind"] in ("baseline", "gain"):
+            row["untraced"] = claims["papers"][claim["paper"]]["untraced"]
         rows.append(row)
-    return {"papers": claims["papers"], "rows": rows, "confidence": CONFIDENCE, "rule": VERDICT_RULE, "resolution_rule": RESOLUTION_RULE}
+    tests = corrected((row["claim"]["id"], row["mechanism_test"]) for row in rows if row.get("mechanism_test"))
+    for row in rows:
+        if row.get("mechanism_test"):
+            row["mechanism_test"] = tests[row["claim"]["id"]]
+    spec = _get(claims, "mechanism_test")
+    return {"papers": claims["papers"], "rows": rows, "confidence": CONFIDENCE, "rule": VERDICT_RULE, "resolution_rule": RESOLUTION_RULE,
+            "mechanism_test": spec, "mechanism_null": mechanism_null(spec, plans, records, evidence) if spec else [],
+            "mechanism_family": len([t for t in tests.values() if t.n > 0])}
 
 
-def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record], diagnosed: Mapping[str, Record] | None = None) -> dict[str, Any]:
+def _get(claims: Mapping[str, Any], name: str) -> Any:
+    return claims.get(name) if isinstance(claims, Mapping) else getattr(claims, name, None)
+
+
+def mechanism_null(spec, plans, records, evidence) -> list[NullRate]:
+    """The declared test's false-active rate under softmax against softmax, per suite and task a mechanism test reads:
+    softmax's evaluated diagnostic per seed (the evidence records), split in halves `spec.null.draws` times."""
+    from modules.attention.mechanism import evaluated
+
+    found = []
+    for suite, the_plan in sorted(plans.items()):
+        read = {**records[suite], **(evidence or {}).get(suite, {})}
+        for task in sorted({s.task for s in the_plan.specs}):
+            values = {s.seed: evaluated(read[s.key], "qk_distance") for s in _specs(the_plan, task, BASELINE) if s.key in read
+                      and read[s.key].status is Status.OK}
+            values = {seed: v for seed, v in values.items() if v is not None}
+            if len(values) < 2:
+                continue
+            rejected, pairs = null_rate(values, "less", spec.alpha, spec.null.draws, spec.null.rng_seed)
+            found.append(NullRate(suite, task, len(values), pairs, spec.null.draws, rejected, spec.null.max_false_active))
+    return found
+
+
+def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record], diagnosed: Mapping[str, Record] | None = None,
+             claims: Mapping[str, Any] | None = None) -> dict[str, Any]:
     measured = claim["measured_by"]
     task, variant = measured["task"], measured["variant"]
     source = claim["config"]["source"]
@@ -227,14 +266,23 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record], 
         result.update(verdict=NOT_RUN_YET, reason=progress)
         return result
     diagnosed = records if diagnosed is None else diagnosed
-    mechanism = _mechanism(own[0].variant, [diagnosed.get(s.key) for s in own], [diagnosed.get(s.key) for s in base]) if claim["kind"] != "baseline" else None
+    thresholds = _get(claims, "thresholds") if claims is not None else None
+    mechanism = _mechanism(own[0].variant, [diagnosed.get(s.key) for s in own], [diagnosed.get(s.key) for s in base],
+                           thresholds) if claim["kind"] != "baseline" else None
     if mechanism is not None:  # shown on every measured row, a not-judged one too: the evidence is the records'
-        result["mechanism"] = {"active": mechanism[0], "evidence": mechanism[1]}
+        result["mechanism"] = {"active": mechanism[0], "evidence": mechanism[1], "post_hoc": mechanism[2]}
+        test_spec = _get(claims, "mechanism_test") if claims is not None else None
+        if test_spec is not None:
+            test = _mechanism_test(own[0].variant, own, base, diagnosed, test_spec)
+            if test is not None:
+                result["mechanism_test"] = test
+    if source == "tuned":
+        result["tuning_asymmetry"] = True  # the tuned row is compared with a softmax that had no tuning budget
     if source == "default":
         result.update(verdict=NOT_JUDGED, reason="attnbench's default configuration, neither the paper's nor tuned on validation data")
         return result
     family = _family(the_plan, records, task, measured["metric"])
-    result.update(verdict_for(claim, result["measure"], family.get(own[0].display), mechanism, result.get("baselines_differ", False)), reason=None)
+    result.update(verdict_for(claim, result["measure"], family.get(own[0].display), result.get("baselines_differ", False)), reason=None)
     if len(recorded) < len(seeds):
         # a task with more seeds than the suite's common ones adds them to resolve more: the seeds it has are the
         # first ones, chosen by number, not by outcome, so their verdict stands meanwhile
@@ -244,10 +292,7 @@ def _measure(claim: Mapping[str, Any], the_plan, records: Mapping[str, Record], 
         subset = sorted(set(first) & set(ours) & set(softmax))
         measure = summarize([ours[seed] - softmax[seed] for seed in subset])
         family_first = _family(the_plan, records, task, measured["metric"], seeds=set(first))
-        # the mechanism gate on the same seeds as the verdict it gates
-        mechanism_first = _mechanism(own[0].variant, [diagnosed.get(s.key) for s in own if s.seed in first],
-                                     [diagnosed.get(s.key) for s in base if s.seed in first]) if mechanism is not None else None
-        on_first = verdict_for(claim, measure, family_first.get(own[0].display), mechanism_first, result.get("baselines_differ", False))
+        on_first = verdict_for(claim, measure, family_first.get(own[0].display), result.get("baselines_differ", False))
         result["first_seeds"] = {"seeds": len(subset), "measure": measure, **on_first}
         if on_first["verdict"] != result["verdict"]:
             result["rests_on_added_seeds"] = True
@@ -263,9 +308,11 @@ def _first_declared_seeds(suite, task: str) -> list[int] | None:
 
 
 def _family(the_plan, records: Mapping[str, Record], task: str, metric: str, seeds: set[int] | None = None) -> dict[str, dict[str, Any]]:
-    """Per row of the task's table: its paired p against `softmax` over the seeds both finished (within `seeds`), and
-    that p Holm-corrected over every row compared, which is the family the suite's leaderboard corrects (board._compare),
-    restricted to other seeds when the verdict on the first declared seeds is asked."""
+    """Per row of the task's table: its comparison with `softmax` in the table's Holm family, computed by the boards'
+    own function (board.paired_comparisons: the family the suite's leaderboard marks rows by), over the seeds both
+    finished, within `seeds` when the verdict on the first declared seeds is asked."""
+    from harness.report.board import paired_comparisons
+
     by_row: dict[str, dict[int, float]] = {}
     for spec in the_plan.specs:
         if spec.task != task or (seeds is not None and spec.seed not in seeds):
@@ -276,26 +323,30 @@ def _family(the_plan, records: Mapping[str, Record], task: str, metric: str, see
         value = record.metrics[metric].get("value")
         if value is not None and math.isfinite(float(value)):
             by_row.setdefault(spec.display, {})[spec.seed] = float(value)
-    base = by_row.get(BASELINE, {})
-    tests, found = {}, {}
-    for label, values in by_row.items():
-        diffs = [value - base[seed] for seed, value in values.items() if seed in base]
-        if label == BASELINE or len(diffs) < 2:
-            continue
-        tests[label] = paired_p(diffs)
-        found[label] = {"p": tests[label], "family": 0}
-    for label, corrected in holm(tests).items():
-        found[label].update(p_holm=corrected, family=len(tests))
-    return found
+    return paired_comparisons(by_row, BASELINE)
 
 
-def _mechanism(variant: str, own: list[Record | None], base: list[Record | None]) -> tuple[bool | None, str] | None:
-    """Whether the variant's mechanism was active in these runs, by the rule its kernel declares
-    (modules/attention/mechanism.py), read at each run's evaluated weights, seed by seed against softmax's record of
-    the same seed: active when it was in at least half the seeds that carry the evidence; None (no evidence) when no
-    record carries it; None overall for a variant that declares no diagnostic (nothing to gate on). The evidence
-    names each ruled figure's median over the seeds beside its rule, so a reader sees how far from the threshold
-    the runs were, not only on which side."""
+def _judged_finish(records: list[Record]) -> list[str | None]:
+    """When the runs a rule judges finished: each shown record's finish time (the run existed, with its training-time
+    diagnostics, from then on, whatever execution later re-measured it)."""
+    return [r.finished for r in records]
+
+
+def _post_hoc(declared, records: list[Record]) -> dict[str, Any] | None:
+    """{commit, at, before, of}: how many of the judged runs had finished when the rule was declared; None when none had."""
+    finished = _judged_finish(records)
+    before = sum(1 for f in finished if declared.after(f))
+    return {"commit": declared.commit, "at": declared.at, "before": before, "of": len(finished), "post_hoc": before > 0}
+
+
+def _mechanism(variant: str, own: list[Record | None], base: list[Record | None],
+               thresholds=None) -> tuple[bool | None, str, list[dict[str, Any]]] | None:
+    """The variant's kernel rule (modules/attention/mechanism.py), read at each run's evaluated weights, seed by seed
+    against softmax's record of the same seed: active when it was in at least half the seeds that carry the evidence,
+    counted over those seeds only (the seeds without it are named apart); None (no evidence) when no record carries
+    it; None overall for a variant that declares no ruled diagnostic. The evidence names each ruled figure's median
+    beside its rule, and each threshold's declaring commit from claims.yaml (`thresholds`), marked post hoc where it
+    came after runs it judges had finished. Reported beside the verdict, never deciding it."""
     from modules.attention.mechanism import NO_EVIDENCE, declared_mechanism, describe_rule, figure_name, mechanism_active, ruled_figure
 
     declared, _ = declared_mechanism(variant)
@@ -307,9 +358,18 @@ def _mechanism(variant: str, own: list[Record | None], base: list[Record | None]
     verdicts = [mechanism_active(r, b) for r, b in pairs]
     if not verdicts:
         return None
+    dated = []
+    for d in ruled:
+        entry = next((t for t in thresholds or () if t.variant == variant and t.diagnostic == d.name), None)
+        judged = [r for r, b in pairs if ruled_figure(d, r, b) is not None]
+        if entry is None:
+            dated.append({"diagnostic": d.name, "rule": describe_rule(d), "commit": None})
+        elif judged:
+            dated.append({"diagnostic": d.name, "rule": describe_rule(d), **_post_hoc(entry.declared, judged),
+                          **({"note": entry.note} if entry.note else {})})
     shown = [v for v in verdicts if v[0] is not None]
     if not shown:
-        return None, f"{NO_EVIDENCE} in any of {len(verdicts)} records (made before runs measured it: re-run them); e.g. {verdicts[0][1]}"
+        return None, f"{NO_EVIDENCE} in any of {len(verdicts)} records (made before runs measured it: re-run them); e.g. {verdicts[0][1]}", dated
     active = sum(1 for v in shown if v[0])
     figures = []
     for d in ruled:
@@ -317,9 +377,32 @@ def _mechanism(variant: str, own: list[Record | None], base: list[Record | None]
         if values:
             figures.append(f"median {figure_name(d)} {statistics.median(values):.3g} over {len(values)} seeds (rule: {describe_rule(d)})")
     example = next((v[1] for v in shown if v[0] == (2 * active >= len(shown))), shown[0][1])
-    return 2 * active >= len(shown), (f"active at the evaluated weights in {active} of {len(shown)} seeds"
+    return 2 * active >= len(shown), (f"active at the evaluated weights in {active} of {len(shown)} seeds with evidence"
                                       + (f" ({len(verdicts) - len(shown)} without evidence)" if len(shown) < len(verdicts) else "")
-                                      + f"; {'; '.join(figures)}; e.g. {example}")
+                                      + f"; {'; '.join(figures)}; e.g. {example}"), dated
+
+
+def _mechanism_test(variant: str, own_specs, base_specs, diagnosed: Mapping[str, Record], spec) -> MechanismTest | None:
+    """The declared paired test for a variant whose kernel compares a diagnostic with the baseline's ('below-baseline'):
+    log(own / baseline) per seed where both records carry it at their evaluated weights; None for other rules."""
+    from modules.attention.mechanism import declared_mechanism, evaluated
+
+    declared, _ = declared_mechanism(variant)
+    rule = next((d for d in declared if d.rule in ALTERNATIVES and d.baseline == BASELINE), None)
+    if rule is None:
+        return None
+    own = {s.seed: diagnosed.get(s.key) for s in own_specs}
+    own = {seed: r for seed, r in own.items() if r is not None and r.status is Status.OK}
+    base = {s.seed: diagnosed.get(s.key) for s in base_specs}
+    base = {seed: r for seed, r in base.items() if r is not None and r.status is Status.OK}
+    ratios = log_ratios({seed: evaluated(r, rule.name) for seed, r in own.items()},
+                        {seed: evaluated(r, rule.name) for seed, r in base.items()})
+    alternative = ALTERNATIVES[rule.rule]
+    p, n = wilcoxon_of_ratios(ratios, alternative)
+    judged = [own[seed] for seed in ratios]
+    post_hoc = bool(judged) and any(spec.declared.after(r.finished) for r in judged)
+    return MechanismTest(rule.name, BASELINE, alternative, n, len(own) - len(ratios), median_ratio(ratios), p, spec.alpha,
+                         spec.declared.commit, post_hoc)
 
 
 def _specs(the_plan, task: str, label: str, tuned: bool = False) -> list:

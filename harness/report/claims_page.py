@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import re
 from typing import Any, Mapping
 
 from harness.report.verdicts import (INCONCLUSIVE, NEGATIVE, NOT_JUDGED, NOT_REPRODUCED, NOT_RUN_HERE, NOT_RUN_YET, OPPOSITE,
@@ -82,7 +83,56 @@ def verdict_text(row: Mapping[str, Any]) -> str:
     if row.get("rests_on_added_seeds"):
         first = row["first_seeds"]
         extra = (f"{extra}; " if extra else "") + f"rests on seeds added later (on the first {first['seeds']} declared: {first['verdict']})"
-    return f"{text}: {extra}" if extra else text
+    text = f"{text}: {extra}" if extra else text
+    beside = [part for part in (mechanism_words(row), tuning_words(row), "the paper's figure is untraced" if row.get("untraced") else None) if part]
+    return "; ".join([text, *beside])
+
+
+def _setting_words(row: Mapping[str, Any]) -> str:
+    setting = row.get("setting")
+    if not setting or setting.get("ours") is None:
+        return ""
+    if row.get("config") == "paper":
+        return f"at the paper's {'λ' if setting['name'] == 'weight' else setting['name']} = {setting['paper']:g}, "
+    return f"at {setting['name']} {setting['ours']:g}, "
+
+
+def mechanism_words(row: Mapping[str, Any]) -> str | None:
+    """The mechanism beside the verdict: the declared paired test where the variant's rule compares with softmax
+    ("at the paper's λ = 0.01, queries and keys did not move closer than softmax's (...)"), else the kernel's
+    threshold rule over the seeds with evidence, each threshold's post hoc declaration named."""
+    test = row.get("mechanism_test")
+    if test is not None and test.n > 0:
+        if test.diagnostic == "qk_distance":
+            what = "queries and keys moved closer than softmax's" if test.moved else "queries and keys did not move closer than softmax's"
+            figure = "q/k distance"
+        else:
+            what = f"{test.diagnostic} {'fell below' if test.moved else 'did not fall below'} softmax's"
+            figure = test.diagnostic
+        holm = f", Holm p {test.p_holm:.3f}" if test.p_holm is not None else ""
+        late = f"; test declared at {test.declared}, after these runs: post hoc" if test.post_hoc else ""
+        return (f"{_setting_words(row)}{what} ({figure} ÷ softmax's at the same seed, median ×{test.median_ratio:.3f} over {test.n} seeds"
+                f"{f', {test.without} without evidence' if test.without else ''}; one-sided Wilcoxon p {test.p:.3f}{holm}{late})")
+    if test is not None:
+        return f"mechanism: {test.diagnostic} has no evidence at the evaluated weights in these records"
+    mechanism = row.get("mechanism")
+    if not mechanism:
+        return None
+    state = {True: "active", False: "inactive", None: "no evidence at the evaluated weights"}[mechanism["active"]]
+    counted = re.search(r"in (\d+ of \d+ seeds with evidence)", mechanism["evidence"])
+    late = [entry for entry in mechanism.get("post_hoc") or () if entry.get("post_hoc")]
+    return (f"mechanism by the kernel's rule: {state}" + (f" ({counted.group(1)})" if counted else "")
+            + "".join(f"; its {entry['diagnostic']} threshold is post hoc (declared at {entry['commit']}, after {entry['before']} of "
+                      f"{entry['of']} of these runs had finished)" for entry in late))
+
+
+def tuning_words(row: Mapping[str, Any]) -> str | None:
+    """A tuned row against a `softmax` without a tuning budget: the asymmetry named beside the verdict."""
+    if not row.get("tuning_asymmetry"):
+        return None
+    trials = (row.get("tuning") or {}).get("trials")
+    return (f"tuning asymmetry: this row was tuned on validation data ({trials} trials), `softmax` was not"
+            if trials else "tuning asymmetry: this row was tuned on validation data, `softmax` was not")
 
 
 def config_text(row: Mapping[str, Any]) -> str:
@@ -109,7 +159,8 @@ def row_cells(row: Mapping[str, Any]) -> dict[str, str]:
     return {
         "claim": claim["id"],
         "task": f"{claim['task']} ({claim['host']})",
-        "paper": paper_cell(claim),
+        "paper": paper_cell(claim) + (" (untraced)" if row.get("untraced") else ""),
+        "table": (claim.get("table") or "—") + (" (untraced)" if row.get("untraced") else ""),
         "paper_delta": _points(delta, True) if delta is not None else ("+" if claim.get("sign", 0) > 0 else "−" if claim.get("sign") else "—"),
         "measured_by": where,
         "ours": _ci(measure, signed=claim["kind"] != "baseline"),
@@ -120,7 +171,7 @@ def row_cells(row: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-COLUMNS = (("claim", "claim"), ("task", "task (host)"), ("paper", "paper"), ("paper_delta", "paper Δ"),
+COLUMNS = (("claim", "claim"), ("task", "task (host)"), ("table", "paper's table"), ("paper", "paper"), ("paper_delta", "paper Δ"),
            ("measured_by", "measured by (suite / task / variant)"), ("config", "configuration"), ("ours", "ours [95% CI]"),
            ("n", "n"), ("resolution", "resolution"), ("verdict", "verdict"))
 
@@ -142,7 +193,16 @@ def row_notes(row: Mapping[str, Any]) -> list[str]:
         notes.append(f"Configuration ({row['config']}): {claim['config']['note']}")
     if row.get("mechanism"):
         state = {True: "Mechanism active", False: "Mechanism inactive", None: "No mechanism evidence"}[row["mechanism"]["active"]]
-        notes.append(f"{state}: {row['mechanism']['evidence']}")
+        dated = "; ".join(
+            f"threshold of {entry['diagnostic']} declared at {entry['commit']} ({entry['at'][:10]})"
+            + (f", after {entry['before']} of {entry['of']} of these runs had finished: *post hoc*" if entry.get("post_hoc") else ", before these runs finished")
+            + (f" ({entry['note']})" if entry.get("note") else "")
+            if entry.get("commit") else f"threshold of {entry['diagnostic']}: not dated in claims.yaml"
+            for entry in row["mechanism"].get("post_hoc") or ())
+        notes.append(f"{state} by the kernel's rule (reported, not deciding the verdict): {row['mechanism']['evidence']}"
+                     + (f". {dated[0].upper()}{dated[1:]}" if dated else ""))
+    if row.get("untraced"):
+        notes.append(f"The paper's figure is untraced: {row['untraced']}")
     if row.get("first_seeds"):
         first = row["first_seeds"]
         notes.append(f"On the first {first['seeds']} declared seeds: {_ci(first['measure'], True)}, {first['verdict']}"
@@ -173,6 +233,8 @@ def render_claims_markdown(board: Mapping[str, Any]) -> str:
     out.write("Generated by `attnbench leaderboard --claims` (`make leaderboard`) from `harness/claims.yaml` and the run "
               "records; do not edit by hand. To add a claim, see README, \"Claims\".\n\n")
     out.write(f"{board['rule']} {board['resolution_rule']} Values are in the paper's units (points).\n\n")
+    if mechanism_rule_text(board):
+        out.write(f"{mechanism_rule_text(board)}\n\n")
     for paper_id, paper in board["papers"].items():
         rows = [row for row in board["rows"] if row["claim"]["paper"] == paper_id]
         if not rows:
@@ -187,7 +249,7 @@ def render_claims_markdown(board: Mapping[str, Any]) -> str:
         measured = [row for row in rows if row["claim"]["kind"] != "structural"]
         if measured:
             out.write("| " + " | ".join(title for _, title in COLUMNS) + " |\n")
-            out.write("|" + "|".join("---" if name in ("claim", "task", "measured_by", "verdict") else "---:" for name, _ in COLUMNS) + "|\n")
+            out.write("|" + "|".join("---" if name in ("claim", "task", "table", "measured_by", "verdict") else "---:" for name, _ in COLUMNS) + "|\n")
             for row in measured:
                 cells = row_cells(row)
                 out.write("| " + " | ".join(cells[name] for name, _ in COLUMNS) + " |\n")
@@ -229,15 +291,10 @@ def summary_lines(board: Mapping[str, Any], code: Any = lambda text: f"`{text}`"
     fails = [r for r in rows if r["verdict"] in NEGATIVE]
     if fails:
         lines.append("- Does not hold here: " + ", ".join(f"{with_delta(r)} {r.get('label') or r['verdict']}" for r in fails) + ".")
-    withheld = [r for r in rows if r.get("withheld")]
-    unresolved = [r for r in rows if r["verdict"] == INCONCLUSIVE and not r.get("withheld")]
-    if withheld or unresolved:
-        parts = []
-        if withheld:
-            parts.append(f"a negative verdict withheld because the mechanism was not shown active at the evaluated weights: {ids(withheld)}")
-        if unresolved:
-            parts.append(f"within what the seeds resolve, or not significant after Holm: {ids(unresolved)}")
-        lines.append("- Open: " + "; ".join(parts) + ".")
+    unresolved = [r for r in rows if r["verdict"] == INCONCLUSIVE]
+    if unresolved:
+        lines.append(f"- Open: within what the seeds resolve, or not significant after Holm: {ids(unresolved)}.")
+    lines.extend(mechanism_lines(board, code))
     caveats = []
     setup = [r for r in rows if r.get("in_this_setup")]
     if setup:
@@ -248,6 +305,12 @@ def summary_lines(board: Mapping[str, Any], code: Any = lambda text: f"`{text}`"
     added = [r for r in rows if r.get("rests_on_added_seeds")]
     if added:
         caveats.append(f"the verdict rests on seeds added after the first declared ones: {ids(added)}")
+    tuned = [r for r in rows if r.get("tuning_asymmetry") and r["verdict"] not in (NOT_RUN_YET, NOT_RUN_HERE)]
+    if tuned:
+        caveats.append(f"tuned on validation data against a `softmax` given no tuning budget (the comparison favours the tuned row): {ids(tuned)}")
+    untraced = [r for r in rows if r.get("untraced") and r["verdict"] not in (NOT_RUN_HERE,)]
+    if untraced:
+        caveats.append(f"the paper's figure is untraced (no copy of its table could be checked here), and so is the verdict resting on it: {ids(untraced)}")
     unjudged = [r for r in rows if r["verdict"] == NOT_JUDGED]
     if unjudged:
         caveats.append(f"run at attnbench's default configuration, shown but not judged: {ids(unjudged)}")
@@ -265,6 +328,52 @@ def summary_lines(board: Mapping[str, Any], code: Any = lambda text: f"`{text}`"
     for suite, history in (board.get("seed_history") or {}).items():
         lines.extend(f"- Seed history of {code(suite)}, checked against its records: {line}" for line in history)
     return lines
+
+
+def mechanism_rule_text(board: Mapping[str, Any]) -> str | None:
+    """The declared mechanism test in words, from claims.yaml's `mechanism_test`."""
+    spec = board.get("mechanism_test")
+    if spec is None:
+        return None
+    return (f"Mechanism test (declared at {spec.declared.commit}, {spec.declared.at[:10]}): per seed, the log of the variant's "
+            "q/k distance at its evaluated weights over `softmax`'s at the same task and seed (values at the evaluated "
+            "weights only, `test/diag/*` or `test/attn/*`; a seed without them on either side is left out and counted); a "
+            f"one-sided exact Wilcoxon signed-rank test (the distance is lower), Holm-corrected over the page's "
+            f"{board.get('mechanism_family', 0)} mechanism tests at α = {spec.alpha:g}. It is reported beside the verdict "
+            "on the claim as stated, never deciding it. Where it was declared after the runs it judges had finished, it "
+            "is marked post hoc; kernel thresholds likewise (claims.yaml `thresholds`).")
+
+
+def mechanism_lines(board: Mapping[str, Any], code: Any = lambda text: f"`{text}`") -> list[str]:
+    """The summary's mechanism bullets: each test's outcome, and the test's false-active rate under its null."""
+    rows = [r for r in board["rows"] if r.get("mechanism_test") is not None and r["mechanism_test"].n > 0]
+    lines = []
+    if rows:
+        moved = [r for r in rows if r["mechanism_test"].moved]
+        still = [r for r in rows if not r["mechanism_test"].moved]
+        parts = []
+        if moved:
+            parts.append("moved: " + ", ".join(f"{code(r['claim']['id'])} (Holm p {r['mechanism_test'].p_holm:.3f})" for r in moved))
+        if still:
+            parts.append("did not move: " + ", ".join(f"{code(r['claim']['id'])} (×{r['mechanism_test'].median_ratio:.3f}, p "
+                                                      f"{r['mechanism_test'].p:.3f}, Holm {r['mechanism_test'].p_holm:.3f})" for r in still))
+        late = [r for r in rows if r["mechanism_test"].post_hoc]
+        lines.append("- Mechanism, by the declared paired test (queries and keys closer than under `softmax`): " + "; ".join(parts) + "."
+                     + (f" Declared after these runs had finished, so post hoc for {ids_of(late, code)}." if late else ""))
+    null = board.get("mechanism_null") or []
+    if null:
+        spec = board.get("mechanism_test")
+        within = all(n.within for n in null)
+        lines.append(f"- The mechanism test's false-active rate under its null (`softmax` against `softmax`: {null[0].draws} draws, "
+                     f"rng seed {spec.null.rng_seed if spec else 0}, each pairing one half of a task's seeds with the other, "
+                     "uncorrected one-sided test at α = 0.05): "
+                     + "; ".join(f"{code(n.task)} ({code(n.suite)}) {n.rate:.1%} ({n.rejected} of {n.draws} draws, {n.pairs} pairs)" for n in null)
+                     + f"; declared ceiling {null[0].ceiling:.0%}: {'within it' if within else 'ABOVE it: the test calls softmax active against itself too often here'}.")
+    return lines
+
+
+def ids_of(rows, code) -> str:
+    return ", ".join(code(row["claim"]["id"]) for row in rows)
 
 
 def finding_line(board: Mapping[str, Any], code: Any = lambda text: f"`{text}`") -> str:

@@ -4,8 +4,10 @@ claim, the field and the fix, before anything is measured or written."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import yaml
 
@@ -33,7 +35,15 @@ _CONFIG_FIELDS = {"source": str}
 _CONFIG_OPTIONAL = {"note": str}
 _MEASURED_FIELDS = {"suite": str, "task": str, "variant": str, "metric": str, "scale": float}
 _PAPER_FIELDS = {"title": str, "source": str}
-_PAPER_OPTIONAL = {"authors": str, "venue": str, "note": str, "setting": dict}
+_PAPER_OPTIONAL = {"authors": str, "venue": str, "note": str, "setting": dict, "untraced": str}
+"""`untraced`: why the paper's figures could not be checked against the paper here; the page marks them, and the
+verdicts resting on them, so."""
+_DECLARED_FIELDS = {"commit": str, "at": str}
+_MECHANISM_TEST_FIELDS = {"test": str, "statistic": str, "alternative": str, "alpha": float, "correction": str, "null": dict, "declared": dict}
+_NULL_FIELDS = {"draws": int, "rng_seed": int, "max_false_active": float, "how": str}
+_DOSE_FIELDS = {"suite": str, "baseline": str, "diagnostic": str, "metric": str, "alpha": float, "rows": dict, "declared": dict}
+_THRESHOLD_FIELDS = {"variant": str, "diagnostic": str, "rule": str, "threshold": float, "declared": dict}
+_THRESHOLD_OPTIONAL = {"note": str}
 _SETTING_FIELDS = {"name": str, "paper": float, "note": str}
 
 
@@ -41,7 +51,139 @@ class ClaimsError(ValueError):
     """The claims file is malformed: the message names the claim, the field and the fix."""
 
 
-def load_claims(path: str | Path = CLAIMS_FILE, repo: str | Path | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Declared:
+    """When a test or threshold was fixed: the commit that declared it and that commit's time (ISO 8601)."""
+
+    commit: str
+    at: str
+
+    def after(self, finished: str | None) -> bool:
+        """Whether this declaration came after a record that finished at `finished` (ISO 8601): a rule declared once
+        the record existed could have been fitted to it (post hoc). A record without a finish time counts as before."""
+        if not finished:
+            return True
+        return datetime.fromisoformat(self.at) > datetime.fromisoformat(finished)
+
+
+@dataclass(frozen=True)
+class NullDraws:
+    draws: int
+    rng_seed: int
+    max_false_active: float
+    how: str
+
+
+@dataclass(frozen=True)
+class MechanismTestSpec:
+    """The declared mechanism test (claims.yaml `mechanism_test`): a paired one-sided Wilcoxon signed-rank test on the
+    log ratio of a variant's evaluated diagnostic to the baseline's at the same task and seed, Holm over the page."""
+
+    test: str
+    statistic: str
+    alternative: str
+    alpha: float
+    correction: str
+    null: NullDraws
+    declared: Declared
+
+
+@dataclass(frozen=True)
+class DoseResponseSpec:
+    """The declared λ dose-response (claims.yaml `dose_response`): rows label -> λ per variant, and what they are judged by."""
+
+    suite: str
+    baseline: str
+    diagnostic: str
+    metric: str
+    alpha: float
+    rows: Mapping[str, Mapping[str, float]]
+    declared: Declared
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """The judged copy of a kernel's threshold rule, with the commit that declared its threshold."""
+
+    variant: str
+    diagnostic: str
+    rule: str
+    threshold: float
+    declared: Declared
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class ClaimsFile(Mapping):
+    """The validated claims file. Reads like the mapping it was ({"papers": ..., "claims": [...]}), which is how the
+    measuring code and the tests look at claims; the declarations are typed."""
+
+    papers: Mapping[str, Mapping[str, Any]]
+    claims: tuple[Mapping[str, Any], ...]
+    mechanism_test: MechanismTestSpec | None = None
+    dose_response: DoseResponseSpec | None = None
+    thresholds: tuple[Threshold, ...] = field(default_factory=tuple)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._names():
+            raise KeyError(name)
+        value = getattr(self, name)
+        return list(value) if name == "claims" else value
+
+    def _names(self) -> tuple[str, ...]:
+        return ("papers", "claims", "mechanism_test", "dose_response", "thresholds")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def threshold(self, variant: str, diagnostic: str) -> Threshold | None:
+        return next((t for t in self.thresholds if t.variant == variant and t.diagnostic == diagnostic), None)
+
+
+def _declared(value: Any, label: str) -> Declared:
+    _check(value, _DECLARED_FIELDS, {}, f"{label}: field `declared`")
+    try:
+        datetime.fromisoformat(value["at"])
+    except ValueError:
+        raise ClaimsError(f"{label}: field `declared.at` must be an ISO time (git show -s --format=%cI <commit>), got {value['at']!r}") from None
+    return Declared(str(value["commit"]), value["at"])
+
+
+def _declarations(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    if "mechanism_test" in data:
+        # YAML reads the bare key `null` as None: the declaration's `null:` is the test's null distribution
+        spec = {("null" if key is None else key): value for key, value in (data["mechanism_test"] or {}).items()}
+        label = f"{where}: `mechanism_test`"
+        _check(spec, _MECHANISM_TEST_FIELDS, {}, label)
+        _check(spec["null"], _NULL_FIELDS, {}, f"{label}: field `null`")
+        found["mechanism_test"] = MechanismTestSpec(spec["test"], spec["statistic"], spec["alternative"], float(spec["alpha"]),
+                                                    spec["correction"], NullDraws(**spec["null"]), _declared(spec["declared"], label))
+    if "dose_response" in data:
+        spec = data["dose_response"]
+        label = f"{where}: `dose_response`"
+        _check(spec, _DOSE_FIELDS, {}, label)
+        rows = {}
+        for variant, levels in spec["rows"].items():
+            if not isinstance(levels, dict) or not all(_is_a(v, float) for v in levels.values()):
+                raise ClaimsError(f"{label}: field `rows.{variant}` must map row labels to λ values")
+            rows[str(variant)] = {str(k): float(v) for k, v in levels.items()}
+        found["dose_response"] = DoseResponseSpec(spec["suite"], spec["baseline"], spec["diagnostic"], spec["metric"],
+                                                  float(spec["alpha"]), rows, _declared(spec["declared"], label))
+    thresholds = []
+    for index, item in enumerate(data.get("thresholds") or []):
+        label = f"{where}: `thresholds` #{index + 1}"
+        _check(item, _THRESHOLD_FIELDS, _THRESHOLD_OPTIONAL, label)
+        thresholds.append(Threshold(item["variant"], item["diagnostic"], item["rule"], float(item["threshold"]),
+                                    _declared(item["declared"], label), item.get("note")))
+    found["thresholds"] = tuple(thresholds)
+    return found
+
+
+def load_claims(path: str | Path = CLAIMS_FILE, repo: str | Path | None = None) -> ClaimsFile:
     """The validated claims file: {"papers": {id: paper}, "claims": [claim, ...]}. `repo` (default: the
     repository holding this file) is where a structural claim's evidence files must exist.
     Written by hand, not with a schema library: the project's errors name the field and the fix in one line,
@@ -109,7 +251,7 @@ def load_claims(path: str | Path = CLAIMS_FILE, repo: str | Path | None = None) 
             _check(claim["proxy"], _PROXY_FIELDS, _PROXY_OPTIONAL, f"{label}: field `proxy`")
             if "measured_by" not in claim or claim["proxy"]["suite"] not in suites:
                 raise ClaimsError(f"{label}: field `proxy` needs the claim's `measured_by` and a built-in suite, got {claim['proxy']['suite']!r}")
-    return {"papers": papers, "claims": [row for claim in data["claims"] for row in (claim, *_proxy_rows(claim))]}
+    return ClaimsFile(papers, tuple(row for claim in data["claims"] for row in (claim, *_proxy_rows(claim))), **_declarations(data, where))
 
 
 def _proxy_rows(claim: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -642,6 +642,10 @@ def render_claims_html(board: dict[str, Any]) -> str:
     if bullets:
         out.write("<ul class=\"summary\">\n" + "".join(f"<li>{_inline(line)}</li>\n" for line in bullets) + "</ul>\n")
     out.write(f"<p>{_inline(board['rule'])} {_inline(board['resolution_rule'])} Values are in the paper's units (points).</p>\n")
+    from harness.report.claims_page import mechanism_rule_text
+
+    if mechanism_rule_text(board):
+        out.write(f"<p>{_inline(mechanism_rule_text(board))}</p>\n")
     out.write("<p class=\"generated\">Generated from <code>harness/claims.yaml</code> and the run records; do not edit. "
               "To add a claim, see the README, “Claims”.</p>\n")
 

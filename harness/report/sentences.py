@@ -158,13 +158,19 @@ def reproducibility_line(board: dict[str, Any], code: Callable[[str], str] = _ba
 
 
 def mechanism_sentence(table: Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str | None:
-    """"Mechanism diagnostics (...): `align-ct` qk_distance 0.497; `softmax` qk_distance 0.552"; None without them."""
+    """"Mechanism diagnostics (...): `align-ct` qk_distance 0.497 (20 of 20 seeds); ..."; None without them."""
     found = table.get("mechanism")
     if not found:
         return None
-    rows = "; ".join(f"{code(label)} " + ", ".join(f"{name} {value:.3g}" for name, value in values.items()) for label, values in found.items())
-    return ("Mechanism diagnostics (each variant's evidence that its idea was at work, mean over the finished seeds: at "
-            "the evaluated weights where the records measured it, else the last validation pass's; what each means and "
+
+    def cell(name: str, value: Any) -> str:
+        if not isinstance(value, Mapping):  # a board model written before the seed counts
+            return f"{name} {value:.3g}"
+        return f"{name} {value['mean']:.3g} ({value['seeds']} of {value['of']} seeds)"
+
+    rows = "; ".join(f"{code(label)} " + ", ".join(cell(name, value) for name, value in values.items()) for label, values in found.items())
+    return ("Mechanism diagnostics (each variant's evidence that its idea was at work, at the evaluated weights only: the "
+            "mean over the seeds whose records measured it there, of the row's finished seeds; what each means and "
             f"when it counts as active: `attnbench describe <variant>` and modules/attention/mechanism.py): {rows}.")
 
 

@@ -237,3 +237,44 @@ def write_effects_table(largest: int = 100) -> Path:
 
 if __name__ == "__main__":
     print(write_effects_table())
+
+
+@functools.lru_cache(maxsize=256)
+def _signed_rank_null(doubled_ranks: tuple[int, ...]) -> tuple[int, ...]:
+    """Counts of every attainable sum of the positive ranks (doubled, so tied half-ranks are integers) over the 2^n
+    sign patterns the null treats as equally likely: the exact null distribution of Wilcoxon's W+ given the ranks."""
+    counts = [1] + [0] * sum(doubled_ranks)
+    reach = 0
+    for rank in doubled_ranks:
+        reach += rank
+        for total in range(reach, rank - 1, -1):
+            counts[total] += counts[total - rank]
+    return tuple(counts)
+
+
+def wilcoxon_signed_rank_p(diffs: list[float], alternative: str) -> tuple[float, int]:
+    """(p, n) of the exact Wilcoxon signed-rank test of `diffs` against a median of 0, one-sided: `alternative`
+    'less' (the differences tend below 0) or 'greater'. Zero differences are dropped (Wilcoxon's own rule), ties
+    share their average rank and the null is exact given those ranks (every sign pattern equally likely), so no
+    normal approximation enters at the seed counts a board has. p = 1 with n = 0 when no difference is non-zero."""
+    if alternative not in ("less", "greater"):
+        raise ValueError(f"alternative must be 'less' or 'greater', got {alternative!r}")
+    nonzero = [d for d in diffs if d != 0.0 and math.isfinite(d)]
+    n = len(nonzero)
+    if n == 0:
+        return 1.0, 0
+    order = sorted(range(n), key=lambda i: abs(nonzero[i]))
+    doubled = [0] * n
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and abs(nonzero[order[j + 1]]) == abs(nonzero[order[i]]):
+            j += 1
+        for k in range(i, j + 1):
+            doubled[order[k]] = i + j + 2  # twice the average of ranks i+1 .. j+1
+        i = j + 1
+    w_plus = sum(rank for rank, d in zip(doubled, nonzero) if d > 0)
+    counts = _signed_rank_null(tuple(sorted(doubled)))
+    total = float(2 ** n)
+    tail = sum(counts[: w_plus + 1]) if alternative == "less" else sum(counts[w_plus:])
+    return min(1.0, tail / total), n

@@ -5,14 +5,16 @@ its own (tests/harness/test_verdict_rules.py)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
 
 from harness.report.stats import ALPHA
 
 REPRODUCED, NOT_REPRODUCED, OPPOSITE, INCONCLUSIVE, NOT_JUDGED, NOT_RUN_HERE, NOT_RUN_YET = (
     "reproduced", "not reproduced", "opposite effect", "inconclusive", "not judged", "not run here", "not run yet")
 NEGATIVE = (NOT_REPRODUCED, OPPOSITE)
-"""Verdicts that say a paper's claim does not hold here: given only where the variant's mechanism was shown active."""
+"""Verdicts that say a paper's claim does not hold here, by the same rules as a positive one: the mechanism is reported
+beside them, never withholding them."""
 
 
 def paper_delta(claim: Mapping[str, Any]) -> float | None:
@@ -22,19 +24,48 @@ def paper_delta(claim: Mapping[str, Any]) -> float | None:
     return claim["method"]["mean"] - claim["baseline"]["mean"]
 
 
+@dataclass(frozen=True)
+class Verdict(Mapping):
+    """A claim's verdict: its word, the detail that says why, the label shown where it differs from the word ("not
+    reproduced in this setup"). Reads like the mapping the claims board stores it as (`verdict["detail"]`)."""
+
+    verdict: str
+    detail: str | None = None
+    label: str | None = None
+    in_this_setup: bool = False
+
+    def _items(self) -> dict[str, Any]:
+        found = {"verdict": self.verdict, "detail": self.detail}
+        if self.label is not None:
+            found["label"] = self.label
+        if self.in_this_setup:
+            found["in_this_setup"] = True
+        return found
+
+    def __getitem__(self, name: str) -> Any:
+        return self._items()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items())
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+
 def verdict_for(claim: Mapping[str, Any], measure: Mapping[str, Any], family: Mapping[str, Any] | None = None,
-                mechanism: tuple[bool | None, str] | None = None, baselines_differ: bool = False) -> dict[str, Any]:
-    """{"verdict", "detail"} by VERDICT_RULE from our summary (`summarize` of the paired differences, or of softmax's
-    values for a baseline claim), the row's family comparison ({"p", "p_holm", "family"}), and its mechanism evidence
-    ((active, evidence) or None when the variant declares no diagnostic). Fewer than 2 pairs leave no CI: inconclusive."""
+                baselines_differ: bool = False) -> Verdict:
+    """The verdict on the claim as stated, by VERDICT_RULE, from our summary (`summarize` of the paired differences, or
+    of softmax's values for a baseline claim) and the row's comparison in its table's Holm family ({"p", "p_holm",
+    "family"}, board.paired_comparisons). The same rules for both signs of the paper's Δ and of ours; the mechanism is
+    reported beside the verdict, never in it. Fewer than 2 pairs leave no CI: inconclusive."""
     low, high = measure["ci_low"], measure["ci_high"]
     if low is None:
-        return {"verdict": INCONCLUSIVE, "detail": f"{measure['n']} finished pair(s): no confidence interval"}
+        return Verdict(INCONCLUSIVE, f"{measure['n']} finished pair(s): no confidence interval")
     if claim["kind"] == "baseline":
         target = claim["value"]["mean"]
         if low <= target <= high:
-            return {"verdict": REPRODUCED, "detail": None}
-        return {"verdict": NOT_REPRODUCED, "detail": f"our softmax is {measure['mean'] - target:+.2f} from the paper's {target:.2f}"}
+            return Verdict(REPRODUCED)
+        return Verdict(NOT_REPRODUCED, f"our softmax is {measure['mean'] - target:+.2f} from the paper's {target:.2f}")
     expected = claim["sign"] if claim["kind"] == "direction" else math.copysign(1.0, paper_delta(claim))
     delta = paper_delta(claim)
     excludes_zero = not low <= 0.0 <= high
@@ -60,10 +91,6 @@ def verdict_for(claim: Mapping[str, Any], measure: Mapping[str, Any], family: Ma
     elif delta is not None and (high < delta if delta > 0 else low > delta):
         verdict = NOT_REPRODUCED
         detail = "the CI excludes the paper's Δ" + (f"; {alone}" if alone else "")
-    if verdict in NEGATIVE and mechanism is not None and mechanism[0] is not True:
-        why = "mechanism inactive" if mechanism[0] is False else "no mechanism evidence at the evaluated weights"
-        return {"verdict": INCONCLUSIVE, "detail": f"{why}: {mechanism[1]} (else: {verdict})", "withheld": verdict}
     if verdict in NEGATIVE and baselines_differ:
-        verdict_text = f"{verdict} in this setup"
-        return {"verdict": verdict, "detail": detail, "in_this_setup": True, "label": verdict_text}
-    return {"verdict": verdict, "detail": detail}
+        return Verdict(verdict, detail, label=f"{verdict} in this setup", in_this_setup=True)
+    return Verdict(verdict, detail)

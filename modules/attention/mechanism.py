@@ -1,5 +1,6 @@
-"""Was a variant's mechanism at work in a run? The rule the claims board applies before any negative verdict
-(issue 35): where the mechanism was inactive, a "not reproduced" would report a no-op, not the paper's idea.
+"""Was a variant's mechanism at work in a run? The kernels' threshold rules, which the claims page reports beside
+each verdict (never instead of it: the claim as stated is judged whatever its mechanism did), together with the
+declared paired test of harness/report/mechanism_test.py.
 
 Each variant declares its diagnostics and their thresholds (`AttentionKernel.mechanism`, MechanismDiagnostic says
 how a rule reads a value, each declaration says what its threshold measures and why). The rules read the value at
@@ -10,7 +11,7 @@ it was in 5-6. A record without that value has "no evidence at the evaluated wei
 training curves. `mechanism_active(record, baseline)`:
 
 - (True, evidence): the rule holds (any ruled diagnostic, or all of them where the variant says 'all');
-- (False, evidence): it does not: the board's verdict is "inconclusive: mechanism inactive";
+- (False, evidence): it does not;
 - (None, reason): nothing to decide: a variant without ruled diagnostics (softmax), a record without evidence at
   the evaluated weights (made before issue 51), or a 'below-baseline' rule without the baseline's record at the
   same task and seed.
@@ -18,12 +19,20 @@ training curves. `mechanism_active(record, baseline)`:
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from .kernel import MechanismDiagnostic
 
 EVALUATED = "test/diag/"
 """Where a record keeps its diagnostics at the evaluated weights."""
+EVALUATED_ATTENTION = "test/attn/"
+"""Where the test pass's attention statistics go (the kernel's diagnostics averaged over the test pass's calls, at the
+same evaluated weights): records made before `test/diag/` existed carry a declared diagnostic there only, equal to
+its `test/diag/` value wherever a record holds both. Per-layer keys (`test/attn/l0/...`) are not read."""
+EVALUATED_KEYS = (EVALUATED, EVALUATED_ATTENTION)
+"""Every key a value at the evaluated weights is read from, in order. Training-time curves and validation values
+(`diag/<name>`, `val/diag/<name>`) are never read: they come from other weights than the test numbers'."""
 NO_EVIDENCE = "no evidence at the evaluated weights"
 
 
@@ -42,13 +51,20 @@ def _curve(record: Any, key: str) -> list[float]:
 
 
 def evaluated(record: Any, name: str) -> float | None:
-    """A diagnostic's value at the record's evaluated weights, or None where the record does not carry it."""
-    value = (_field(record, "diagnostics") or {}).get(EVALUATED + name)
-    return None if value is None else float(value)
+    """A diagnostic's value at the record's evaluated weights (`test/diag/<name>`, else `test/attn/<name>`), or None
+    where the record carries neither."""
+    values = _field(record, "diagnostics") or {}
+    for prefix in EVALUATED_KEYS:
+        value = values.get(prefix + name)
+        if value is not None and math.isfinite(float(value)):
+            return float(value)
+    return None
 
 
-def has_evaluated_evidence(record: Any) -> bool:
-    """Whether the record carries any diagnostic at its evaluated weights (runs since issue 51)."""
+def has_evaluated_evidence(record: Any, names: Any = None) -> bool:
+    """Whether the record carries a diagnostic at its evaluated weights (`names`: any of these; default any at all)."""
+    if names is not None:
+        return any(evaluated(record, name) is not None for name in names)
     return any(name.startswith(EVALUATED) for name in (_field(record, "diagnostics") or {}))
 
 
