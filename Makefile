@@ -16,7 +16,7 @@ endif
 export ATTNBENCH_DATA
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser postgres slurm bench paper-gat perf startup gpu-smoke gpu-perf scaling probe tune leaderboard test test-slow mutation clean
+.PHONY: help install browser postgres slurm bench paper-gat perf startup gpu-smoke gpu-perf gpu-cost scaling probe tune leaderboard test test-slow mutation clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ gpu-smoke: install ## on a GPU machine (< 10 min): versions, every variant dense
 
 gpu-perf: install ## on a GPU machine (<= 8 min): correctness, the dense table at L=512/2048/8192, ALBERT-base steps, Cora epochs, scaling, the goals met; writes leaderboards/gpu-perf/<gpu>.md. Without a GPU: builds .gpukit and checks a device call carries <= 64 MiB
 	$(BIN)/python -m harness.studies.gpu_perf
+
+gpu-cost: install ## what a GPU would run, counted on the CPU (kernels, host syncs, bytes, peak, saved, FLOPs per variant; Cora epochs): writes leaderboards/gpu-cost.{md,csv}
+	$(BIN)/python -m harness.studies.gpu_cost --out leaderboards
 
 scaling: install ## the SUITE (default quick) with 1 and with 2 workers in one command: prints the speed-up
 	$(BIN)/attnbench scaling --suite $(SUITE) --workers 1,2

@@ -44,6 +44,7 @@ Units and mapping (one convention for both variants and every host):
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, ClassVar, NamedTuple
 
@@ -115,6 +116,39 @@ def _negated_hessian_of(groups: Groups, outer: Tensor, diagonal: Tensor) -> Call
     return negated_hessian
 
 
+BUCKET_TABLES = 8
+"""How many bucket tables `bucket_table` keeps: one per (num_buckets, max_distance, device) in use, least recently
+used dropped first."""
+BUCKET_TABLE_MAX = 4096
+"""The longest sequence whose table is kept (int64: 128 MiB at 4096); longer ones are computed per call."""
+_bucket_tables: "OrderedDict[tuple[int, int, torch.device], Tensor]" = OrderedDict()
+
+
+def bucket_table(num_buckets: int, max_distance: int, length: int, device: torch.device) -> Tensor:
+    """[M, M] T5 buckets of (key - query) for positions 0..M-1, M >= length: every (Lq, Lk) with Lk <= M is its
+    slice [Lk - Lq:Lk, :Lk]. Bounded: one table per (num_buckets, max_distance, device), shared by every kernel,
+    at most BUCKET_TABLES of them (LRU), grown to the next power of two when a longer sequence comes (so its size
+    is under 4x the longest sequence's L², int64), none kept past BUCKET_TABLE_MAX. Was a table per (Lq, Lk) per
+    kernel, never dropped: 342 MB per kernel after lengths 1..512."""
+    device = torch.device(device)
+    key = (num_buckets, max_distance, device)
+    table = _bucket_tables.get(key)
+    if table is None or table.shape[0] < length:
+        size = 1 << max(length - 1, 0).bit_length()
+        keep = size <= BUCKET_TABLE_MAX
+        with torch.inference_mode(False):  # a table built in inference mode must serve training forwards too
+            positions = torch.arange(size if keep else length, device=device)
+            table = t5_relative_position_bucket(positions[None, :] - positions[:, None], num_buckets=num_buckets,
+                                                max_distance=max_distance)
+        if not keep:
+            return table
+        _bucket_tables[key] = table
+    _bucket_tables.move_to_end(key)
+    while len(_bucket_tables) > BUCKET_TABLES:
+        _bucket_tables.popitem(last=False)
+    return table
+
+
 @dataclass(frozen=True)
 class FenchelConfig(AttentionConfig):
     alpha: Annotated[float | None, Gt(0)] = None
@@ -155,6 +189,11 @@ class FenchelAttention(AttentionKernel):
     2: the position prior only at sequence self-attention sites (1 put it on every dense layout:
     image grids, cross-attention, pooling)."""
     scalar_knobs = ("log_alpha", "degree_weight")
+    pair_mask_parameters: ClassVar[tuple[str, ...]] = ("degree_weight",)
+    """Parameters read only where keys have different degrees: graphs, and dense layouts given a per-pair mask
+    [B, 1, Lq, Lk] (causal, sliding windows). Under a key-padding mask or none every key of a sample has the same
+    degree and the degree prior is uniform, so a host that knows a layer gets no per-pair mask (the Hugging Face
+    door, at a layer that is not causal) freezes them there, for DistributedDataParallel's default settings."""
     """The reliability α and the degree prior's coupling; the position-bias table is a sub-network (host rate)."""
     softmax_limit: ClassVar[dict[str, Any]] = {"prior": "uniform", "alpha": 1.0, "learn_alpha": False}
     mechanism = (
@@ -185,7 +224,6 @@ class FenchelAttention(AttentionKernel):
         if self.position_bias is not None:
             nn.init.zeros_(self.position_bias.weight)
         self.degree_weight = nn.Parameter(torch.zeros(heads)) if config.prior in ("position", "degree") else None
-        self._bucket_cache: dict[tuple[int, int, torch.device], Tensor] = {}
         # A parameter this site never reads is frozen, so that DistributedDataParallel does not wait for its gradient
         # (it fails on the second step otherwise): the position table away from token sequences, the degree coupling
         # where the position prior applies. Nothing that is read changes.
@@ -199,17 +237,9 @@ class FenchelAttention(AttentionKernel):
         return self.log_alpha.exp()
 
     def _buckets(self, num_queries: int, num_keys: int, device: torch.device) -> Tensor:
-        key = (num_queries, num_keys, device)
-        if key not in self._bucket_cache:
-            # Queries are the last `num_queries` positions (as DenseGroups' causal mask aligns them).
-            query_pos = torch.arange(num_keys - num_queries, num_keys, device=device)
-            key_pos = torch.arange(num_keys, device=device)
-            self._bucket_cache[key] = t5_relative_position_bucket(
-                key_pos[None, :] - query_pos[:, None],
-                num_buckets=self.config.num_buckets,
-                max_distance=self.config.max_distance,
-            )
-        return self._bucket_cache[key]
+        """[Lq, Lk] T5 buckets of key - query positions, queries the last `num_queries` positions (as DenseGroups'
+        causal mask aligns them): a slice of one shared table (`bucket_table`), never a table per length."""
+        return bucket_table(self.config.num_buckets, self.config.max_distance, num_keys, device)[num_keys - num_queries:num_keys, :num_keys]
 
     def log_prior(self, logits: Tensor, groups: Groups) -> Tensor | None:
         """Unnormalised log u in a shape broadcastable to `logits` (None = uniform). Normalising it is
