@@ -72,13 +72,37 @@ def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, atte
         from transformers.integrations.sdpa_attention import repeat_kv
 
         key, value = repeat_kv(key, query.shape[1] // key.shape[1]), repeat_kv(value, query.shape[1] // value.shape[1])
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        try:
+            attention_mask = boolean_mask(attention_mask)
+        except UnsupportedModelError as exc:
+            raise UnsupportedModelError(f"{type(module).__name__} ({getattr(kernel, '_attnbench_layer', 'a layer')}): {exc}") from None
     is_causal = kwargs.get("is_causal")
     groups = dense_groups(attention_mask, query, key, kernel.site, getattr(module, "is_causal", False) if is_causal is None else is_causal)
+    if groups.mask is not None and groups.mask.shape[-2] != 1 and kernel.training and torch.is_grad_enabled():
+        check_frozen_unread(module, kernel)
     recorder: Recorder = kernel._attnbench_recorder
     need_weights = recorder.need_weights or bool(kwargs.get("output_attentions"))
     out, result = kernel(query, key, value, groups, scale=scaling, dropout_p=dropout, need_weights=need_weights)
     recorder.record(kernel, result)
     return out.transpose(1, 2).contiguous(), result.weights
+
+
+def check_frozen_unread(module: nn.Module, kernel: AttentionKernel) -> None:
+    """A per-pair mask reached a layer whose kernel had parameters frozen as never read there (install.py's
+    freeze_unread): training on would leave them at their initial values, silently. Stop, naming them and the fix."""
+    frozen = [name for name in getattr(kernel, "_attnbench_frozen", ()) if not getattr(kernel, name).requires_grad]
+    if not frozen:
+        return
+    layer = getattr(kernel, "_attnbench_layer", "a layer")
+    names = ", ".join(frozen)
+    raise RuntimeError(
+        f"{type(module).__name__} ({layer}): {kernel.name}'s {names} was frozen when the model was built, because this layer is "
+        f"not causal and was expected to get a key-padding mask or none, under which {names} is never read (frozen, "
+        f"DistributedDataParallel's default settings work); this training forward passes a per-pair mask [B, 1, Lq, Lk], which "
+        f"reads it. Either pass a key-padding mask [B, L], or train it: before wrapping the model in DistributedDataParallel, "
+        f"model.get_submodule({layer!r}).{KERNEL}.{frozen[0]}.requires_grad_(True) at every such layer (and pass "
+        f"find_unused_parameters=True if some layers never get a per-pair mask)")
 
 
 def mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
@@ -121,7 +145,12 @@ def dense_groups(mask: Tensor | None, query: Tensor, key: Tensor, site: Attentio
 
 def boolean_mask(mask: Tensor) -> Tensor:
     """An additive float mask (0 = attend, a large negative number = masked) as a boolean one; a mask that
-    also adds a bias (ALiBi) is refused, since a variant's scores are its own."""
+    also adds a bias (ALiBi), or one that carries a gradient (a learned bias, zero or not), is refused, since a
+    variant's scores are its own. The layers' code is checked for such masks at construction (support.py); this
+    is the check of the values a forward hands in, for a bias the code does not show."""
+    if mask.requires_grad:  # a learned bias, even while it is zero (Swin's fresh relative-position table)
+        raise UnsupportedModelError("the model adds a learned bias to the attention scores through its mask; attnbench variants "
+                                    "take a mask as attend-or-not only, so the bias would be dropped and would not train")
     allowed = mask > torch.finfo(mask.dtype).min / 2
     if bool((mask[allowed] != 0).any()):
         raise UnsupportedModelError("the model adds a bias to the attention scores through its mask; attnbench variants cannot take it")

@@ -169,6 +169,24 @@ def build_kernel(spec: Mapping[str, Any], module: nn.Module, site: AttentionSite
     return kernel
 
 
+def freeze_unread(kernel: AttentionKernel, module: nn.Module) -> None:
+    """Freeze the kernel parameters this layer never reads, so that DistributedDataParallel with its default
+    settings does not wait for their gradients (it fails at the second step otherwise, naming none of them).
+    A kernel freezes what its site alone rules out (fenchel's position table away from token sequences); here
+    the layer adds what the door knows: a layer that is not causal gets a key-padding mask or none (mask()
+    below), never a per-pair one, so the kernel's `pair_mask_parameters` (fenchel's degree coupling at ViT's
+    layers and BART's cross-attention) are never read there. A forward that hands such a layer a per-pair mask
+    anyway (a custom 4-D mask) is stopped by dispatch.attention, naming the parameter and the fix."""
+    frozen = set(getattr(kernel, "_attnbench_frozen", ()))
+    if not getattr(module, "is_causal", False):
+        for name in getattr(type(kernel), "pair_mask_parameters", ()):
+            parameter = getattr(kernel, name, None)
+            if isinstance(parameter, nn.Parameter) and parameter.requires_grad:
+                parameter.requires_grad_(False)
+                frozen.add(name)
+    kernel._attnbench_frozen = tuple(sorted(frozen))
+
+
 def _same_kernel(kernel: AttentionKernel, spec: Mapping[str, Any], site: AttentionSite) -> bool:
     name, config = resolve_config(spec)
     return kernel.name == name and kernel.site == site and kernel.config == config.for_site(site)
@@ -186,6 +204,8 @@ def install(model: nn.Module, spec: Mapping[str, Any]) -> None:
             kernel = build_kernel(spec, module, site)
             setattr(module, KERNEL, kernel)
         kernel._attnbench_recorder = recorder
+        kernel._attnbench_layer = qualified or "the model"  # named in errors a forward raises
+        freeze_unread(kernel, module)
     model.config.attn_implementation = saved_implementation_name(spec["name"])  # what config.json says
     setattr(model.config, CONFIG_KEY, dict(spec))
 

@@ -6,7 +6,13 @@ attention interface (`ALL_ATTENTION_FUNCTIONS`) and adds nothing of its own to t
   implementation from a table of their own (Falcon): the variant would never run, and the model would run with
   its own attention, silently;
 - a layer that passes the interface something a variant does not take: T5's relative-position bias, Gemma-2's
-  logit soft-capping, gpt-oss's attention sinks.
+  logit soft-capping, gpt-oss's attention sinks;
+- a layer that adds a bias of its own to the scores through the mask it hands the interface (Swin's relative-
+  position table and shifted-window masks, Parakeet's relative positions, Doge's dynamic mask): a variant takes
+  a mask as "attend or not" only, so the bias would be dropped and its parameters would never train, silently
+  (a zero-initialised table even passes a forward-time check). The mask argument is followed back through the
+  forward's assignments (`mask_bias`); a layer whose mask is anything but the masks it is given, combined by
+  masking operations, is refused.
 The checks read the layers' source code (what transformers itself does in `_can_set_attn_implementation`): a
 model is judged by its code, before a forward could show anything.
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import inspect
 import textwrap
 from typing import Any
@@ -31,6 +38,12 @@ SCORE_ARGUMENTS = {
     "sinks": "attention sinks",
 }
 """Arguments of the attention-interface call that change the scores in ways a variant does not take."""
+
+
+BIAS_WORDS = re.compile(r"bias|alibi|position|relative|dt_states", re.IGNORECASE)
+"""Names that, read into the mask handed to the interface, put values of their own into the scores."""
+ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.MatMult, ast.Div, ast.Pow)
+SHAPE_READS = {"shape", "size", "dtype", "device", "ndim", "dim", "finfo", "len", "numel"}
 
 
 class UnsupportedModelError(TypeError):
@@ -73,6 +86,80 @@ def interface_arguments(cls: type) -> dict[str, str]:
         if "attention_interface" in called or INTERFACE in called:
             found.update({kw.arg: ast.unparse(kw.value) for kw in node.keywords if kw.arg is not None})
     return found
+
+
+def _mask_expression(call: ast.Call) -> ast.expr | None:
+    """The mask argument of an attention-interface call: `attention_mask=...` or the fifth positional argument
+    (module, query, key, value, mask)."""
+    for kw in call.keywords:
+        if kw.arg == "attention_mask":
+            return kw.value
+    return call.args[4] if len(call.args) > 4 else None
+
+
+def _is_shape_read(node: ast.AST) -> bool:
+    """An expression that reads only sizes, dtypes or devices (`x.shape[-1]`, `torch.finfo(x.dtype).min`)."""
+    text = ast.unparse(node)
+    return any(re.search(rf"\b{word}\b", text) for word in SHAPE_READS) or isinstance(node, ast.Constant)
+
+
+def _bias_in(node: ast.AST) -> str | None:
+    """Why an expression puts values into scores: arithmetic between two tensors (not sizes), or a read of a name
+    that says bias/position; None when it only selects, combines or fills masks."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.BinOp) and isinstance(sub.op, ARITHMETIC) \
+                and not _is_shape_read(sub.left) and not _is_shape_read(sub.right):
+            return f"its mask is computed as {ast.unparse(sub)}"
+        if isinstance(sub, (ast.Name, ast.Attribute, ast.keyword)):
+            word = sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute) else sub.arg
+            if word and BIAS_WORDS.search(word) and not word.endswith(("_ids", "indices")):  # positions as indices select
+                return f"its mask reads {word}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def mask_bias(cls: type) -> str | None:
+    """Why the class's forward hands the attention interface a mask that carries a bias of its own (Swin:
+    `relative_position_bias + attention_mask`), or None. The mask argument is followed back through the
+    forward's assignments to the names it is built from; a further mask combined into it (a name that says
+    mask) is taken as the mask it says it is, and its values are checked at each forward (dispatch.boolean_mask)."""
+    source = _forward_source(cls)
+    return None if source is None else source_mask_bias(source)
+
+
+def source_mask_bias(source: str) -> str | None:
+    """mask_bias for a forward's source code."""
+    tree = ast.parse(source)
+    assignments: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        assignments.setdefault(name.id, []).append(node)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        called = ast.unparse(node.func)
+        if "attention_interface" not in called and INTERFACE not in called:
+            continue
+        mask = _mask_expression(node)
+        pending, seen = [mask] if mask is not None else [], set()
+        while pending:
+            expression = pending.pop()
+            why = _bias_in(expression)
+            if why is not None:
+                return why
+            for name in {n.id for n in ast.walk(expression) if isinstance(n, ast.Name)} - seen:
+                seen.add(name)
+                if "mask" in name.lower() and expression is not mask:
+                    continue  # another mask combined in (DeepSeek's top-k index mask): selecting, not scoring
+                for assignment in assignments.get(name, ()):
+                    if isinstance(assignment, ast.AugAssign) and isinstance(assignment.op, ARITHMETIC):
+                        return f"its mask is updated by {ast.unparse(assignment)}"
+                    pending.append(assignment.value)
+    return None
 
 
 def _passed_value(module: nn.Module, expression: str) -> Any:
@@ -129,11 +216,20 @@ def check_class(cls: type, config: Any = None) -> None:
         raise UnsupportedModelError(refusal_message(cls, what))
     for layer in _module_classes(cls.__module__):
         if calls_interface(layer):
+            why = mask_bias(layer)
+            if why is not None:
+                raise UnsupportedModelError(refusal_message(cls, _bias_reason(layer.__name__, why)))
             for argument, expression in interface_arguments(layer).items():
                 if argument in SCORE_ARGUMENTS and _configured(config, expression) is not None:
                     raise UnsupportedModelError(refusal_message(
                         cls, f"its {layer.__name__} passes the interface {argument}={expression}, {SCORE_ARGUMENTS[argument]}, "
                              f"which attnbench variants do not take"))
+
+
+def _bias_reason(layer: str, why: str) -> str:
+    return (f"its {layer} adds a bias of its own to the attention scores through the mask it passes the interface ({why}); "
+            f"attnbench variants take a mask as attend-or-not only, so the bias would be dropped and its parameters "
+            f"would not train")
 
 
 def _configured(config: Any, expression: str) -> Any:
@@ -176,6 +272,9 @@ def check_supported(model: nn.Module) -> list[tuple[str, nn.Module]]:
     if not found:
         raise UnsupportedModelError(refusal_message(model, "none of its layers calls the interface"))
     for name, module in found:
+        why = mask_bias(type(module))
+        if why is not None:
+            raise UnsupportedModelError(refusal_message(model, _bias_reason(f"{type(module).__name__} ({name})", why)))
         for argument, expression in interface_arguments(type(module)).items():
             if argument in SCORE_ARGUMENTS and _passed_value(module, expression) is not None:
                 raise UnsupportedModelError(refusal_message(
