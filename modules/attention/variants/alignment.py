@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...device_policy import host_reads_are_cheap
 from ..groups import Groups
 from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, FusedAttention, HeadShape, MechanismDiagnostic,
                       point_sets, qk_diagnostics, standard_diagnostics)
@@ -189,6 +190,9 @@ def sinkhorn_plan(cost: Tensor, a: Tensor, b: Tensor, eps: float, iterations: in
     # Convergence is tested every 10 iterations as before, on the device; the host reads the outcome only
     # every _SINKHORN_READ_EVERY iterations (each read waits for the GPU). Iterations after the converged
     # test leave u and v as they were, so the plan is bit-identical to stopping right at it.
+    # Where host reads are not cheap (the CUDA path, and under torch.compile) nothing is read: every iteration runs,
+    # those past convergence masked, so the plan is the same without a sync.
+    reads = host_reads_are_cheap(cost)
     stopped: Tensor | None = None
     for step in range(iterations):
         new_u = a / (v.unsqueeze(-2) @ kernel_t).squeeze(-2)
@@ -200,7 +204,8 @@ def sinkhorn_plan(cost: Tensor, a: Tensor, b: Tensor, eps: float, iterations: in
             rows = u * (v.unsqueeze(-2) @ kernel_t).squeeze(-2)
             converged = (rows - a).abs().sum(-1).max() < tol
             stopped = converged if stopped is None else stopped | converged
-        if stopped is not None and step % _SINKHORN_READ_EVERY == _SINKHORN_READ_EVERY - 1 and step < iterations - 1 and bool(stopped):
+        if (reads and stopped is not None and step % _SINKHORN_READ_EVERY == _SINKHORN_READ_EVERY - 1
+                and step < iterations - 1 and bool(stopped)):
             break
     return (u.unsqueeze(-1) * kernel * v.unsqueeze(-2)).to(cost.dtype)
 

@@ -60,6 +60,7 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
+from ...device_policy import takes_cuda_path
 from ..groups import DenseGroups, Groups
 from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, AttentionSite, FusedAttention, HeadShape, MechanismDiagnostic,
                       block_pairs, full_precision, mechanism_diagnostics_on, query_block_rows,
@@ -451,7 +452,7 @@ class BayesianAttention(AttentionKernel):
         softmaxes is not one), and where the mask is per query (causal): the prior and the KL's key sums assume
         every query of a sample sees the same keys.
         Measured nowhere yet on a GPU: `make gpu-perf` checks it against eager (forward, gradients) and times it."""
-        if not isinstance(groups, DenseGroups) or not (q.is_cuda or _fused_on_cpu):
+        if not isinstance(groups, DenseGroups) or not (takes_cuda_path(q) or _fused_on_cpu):
             return None
         if groups.mask is not None and groups.mask.shape[-2] > 1:
             return None

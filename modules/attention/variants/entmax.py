@@ -44,6 +44,7 @@ from annotated_types import Ge, Interval
 import torch
 from torch import Tensor, nn
 
+from ...device_policy import takes_cuda_path
 from ..groups import DenseGroups, Groups
 from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, FusedAttention, HeadShape, LibraryForm,
                       MechanismDiagnostic, full_precision,
@@ -232,6 +233,27 @@ class GroupedEntmax(torch.autograd.Function):
         return grad_logits, grad_alpha, None, None
 
 
+class SyncFreeSparsemax(entmax_package.activations.SparsemaxFunction):
+    """The package's sparsemax with a backward that reads nothing on the host: it zeroes the gradient off the support
+    with a masked fill where the package assigns through a boolean index (`grad[output == 0] = 0`), which on a GPU
+    waits for the device to size the index. The same values bit for bit."""
+
+    @classmethod
+    def backward(cls, ctx, grad_output):
+        supp_size, output = ctx.saved_tensors
+        dim = ctx.dim
+        grad_input = grad_output.masked_fill(output == 0, 0)
+        v_hat = grad_input.sum(dim=dim) / supp_size.to(output.dtype).squeeze(dim)
+        v_hat = v_hat.unsqueeze(dim)
+        grad_input = torch.where(output != 0, grad_input - v_hat, grad_input)
+        return grad_input, None, None
+
+
+def sparsemax(x: Tensor, dim: int = -1, k: int | None = None) -> Tensor:
+    """`entmax.sparsemax` (exact, sort-based; `k` as the package's partial sort) without a host read in its backward."""
+    return SyncFreeSparsemax.apply(x, dim, k)
+
+
 @register_attention("entmax", learn_alpha=True)
 class EntmaxAttention(AttentionKernel):
     """α-entmax: Tsallis-regularised sparse attention with exact zeros (learned α per head for `entmax`)."""
@@ -303,7 +325,8 @@ class EntmaxAttention(AttentionKernel):
             return None
         if q.shape != k.shape or q.shape[-1] not in ADASPLASH_HEAD_DIMS:
             return None
-        if not (q.is_cuda or _adasplash_reference is not None):  # on CPU: no CUDA query, no import per call
+        # off the CUDA path: no CUDA query, no import per call (a stand-in reference runs anywhere)
+        if not (takes_cuda_path(q) or _adasplash_reference is not None):
             return None
         library = adasplash_kernel()
         if library is None:
@@ -355,13 +378,14 @@ class EntmaxAttention(AttentionKernel):
             steps = self.config.solver_steps or default_solver_steps(x.dtype)
             out = entmax_package.entmax_bisect(rows, per_head(alpha, rows), dim=-1, n_iter=steps)
         elif alpha in (2.0, 1.5):
-            sort_based = entmax_package.sparsemax if alpha == 2.0 else entmax_package.entmax15
+            sort_based = sparsemax if alpha == 2.0 else entmax_package.entmax15
             # The partial-sort hint is a CPU speed-up that costs two host reads per call (the hint itself, and
             # the package's check that k sufficed), each a GPU stall; off the CPU rows are sorted fully, which
-            # gives the same weights (the threshold only reads the sorted prefix that holds the support).
-            on_cpu = rows.device.type == "cpu"
-            out = sort_based(rows, dim=-1, k=self._partial_sort_size(rows.shape[-1]) if on_cpu else None)
-            if on_cpu:
+            # gives the same weights (the threshold only reads the sorted prefix that holds the support). The device
+            # policy decides, so that a CPU run "as on CUDA" sorts fully too.
+            hinted = not takes_cuda_path(rows)
+            out = sort_based(rows, dim=-1, k=self._partial_sort_size(rows.shape[-1]) if hinted else None)
+            if hinted:
                 self._remember_support(out)
         else:
             steps = self.config.solver_steps or default_solver_steps(x.dtype)

@@ -52,6 +52,7 @@ from annotated_types import Ge, Gt, Interval
 import torch
 from torch import Tensor, nn
 
+from ...device_policy import takes_cuda_path
 from ..groups import Groups, host_reads_are_cheap
 from ..kernel import (
     AttentionConfig,
@@ -312,7 +313,7 @@ class FenchelAttention(AttentionKernel):
         """`α[h]·s + log u` as a FlexAttention score_mod, built only where it can run (CUDA, or a test that
         asks for it). log u is read from its factors (the bucket table, the degrees) instead of an L×L bias,
         so that FlexAttention never materialises it; captured tensors are [H] or larger, never 0-d."""
-        if not ((q.is_cuda and flex_wanted()) or flex_cpu_allowed()):
+        if not ((takes_cuda_path(q) and flex_wanted()) or flex_cpu_allowed()):
             return None
         alpha = self.alpha()
         batch, heads, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]

@@ -54,6 +54,7 @@ from annotated_types import Ge, Gt
 import torch
 from torch import Tensor, nn
 
+from ...device_policy import takes_cuda_path
 from ..groups import Groups
 from ..kernel import (
     AttentionConfig,
@@ -344,7 +345,7 @@ class GaussianMixtureAttention(AttentionKernel):
         `α·s − α/2·‖k‖² + log π`; the ‖q‖² term cancels in the softmax). The per-key terms are one captured
         [B, H, Lk] tensor, so gradients reach the keys, α, ρ and c through it; α is captured as [H], never 0-d
         (pytorch #145208). Built only where it can run: CUDA, or a test that asks for it."""
-        if not ((q.is_cuda and flex_wanted()) or flex_cpu_allowed()):
+        if not ((takes_cuda_path(q) and flex_wanted()) or flex_cpu_allowed()):
             return None
         alpha = self.alpha
         if key_terms is None:
