@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import SegmentGroups
+from ..device_policy import takes_cuda_path
 from .gat import GAT, attention_weights, dropout, dropout_mask
 
 HOST_PARAMETERS = ("weight", "att_src", "att_dst", "bias")
@@ -194,5 +195,6 @@ class LockstepGATs(nn.Module):
 
 def seed_batch_host(models: Sequence[GAT], device: torch.device) -> nn.Module:
     """The seed batch's host for `device`: stacked parameters where the batching pays (a GPU), the lone models
-    in lockstep where bit-identity with lone runs is the point and stacking would break it (a CPU)."""
-    return SeedBatchedGAT(models) if device.type != "cpu" else LockstepGATs(models)
+    in lockstep where bit-identity with lone runs is the point and stacking would break it (a CPU). The device
+    policy decides, so that a CPU run "as on CUDA" (the GPU cost page) builds the GPU's host."""
+    return SeedBatchedGAT(models) if takes_cuda_path(device) else LockstepGATs(models)

@@ -23,7 +23,6 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics.aggregation import MeanMetric
 
 from ..hosts.gat import graph_groups
 from ..hosts.gat_seed_batch import seed_batch_host
@@ -140,10 +139,13 @@ def _load_seed_state(host: nn.Module, optimizer: torch.optim.Optimizer, position
     return None if best is None else (list(best["host"]), list(best["kernels"]))
 
 
-def _as_logged(loss: Tensor, count: int) -> Tensor:
-    mean = MeanMetric().to(loss.device)
-    mean.update(loss, count)
-    return mean.compute()
+def _as_logged(losses: Tensor, count: int) -> Tensor:
+    """Each seed's validation loss [S] as its lone run logs it: the lone module's metric (ExampleMean, as torchmetrics'
+    MeanMetric would) keeps loss·n and n in float32 and divides them, which can differ from the loss in its last bit,
+    and GAT's rule compares those values. The same two float32 operations for every seed at once, on the device: a
+    MeanMetric per seed read its NaN check on the host twice, 2S syncs an epoch."""
+    total = losses.detach().float() * count
+    return total / torch.full_like(total, float(count))
 
 
 class _Batch(nn.Module):
@@ -235,10 +237,10 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
             val_traces: list[list] = [[] for _ in active]  # the validation pass's diagnostics, as the lone run logs them
             logits = batch.model(graph.x, groups, val_traces)
             val_logits = logits[:, val_nodes]
-            # per seed and through torchmetrics' MeanMetric weighted by the node count, as the lone run's val/loss
-            # is made: a mean over [S, n] at once rounds differently, and GAT's rule, which counts ties as
+            # each seed's cross-entropy on its own, then weighted by the node count as the lone run's val/loss is made
+            # (`_as_logged`): a mean over [S, n] at once rounds differently, and GAT's rule, which counts ties as
             # reaching the best, would then keep other epochs than the lone run
-            val_loss = torch.stack([_as_logged(F.cross_entropy(seed_logits, y_val), len(val_nodes)) for seed_logits in val_logits])
+            val_loss = _as_logged(torch.stack([F.cross_entropy(seed_logits, y_val) for seed_logits in val_logits]), len(val_nodes))
             val_acc = (val_logits.argmax(-1) == y_val).float().mean(1)
             for position in range(len(active)):
                 logs = mechanism_logs(val_traces[position], val_loss[position], epoch, epoch)

@@ -344,3 +344,39 @@ def test_the_study_takes_its_lone_side_from_another_store_without_training_it_ag
     assert seed_batch_study.main([*argv, "--lone-from", str(tmp_path / "first" / "lone"), "--out", str(tmp_path / "second")]) == 0
     assert capsys.readouterr().out == table  # the batched side trained again, to the same records
     assert not (tmp_path / "second" / "lone" / "records").exists() or not any((tmp_path / "second" / "lone" / "records").iterdir())
+
+
+
+def test_a_seed_batchs_host_syncs_do_not_grow_with_its_seeds(data_root):
+    """An epoch of the batch reads the host a fixed number of times whatever its seed count: the seeds' validation
+    losses are reduced together on the device (a torchmetrics MeanMetric per seed read its NaN check on the host
+    twice: 2 + 2S reads an epoch). Counted as on CUDA (the stacked host and fused Adam a GPU runs; the CPU's own Adam
+    reads each parameter's step count). A `tolist` is one transfer, however many values it carries."""
+    from modules.device_policy import behave_as_cuda
+    from tests.modules.host_syncs import HostSyncs
+
+    class Transfers(HostSyncs):
+        """HostSyncs with the element reads of one `tolist` (consecutive, from one line) counted once."""
+
+        def __init__(self):
+            super().__init__()
+            self.previous = None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default and self.previous is func:
+                return func(*args, **(kwargs or {}))
+            self.previous = func
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def transfers(seeds):
+        task, params, built = lone_built(seeds, data_root)
+        dm = built[0][0]
+        dm.setup()
+        modules = [m for _, m in built]
+        with behave_as_cuda(), Transfers() as counted:
+            fit_seed_batch(modules, dm.graph, [StopAt(2) for _ in seeds], max_epochs=2,
+                           generators=[m.model.noise.on(torch.device("cpu")) for m in modules], on_finished=lambda o: None)
+        return counted.where
+
+    one, three = transfers([0]), transfers([0, 1, 2])
+    assert one == three, (one, three)
