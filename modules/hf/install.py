@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import dataclasses
+import difflib
 import functools
 import types
 import typing
@@ -77,6 +79,12 @@ def variant_spec(variant: str | Mapping[str, Any], options: Mapping[str, Any] | 
         raise ValueError(f"a variant spec needs a 'name', got {dict(spec)}; the variants are {', '.join(list_attentions())}")
     name = spec["name"]
     fields = typing.get_type_hints(attention_entry(name).cls.Config, include_extras=True)
+    options = sorted(f.name for f in dataclasses.fields(attention_entry(name).cls.Config))
+    for option in spec:
+        if option != "name" and option not in options:
+            close = difflib.get_close_matches(option, options, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{name}: has no option {option!r}{hint}; its options are {', '.join(options) or 'none'}")
     for option, value in spec.items():
         if option != "name" and option in fields and value is not None:
             _check_type(name, option, value, fields[option])
@@ -232,14 +240,28 @@ def _clear_marks(config: Any) -> None:
 
 
 def _registered_spec(model: nn.Module, variant: str) -> dict[str, Any]:
-    """The spec a model built with implementation attnbench-<variant> takes: its config's (options included, as
-    config.json stores them) when it names the same variant, else the variant's defaults."""
+    """The spec a model built with implementation attnbench-<variant> takes: its config's `attnbench` entry
+    (options, with or without the name, as a user sets it or config.json stores it), checked as use_attention
+    checks its options; else the spec of the kernels it has; else the variant's defaults. An entry is never
+    dropped: one that names another variant, an unknown option or a value of the wrong type is refused with
+    the reason. An entry the door itself wrote for the kernels the model has now (a model switched to another
+    variant by set_attn_implementation) is theirs, not a request, and gives way to the new variant."""
     saved = getattr(model.config, CONFIG_KEY, None)
-    if isinstance(saved, Mapping) and saved.get("name") == variant:
-        return dict(saved)
-    kernel = next((k for _, m in attention_modules(model) if (k := getattr(m, KERNEL, None)) is not None), None)
-    if kernel is not None and getattr(kernel, "_attnbench_spec", {}).get("name") == variant:
-        return dict(kernel._attnbench_spec)
+    current = next((k for _, m in attention_modules(model) if (k := getattr(m, KERNEL, None)) is not None), None)
+    current_spec = getattr(current, "_attnbench_spec", None)
+    if saved is not None and not (current_spec is not None and dict(saved) == current_spec and current_spec.get("name") != variant):
+        if not isinstance(saved, Mapping):
+            raise ValueError(f"config.{CONFIG_KEY} must be a mapping of {variant}'s options (e.g. {{'alpha': 0.5}}), got {saved!r}")
+        named = saved.get("name", variant)
+        if named != variant:
+            raise ValueError(f"config.{CONFIG_KEY} names the variant {named!r} but the attention implementation is "
+                             f"{implementation_name(variant)!r}: give both the same variant (or leave the name out of "
+                             f"config.{CONFIG_KEY}: its options are then {variant}'s). To load a checkpoint saved with "
+                             f"{named} as {variant}, pass a config without the entry: config = AutoConfig.from_pretrained(path); "
+                             f"del config.{CONFIG_KEY}; from_pretrained(path, config=config, attn_implementation=...)")
+        return variant_spec({"name": variant, **{k: v for k, v in saved.items() if k != "name"}})
+    if current_spec is not None and current_spec.get("name") == variant:
+        return dict(current_spec)
     return {"name": variant}
 
 
