@@ -115,45 +115,6 @@ def data_root_problem(root: str | os.PathLike | None, given_by: str) -> str | No
     return f"data root {path} ({given_by}): {what}; point {given_by} at the folder that holds planetoid/, glue/, ..."
 
 
-PLANETOID_FOLDERS = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
-PLANETOID_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
-"""datamodules/planetoid.py's NAMES and RAW_PARTS, here without its torch and PyG imports (a test checks they agree)."""
-
-
-def early_data_problem(task: str, root: str | os.PathLike | None) -> str | None:
-    """The files a built-in task needs that are absent from the data root `root`, read from the task's name alone
-    (glue-<name>, shift-<source>-<target>, cora/citeseer/pubmed), without importing torch or the task registry: the
-    command line asks it before the heavy imports, so that `attnbench run glue-mnli softmax` without MNLI's files is
-    answered at once. None when the files are there, when no data root is set (loaders may download), or for any
-    other task: the full check (Task.data_problem, checksums included) still runs when the run is planned."""
-    if root is None:
-        return None
-    if task.startswith("glue-"):
-        from . import glue
-
-        return glue.data_problem(task.removeprefix("glue-"), root) if task.removeprefix("glue-") in glue.GLUE_TASKS else None
-    if task.startswith("shift-"):
-        from . import reviews
-
-        domains = task.removeprefix("shift-").split("-")
-        if len(domains) == 2 and all(d in reviews.DOMAINS for d in domains) and domains[0] != domains[1]:
-            return reviews.data_problem(domains[0], domains[1], root)
-        return None
-    if task in PLANETOID_FOLDERS:
-        base = Path(root).expanduser()
-        folder = PLANETOID_FOLDERS[task]
-        candidates = [base / "planetoid" / folder / "raw", base / folder / "raw"]
-        raw = next((c for c in candidates if c.is_dir()), None)
-        if raw is None:  # no folder at all: the loader's own check says where a copy under another name lacks what
-            return None
-        missing = [f"ind.{task}.{part}" for part in PLANETOID_PARTS if not (raw / f"ind.{task}.{part}").is_file()]
-        if missing:
-            return (f"{folder}: missing {', '.join(missing)} in {raw}. Put the eight Planetoid files ind.{task}.{{"
-                    f"{','.join(PLANETOID_PARTS)}}} (github.com/kimiyoung/planetoid, data/) there, or point at a data root that "
-                    f"has them (--data-root or ATTNBENCH_DATA)")
-    return None
-
-
 def data_root(explicit: str | os.PathLike | None = None) -> Path | None:
     """The local data root: an explicit setting, else $ATTNBENCH_DATA, else None (download when online)."""
     value = explicit if explicit is not None else os.environ.get(DATA_ENV)

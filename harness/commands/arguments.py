@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def parse_sets(pairs: Sequence[str]) -> tuple[dict, dict]:
@@ -170,9 +171,8 @@ SUITE_COMMANDS = ("bench", "leaderboard", "scaling", "tune")
 def early_problem(args) -> str | None:
     """What can be refused from files alone, before the verb imports torch, Lightning and the registries (about 6 s
     of CPU): a suite file that is not valid YAML or has an unknown or missing key (harness/plan/suite.py
-    read_suite_file), and a built-in task whose data files are absent from the data root (datamodules/paths.py
-    early_data_problem). The message is the one the full check gives; None: the verb checks the rest itself."""
-    from datamodules.paths import early_data_problem
+    read_suite_file), and a built-in task whose data files are absent from the data root
+    (early_data_problem, below). The message is the one the full check gives; None: the verb checks the rest itself."""
     from harness.plan.suite import SuiteError, read_suite_file, suite_path
 
     suites = getattr(args, "suite", None) if args.command in SUITE_COMMANDS else None
@@ -183,4 +183,43 @@ def early_problem(args) -> str | None:
             return str(exc)
     if args.command in ("run", "tune") and getattr(args, "task", None) and not getattr(args, "plugin", None):
         return early_data_problem(args.task, getattr(args, "data_root", None))
+    return None
+
+
+PLANETOID_FOLDERS = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
+PLANETOID_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
+"""datamodules/planetoid.py's NAMES and RAW_PARTS, here without its torch and PyG imports (a test checks they agree)."""
+
+
+def early_data_problem(task: str, root: str | Path | None) -> str | None:
+    """The files a built-in task needs that are absent from the data root `root`, read from the task's name alone
+    (glue-<name>, shift-<source>-<target>, cora/citeseer/pubmed), without importing torch or the task registry: the
+    command line asks it before the heavy imports, so that `attnbench run glue-mnli softmax` without MNLI's files is
+    answered at once. None when the files are there, when no data root is set (loaders may download), or for any
+    other task: the full check (Task.data_problem, checksums included) still runs when the run is planned."""
+    if root is None:
+        return None
+    if task.startswith("glue-"):
+        from datamodules import glue
+
+        return glue.data_problem(task.removeprefix("glue-"), root) if task.removeprefix("glue-") in glue.GLUE_TASKS else None
+    if task.startswith("shift-"):
+        from datamodules import reviews
+
+        domains = task.removeprefix("shift-").split("-")
+        if len(domains) == 2 and all(d in reviews.DOMAINS for d in domains) and domains[0] != domains[1]:
+            return reviews.data_problem(domains[0], domains[1], root)
+        return None
+    if task in PLANETOID_FOLDERS:
+        base = Path(root).expanduser()
+        folder = PLANETOID_FOLDERS[task]
+        candidates = [base / "planetoid" / folder / "raw", base / folder / "raw"]
+        raw = next((c for c in candidates if c.is_dir()), None)
+        if raw is None:  # no folder at all: the loader's own check says where a copy under another name lacks what
+            return None
+        missing = [f"ind.{task}.{part}" for part in PLANETOID_PARTS if not (raw / f"ind.{task}.{part}").is_file()]
+        if missing:
+            return (f"{folder}: missing {', '.join(missing)} in {raw}. Put the eight Planetoid files ind.{task}.{{"
+                    f"{','.join(PLANETOID_PARTS)}}} (github.com/kimiyoung/planetoid, data/) there, or point at a data root that "
+                    f"has them (--data-root or ATTNBENCH_DATA)")
     return None

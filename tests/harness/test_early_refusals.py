@@ -61,12 +61,13 @@ def test_missing_data_files_are_refused_before_torch(tmp_path):
 
 def test_the_early_message_is_the_full_checks():
     """The same words whichever check answers: the early one calls the loaders' own data_problem."""
-    from datamodules import glue, paths, planetoid
+    from datamodules import glue, planetoid
+    from harness.commands import arguments
 
-    assert paths.PLANETOID_FOLDERS == planetoid.NAMES and paths.PLANETOID_PARTS == planetoid.RAW_PARTS
-    assert paths.early_data_problem("glue-mnli", "/nonexistent") == glue.data_problem("mnli", "/nonexistent")
-    assert paths.early_data_problem("glue-rte", None) is None  # no data root: the loaders may download
-    assert paths.early_data_problem("my-plugin-task", "/nonexistent") is None
+    assert arguments.PLANETOID_FOLDERS == planetoid.NAMES and arguments.PLANETOID_PARTS == planetoid.RAW_PARTS
+    assert arguments.early_data_problem("glue-mnli", "/nonexistent") == glue.data_problem("mnli", "/nonexistent")
+    assert arguments.early_data_problem("glue-rte", None) is None  # no data root: the loaders may download
+    assert arguments.early_data_problem("my-plugin-task", "/nonexistent") is None
 
 
 def test_a_good_suite_file_still_passes_the_early_check(tmp_path):
