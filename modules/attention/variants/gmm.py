@@ -52,6 +52,7 @@ from typing import Annotated, Any
 
 from annotated_types import Ge, Gt
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...device_policy import takes_cuda_path
@@ -73,6 +74,8 @@ from ..kernel import (
 from ..registry import register_attention
 
 PRIORS = ("learned", "magnitude", "uniform")
+FUSED_WIDTH_MULTIPLE = 8
+"""The fused form's head width on the CUDA path is padded to a multiple of this (what SDPA's CUDA kernels tile)."""
 
 
 @dataclass(frozen=True)
@@ -306,18 +309,60 @@ class GaussianMixtureAttention(AttentionKernel):
         diagnostics.update(standard_diagnostics(weights, groups, self))
         return AttentionResult(weights, diagnostics=diagnostics)
 
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, groups: Groups, *, scale: float | None = None,
+                dropout_p: float = 0.0, need_weights: bool = True) -> tuple[Tensor, AttentionResult]:
+        """The kernel's call; on the CUDA path, where the fused form appends the key terms' column (`fused_attention`),
+        v is padded with zero columns to the fused form's head width and the output sliced back (`_fused_width`)."""
+        width = None if need_weights else self._fused_width(q, v, groups)
+        if width is None:
+            return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
+        self._padded_width = width
+        try:
+            out, result = super().forward(q, k, F.pad(v, (0, width - v.shape[-1])), groups, scale=scale,
+                                          dropout_p=dropout_p, need_weights=False)
+        finally:
+            self._padded_width = None
+        return out[..., : v.shape[-1]], result
+
+    _padded_width: int | None = None
+
+    def _fused_width(self, q: Tensor, v: Tensor, groups: Groups) -> int | None:
+        """The head width the fused form pads q', k' and v to on the CUDA path, or None (no padding). q' = [αq, 1] and
+        k' = [ξ, key terms] are one column wider than v: SDPA's flash kernels (CUDA's and the CPU's) need one head
+        width for q, k and v, CUDA's a multiple of 8, so a 64-wide head (65 with the column) ran SDPA's math path,
+        which forms the weights. Zero columns change no dot product. Off the CUDA path nothing is padded, so CPU
+        results stay as they were, bit for bit."""
+        if not takes_cuda_path(q) or not groups.has_fused_attention or flex_wanted():
+            return None
+        if self._runs_value_em() or self._adapting() or not self._has_key_terms():
+            return None
+        width = max(q.shape[-1] + 1, v.shape[-1])
+        return -(-width // FUSED_WIDTH_MULTIPLE) * FUSED_WIDTH_MULTIPLE
+
+    def _has_key_terms(self) -> bool:
+        """Whether `_key_terms` is not None (without computing it)."""
+        rho = self._rho()
+        return not (isinstance(rho, float) and rho == 1.0) or self.offset is not None
+
     def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
         """β = 0 without adaptation: α⟨q, ξ⟩ plus a per-key bias is a dot product of q' = [αq, 1] with
         k' = [ξ, bias], so the fused kernel runs it with the plain boolean mask (as fast as a float attn_mask
-        holding the bias on this CPU, measured, and the mask stays boolean)."""
+        holding the bias on this CPU, measured, and the mask stays boolean). On the CUDA path q' and k' are padded
+        with zero columns to the width `forward` padded v to."""
         if self._runs_value_em() or self._adapting():
             return None
         key_terms = self._fused_key_terms(k)
         flex = self._flex_form(q, k, key_terms)
         scaled_q = q * per_head(self.alpha, q)
         if key_terms is not None:
-            scaled_q = torch.cat([scaled_q, scaled_q.new_ones(scaled_q.shape[:-1]).unsqueeze(-1)], dim=-1)
-            k = torch.cat([k, key_terms.unsqueeze(-1)], dim=-1)
+            zeros = (self._padded_width or 0) - q.shape[-1] - 1
+            ones = scaled_q.new_ones(scaled_q.shape[:-1]).unsqueeze(-1)
+            if zeros > 0:
+                scaled_q = torch.cat([scaled_q, ones, scaled_q.new_zeros((*scaled_q.shape[:-1], zeros))], dim=-1)
+                k = torch.cat([k, key_terms.unsqueeze(-1), k.new_zeros((*k.shape[:-1], zeros))], dim=-1)
+            else:
+                scaled_q = torch.cat([scaled_q, ones], dim=-1)
+                k = torch.cat([k, key_terms.unsqueeze(-1)], dim=-1)
         # α is a parameter read, as the eager path reports it
         diagnostics = {"alpha": self.alpha.detach().mean()} if not self.training or self.measures("alpha") else {}
         return FusedAttention(scaled_q, k, scale=1.0, flex=flex, diagnostics=diagnostics)
