@@ -398,7 +398,8 @@ def _mechanism_test(variant: str, own_specs, base_specs, diagnosed: Mapping[str,
     ratios = log_ratios({seed: evaluated(r, rule.name) for seed, r in own.items()},
                         {seed: evaluated(r, rule.name) for seed, r in base.items()})
     alternative = ALTERNATIVES[rule.rule]
-    p, n = wilcoxon_of_ratios(ratios, alternative)
+    p, _ = wilcoxon_of_ratios(ratios, alternative)
+    n = len(ratios)  # seeds paired (Wilcoxon drops zero ratios from its own count)
     judged = [own[seed] for seed in ratios]
     post_hoc = bool(judged) and any(spec.declared.after(r.finished) for r in judged)
     return MechanismTest(rule.name, BASELINE, alternative, n, len(own) - len(ratios), median_ratio(ratios), p, spec.alpha,

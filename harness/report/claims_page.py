@@ -101,6 +101,9 @@ def mechanism_words(row: Mapping[str, Any]) -> str | None:
     """The mechanism beside the verdict: the declared paired test where the variant's rule compares with softmax
     ("at the paper's λ = 0.01, queries and keys did not move closer than softmax's (...)"), else the kernel's
     threshold rule over the seeds with evidence, each threshold's post hoc declaration named."""
+    late = [entry for entry in (row.get("mechanism") or {}).get("post_hoc") or () if entry.get("post_hoc")]
+    thresholds = "".join(f"; its {entry['diagnostic']} threshold is post hoc (declared at {entry['commit']}, after {entry['before']} of "
+                         f"{entry['of']} of these runs had finished)" for entry in late)
     test = row.get("mechanism_test")
     if test is not None and test.n > 0:
         if test.diagnostic == "qk_distance":
@@ -110,20 +113,18 @@ def mechanism_words(row: Mapping[str, Any]) -> str | None:
             what = f"{test.diagnostic} {'fell below' if test.moved else 'did not fall below'} softmax's"
             figure = test.diagnostic
         holm = f", Holm p {test.p_holm:.3f}" if test.p_holm is not None else ""
-        late = f"; test declared at {test.declared}, after these runs: post hoc" if test.post_hoc else ""
+        late_test = f"; test declared at {test.declared}, after these runs: post hoc" if test.post_hoc else ""
         return (f"{_setting_words(row)}{what} ({figure} ÷ softmax's at the same seed, median ×{test.median_ratio:.3f} over {test.n} seeds"
-                f"{f', {test.without} without evidence' if test.without else ''}; one-sided Wilcoxon p {test.p:.3f}{holm}{late})")
+                f"{f', {test.without} without evidence' if test.without else ''}; one-sided Wilcoxon p {test.p:.3f}{holm}{late_test})"
+                + thresholds)
     if test is not None:
-        return f"mechanism: {test.diagnostic} has no evidence at the evaluated weights in these records"
+        return f"mechanism: {test.diagnostic} has no evidence at the evaluated weights in these records" + thresholds
     mechanism = row.get("mechanism")
     if not mechanism:
         return None
     state = {True: "active", False: "inactive", None: "no evidence at the evaluated weights"}[mechanism["active"]]
     counted = re.search(r"in (\d+ of \d+ seeds with evidence)", mechanism["evidence"])
-    late = [entry for entry in mechanism.get("post_hoc") or () if entry.get("post_hoc")]
-    return (f"mechanism by the kernel's rule: {state}" + (f" ({counted.group(1)})" if counted else "")
-            + "".join(f"; its {entry['diagnostic']} threshold is post hoc (declared at {entry['commit']}, after {entry['before']} of "
-                      f"{entry['of']} of these runs had finished)" for entry in late))
+    return f"mechanism by the kernel's rule: {state}" + (f" ({counted.group(1)})" if counted else "") + thresholds
 
 
 def tuning_words(row: Mapping[str, Any]) -> str | None:

@@ -34,13 +34,23 @@ def evidence_record(copies: Iterable[Record]) -> Record:
     while others:
         donor = chosen_execution(others)
         others.remove(donor)
-        borrowed = {k: v for k, v in (donor.diagnostics or {}).items() if k.startswith(TEST_PREFIX) and k not in merged}
+        have = {_name(k) for k in merged if k.startswith(TEST_PREFIX)}
+        borrowed = {k: v for k, v in (donor.diagnostics or {}).items() if k.startswith(TEST_PREFIX) and _name(k) not in have}
         if borrowed:
             merged.update(borrowed)
             donors.append(donor.finished)
     if not donors:
         return chosen
     return dataclasses.replace(chosen, diagnostics=merged, execution={**(chosen.execution or {}), "evidence_from": donors})
+
+
+def _name(key: str) -> str:
+    """A test-pass key's diagnostic: 'test/diag/qk_distance' and 'test/attn/qk_distance' are both 'qk_distance' (the
+    same value at the same weights), so a shown record holding either keeps its own."""
+    for prefix in ("test/diag/", "test/attn/"):
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
 
 
 def evidence_records(records: Mapping[str, Record], executions: Mapping[str, Iterable[Record]] | None) -> dict[str, Record]:

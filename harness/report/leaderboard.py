@@ -185,4 +185,11 @@ def write_claims_board(runs: str | None, out_dir: str | Path = "leaderboards", d
     out.mkdir(parents=True, exist_ok=True)
     md = write_text_atomically(render_claims_markdown(board), out / "claims.md")
     page = write_text_atomically(render_claims_html(board), out / "claims.html")
-    return [md, page]
+    written = [md, page]
+    claims = load_claims(claims_file)
+    if claims.dose_response is not None:
+        from harness.report.dose_response import PAGE, dose_board_from_store, render_dose_markdown
+
+        dose = dose_board_from_store(claims.dose_response, runs, data_root, claims.mechanism_test)
+        written.append(write_text_atomically(render_dose_markdown(dose), out / PAGE))
+    return written
