@@ -178,9 +178,15 @@ def early_problem(args) -> str | None:
     suites = getattr(args, "suite", None) if args.command in SUITE_COMMANDS else None
     for name in (suites if isinstance(suites, list) else [suites] if suites else []):
         try:
-            read_suite_file(suite_path(name))
+            data = read_suite_file(suite_path(name))
         except SuiteError as exc:
             return str(exc)
+        if args.command == "bench" and not getattr(args, "plugin", None):
+            # the plan refuses a suite whose required (not `optional`) tasks lack data with these same messages
+            entries = [{"name": t} if isinstance(t, str) else t for t in (data["tasks"] if isinstance(data["tasks"], list) else [data["tasks"]])]
+            missing = [early_data_problem(str(t["name"]), getattr(args, "data_root", None)) for t in entries if not t.get("optional")]
+            if any(missing):
+                return "\n".join(dict.fromkeys(m for m in missing if m))
     if args.command in ("run", "tune") and getattr(args, "task", None) and not getattr(args, "plugin", None):
         return early_data_problem(args.task, getattr(args, "data_root", None))
     return None

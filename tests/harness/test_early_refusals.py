@@ -57,6 +57,10 @@ def test_missing_data_files_are_refused_before_torch(tmp_path):
     assert code == 2 and "ind.cora.x" in stderr and not heavy
     code, heavy, stderr = answer(["run", "shift-books-dvd", "softmax", "--runs-dir", str(tmp_path / "runs")], tmp_path, env_data=root)
     assert code == 2 and "domain-shift data missing" in stderr and not heavy
+    suite = tmp_path / "needs-rte.yaml"
+    suite.write_text("tasks: [glue-rte, {name: glue-mnli, optional: true}]\nvariants: [softmax]\nseeds: 1\n")
+    code, heavy, stderr = answer(["bench", "--suite", str(suite), "--runs-dir", str(tmp_path / "runs")], tmp_path, env_data=root)
+    assert code == 2 and "GLUE RTE is missing" in stderr and "MNLI" not in stderr and not heavy  # optional: skipped, not refused
 
 
 def test_the_early_message_is_the_full_checks():
