@@ -67,7 +67,7 @@ def commands_page() -> str:
     with _columns(WIDTH):
         parser = build_parser()
         parts = [f"# Command reference\n\n{GENERATED.format(source='the `attnbench` argument parser (harness/cli.py, harness/commands/)')}"
-                 " The guides say when to use each; exit codes are in [the running guide](../guides/running.md#commands).\n",
+                 " The guides say when to use each; exit codes are in [the running guide](../guides/running.md#exit-codes).\n",
                  "## attnbench\n\n```text\n" + parser.format_help().rstrip() + "\n```\n"]
         for name, sub in subcommand_parsers(parser).items():
             sub.prog = f"attnbench {name}"
