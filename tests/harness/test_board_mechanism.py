@@ -16,11 +16,15 @@ def test_a_table_lists_the_final_diagnostics_of_each_row_that_records_them(share
     records = {r["key"]: Record.from_dict(r) for r in claim_records(the_plan)}
     board = build_board(the_plan.suite, the_plan, records)
     cora = next(t for g in board["groups"] for t in g["tasks"] if t["task"] == "cora")
-    assert cora["mechanism"]["align-gan"] == {"disc_acc": 0.7, "qk_distance": 0.5}
-    assert cora["mechanism"]["softmax"] == {"qk_distance": 1.0}  # the baseline the align-* distances are read against
+    assert cora["mechanism"]["align-gan"] == {"disc_acc": {"mean": 0.7, "seeds": 20, "of": 20}, "qk_distance": {"mean": 0.5, "seeds": 20, "of": 20}}
+    assert cora["mechanism"]["softmax"] == {"qk_distance": {"mean": 1.0, "seeds": 20, "of": 20}}  # the baseline the align-* distances are read against
     assert "sparsemax" not in cora["mechanism"]  # its records carry none: no entry rather than a made-up zero
     sentence = mechanism_sentence(cora)
-    assert "`align-gan` disc_acc 0.7, qk_distance 0.5" in sentence and "`softmax` qk_distance 1" in sentence
+    assert "`align-gan` disc_acc 0.7 (20 of 20 seeds), qk_distance 0.5 (20 of 20 seeds)" in sentence and "`softmax` qk_distance 1 (20 of 20 seeds)" in sentence
+    for record in records.values():  # training and validation values only: not at the evaluated weights, never shown
+        object.__setattr__(record, "diagnostics", {"diag/qk_distance": 0.3, "val/diag/qk_distance": 0.3})
+    board = build_board(the_plan.suite, the_plan, records)
+    assert all(mechanism_sentence(t) is None for g in board["groups"] for t in g["tasks"])
     for record in records.values():
         object.__setattr__(record, "diagnostics", None)
     board = build_board(the_plan.suite, the_plan, records)
@@ -40,7 +44,7 @@ def test_a_key_re_run_for_its_diagnostics_shows_them_beside_the_first_executions
     first = {key: dataclasses.replace(r, diagnostics=None, history=None, finished="2000-01-01T00:00:00+00:00") for key, r in diagnosed.items()}
     board = build_board(the_plan.suite, the_plan, first, executions={k: [first[k], diagnosed[k]] for k in first})
     cora = next(t for g in board["groups"] for t in g["tasks"] if t["task"] == "cora")
-    assert cora["mechanism"]["align-gan"] == {"disc_acc": 0.7, "qk_distance": 0.5}
+    assert cora["mechanism"]["align-gan"] == {"disc_acc": {"mean": 0.7, "seeds": 20, "of": 20}, "qk_distance": {"mean": 0.5, "seeds": 20, "of": 20}}
     plain = build_board(the_plan.suite, the_plan, first)
     plain_cora = next(t for g in plain["groups"] for t in g["tasks"] if t["task"] == "cora")
     assert [(r["variant"], r["metrics"]) for r in plain_cora["rows"]] == [(r["variant"], r["metrics"]) for r in cora["rows"]]
@@ -87,4 +91,4 @@ def test_the_alignment_study_reads_the_diagnosed_executions_against_softmax_at_t
     gan = rows[("cora", "align-gan")]
     assert gan["seeds"] == 20 and set(gan["qk_ratio"]) == {0.5} and set(gan["disc"]) == {0.7} and gan["active"] == 20
     assert rows[("cora", "softmax")]["qk_ratio"] == [] and set(rows[("cora", "softmax")]["uniform"]) == {1.40 / 1.41}
-    assert "| cora | align-gan | 20 (0) | 0.700 [0.700, 0.700] | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] | 20 of 20 | — |" in table(list(rows.values()))
+    assert "| cora | align-gan | 20 (0) | 0.700 [0.700, 0.700] | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] | 20 of 20 | — | 0.000 |" in table(list(rows.values()))
