@@ -99,3 +99,42 @@ def test_gmm_s_cpu_path_is_unpadded():
     with SdpaWidths() as seen:
         call(kernel, q, k, v, groups)
     assert seen.widths == [] and seen.softmax
+
+
+@pytest.mark.parametrize("name", ["bam-weibull", "bam-lognormal"])
+@pytest.mark.parametrize("prior", ["fixed", "contextual"])
+def test_bams_cuda_path_keeps_no_noise_for_the_backward_and_equals_the_cpu_path(name, prior):
+    """BAM's CUDA path hands SDPA the sampled weights' noise as a logits bias; SDPA kept that [B, H, Lq, Lk] bias for
+    its backward. Now the SDPA call is recomputed in the backward from the noise redrawn from the stream's state before
+    the forward's draw: nothing of the noise's size is kept, the output, KL and gradients are the CPU path's (the
+    same draw), and the stream ends where the forward left it."""
+    torch.manual_seed(0)
+    noisy = {"bam-weibull": {"k": 3.0}, "bam-lognormal": {"sigma": 0.7}}[name]
+    kernel = build_attention({"name": name, "prior": prior, **noisy}, num_heads=HEADS, head_dim=DIM, site=SITE).double().train()
+    q, k, v, groups = inputs(padded=True)
+    cpu = call(kernel, q, k, v, groups)
+    after_cpu = torch.rand(3, generator=kernel.noise_generator)
+    pair_sized = 2 * HEADS * LENGTH * LENGTH
+    kept = []
+
+    def pack(t):
+        kept.append(t.numel())
+        return t
+
+    with behave_as_cuda(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        cuda = call(kernel, q, k, v, groups)
+    after_cuda = torch.rand(3, generator=kernel.noise_generator)
+    assert cpu[3] == "eager" and cuda[3] == "sdpa"
+    assert_same(cuda, cpu, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(after_cuda, after_cpu, rtol=0, atol=0)
+    assert kept and max(kept) < pair_sized, max(kept)
+
+
+def test_bams_cuda_path_keeps_the_noise_bias_under_attention_dropout():
+    """With attention dropout SDPA draws its own mask too; there the noise stays SDPA's saved bias (the former form)."""
+    kernel = build_attention({"name": "bam-weibull", "k": 3.0}, num_heads=HEADS, head_dim=DIM, site=SITE).double().train()
+    q, k, v, groups = inputs(padded=False)
+    with behave_as_cuda():
+        kernel.noise_generator = torch.Generator().manual_seed(7)
+        out, _ = kernel(q, k, v, groups, need_weights=False, dropout_p=0.1)
+    assert kernel.last_path == "sdpa" and out.shape == q.shape

@@ -53,7 +53,7 @@ import dataclasses
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Iterator
+from typing import Annotated, Any, Callable, ClassVar, Iterator
 
 from annotated_types import Ge, Gt
 import torch
@@ -62,7 +62,8 @@ from torch import Tensor, nn
 
 from ...device_policy import takes_cuda_path
 from ..groups import DenseGroups, Groups
-from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, AttentionSite, FusedAttention, HeadShape, MechanismDiagnostic,
+from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, AttentionSite, FusedAttention, HeadShape, LibraryForm,
+                      MechanismDiagnostic,
                       block_pairs, full_precision, mechanism_diagnostics_on, query_block_rows,
                       standard_diagnostics)
 from ..registry import register_attention
@@ -333,6 +334,42 @@ def fused_on_cpu(enabled: bool = True) -> Iterator[None]:
         _fused_on_cpu = previous
 
 
+class _NoiseReplay:
+    """A noise stream's state, kept so that a later draw repeats the draws made from it: the kernel's own generator
+    when it has one, else torch's global generator on the device (what `draw_noise` draws from). `run(draw)` sets the
+    state, draws, and puts the stream back where it was, so that later draws are not repeated."""
+
+    def __init__(self, generator: torch.Generator | None, device: torch.device):
+        self.generator, self.device = generator, device
+        if generator is not None:
+            self.state = generator.get_state()
+        elif device.type == "cuda":
+            self.state = torch.cuda.get_rng_state(device)
+        else:
+            self.state = torch.get_rng_state()
+
+    def _get(self) -> Tensor:
+        if self.generator is not None:
+            return self.generator.get_state()
+        return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else torch.get_rng_state()
+
+    def _set(self, state: Tensor) -> None:
+        if self.generator is not None:
+            self.generator.set_state(state)
+        elif self.device.type == "cuda":
+            torch.cuda.set_rng_state(state, self.device)
+        else:
+            torch.set_rng_state(state)
+
+    def run(self, draw):
+        now = self._get()
+        self._set(self.state)
+        try:
+            return draw()
+        finally:
+            self._set(now)
+
+
 class KeyPrior(nn.Module):
     """Per-head two-layer MLP: one prior logit F(k_j) per key (authors' code: ReLU, He init, zero biases)."""
 
@@ -441,13 +478,27 @@ class BayesianAttention(AttentionKernel):
         (zhougroup/BAM modeling_albert.py), which a fused kernel takes as an additive bias."""
         raise NotImplementedError
 
+    _call_dropout: float = 0.0
+    """The attention dropout of the call in progress (`forward`): the noise is regenerated in the backward only without."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, groups: Groups, *, scale: float | None = None,
+                dropout_p: float = 0.0, need_weights: bool = True) -> tuple[Tensor, AttentionResult]:
+        self._call_dropout = dropout_p if self.training else 0.0
+        try:
+            return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
+        finally:
+            self._call_dropout = 0.0
+
     def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
         """On CUDA (or under `fused_on_cpu`), dense groups whose mask is per key: the output through SDPA, with the
         sampled weights' noise as its logits bias (`log_noise`), and the KL from the mean weights formed one block
         of queries at a time, each checkpointed (recomputed in the backward), so that at most one block of them
         exists at once. The KL and the noise equal the eager path's (the same draw from the same stream when the
         call is one block); the sampled weights are never formed but for `sample_tv`, in the same blocks, when
-        mechanism diagnostics are on. None (the eager path): on CPU, where this path is not what records were
+        mechanism diagnostics are on. Without attention dropout the noise is not kept for the backward (SDPA would save
+        it, an L x L tensor per head and sample): the SDPA call is recomputed in the backward from the noise redrawn
+        from the generator's state before the forward's draw (`_replayed_sdpa`), as SDPA's own dropout regenerates
+        its mask. None (the eager path): on CPU, where this path is not what records were
         made with (CPU results stay as they were), at evaluation with `mc_samples` > 1 (an average of several
         softmaxes is not one), and where the mask is per query (causal): the prior and the KL's key sums assume
         every query of a sample sees the same keys.
@@ -465,6 +516,8 @@ class BayesianAttention(AttentionKernel):
         device = q.device.type
         # the noise as SDPA will read it: in the autocast dtype under autocast (SDPA casts its mask so), kept once
         bias_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+        # the noise stream's state before this call's draw, from which the backward redraws it
+        replay = _NoiseReplay(self.noise_generator, q.device) if draws and self._call_dropout == 0.0 else None
         with full_precision(q, k) as (precise_q, precise_k):
             prior = self.prior_over_keys(precise_k, groups) if self.key_prior is not None else ()
             # filled block by block (a cat of the blocks would hold the noise twice)
@@ -483,7 +536,44 @@ class BayesianAttention(AttentionKernel):
             weights = torch.stack(pairs)
             kl = (torch.stack(kls) * weights).sum() / weights.sum().clamp_min(1)
         diagnostics = {"sample_tv": (0.5 * spread / counted.clamp_min(1)).detach()} if diagnose else {}
+        if replay is not None:
+            precise_dtype = torch.promote_types(q.dtype, torch.float32)
+            redraw = lambda: self._noise_bias(q, k, rows, bias_dtype, precise_dtype)  # noqa: E731
+            run = self._replayed_sdpa(q, k, groups, scale, bias, replay, redraw)
+            return FusedAttention(q, k, scale, None, aux_losses={"kl": kl}, diagnostics=diagnostics,
+                                  library=LibraryForm("sdpa", run))
         return FusedAttention(q, k, scale, bias, aux_losses={"kl": kl}, diagnostics=diagnostics)
+
+    def _noise_bias(self, q: Tensor, k: Tensor, rows: int, bias_dtype: torch.dtype, precise_dtype: torch.dtype) -> Tensor:
+        """The fused path's noise bias drawn as `_fused_block` draws it: block by block of `rows` queries, each in the
+        precise dtype, so that the same stream state gives the same bias bit for bit."""
+        num_queries = q.shape[-2]
+        bias = q.new_empty((*q.shape[:-1], k.shape[-2]), dtype=bias_dtype)
+        like = q.new_zeros((), dtype=precise_dtype)
+        with torch.no_grad():
+            for start in range(0, num_queries, rows):
+                block = slice(start, min(start + rows, num_queries))
+                bias[..., block, :].copy_(self.log_noise(like.expand(*q.shape[:-2], block.stop - block.start, k.shape[-2])))
+        return bias
+
+    @staticmethod
+    def _replayed_sdpa(q: Tensor, k: Tensor, groups: Groups, scale: float, bias: Tensor, replay: "_NoiseReplay",
+                       redraw) -> "Callable[[Tensor], Tensor]":
+        """`run(v)`: SDPA with the noise `bias`, checkpointed (only q, k and v are kept for the backward): the forward
+        uses `bias` and lets it go; the backward's recomputation redraws it (`redraw`) from the stream state `replay`
+        holds, and leaves the stream where it was."""
+        held = [bias]
+
+        def attend(q_: Tensor, k_: Tensor, v_: Tensor) -> Tensor:
+            noise = held.pop() if held else replay.run(redraw)
+            return groups.fused_attention(q_, k_, v_, bias=noise, scale=scale, dropout_p=0.0)
+
+        def run(v: Tensor) -> Tensor:
+            if not torch.is_grad_enabled() or not any(t.requires_grad for t in (q, k, v)):
+                return attend(q, k, v)
+            return torch.utils.checkpoint.checkpoint(attend, q, k, v, use_reentrant=False, preserve_rng_state=False)
+
+        return run
 
     def _fused_block(self, part: Groups, scale: float, target: Tensor | None, diagnose: bool):
         """One query block of `fused_attention`: (its mean KL, the sums behind `sample_tv`); in training it writes
