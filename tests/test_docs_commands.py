@@ -353,6 +353,24 @@ def test_the_pages_show_commands_at_all():
     assert sum(len(shown_commands(p.read_text(), p)) for p in PAGES) > 60
 
 
+def python_module_problems(text: str, page: Path) -> list[str]:
+    """Every `python -m MODULE` a page names (the studies, the generators, the test tools) is a module here."""
+    import importlib.util
+
+    problems = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        for module in re.findall(r"python3? -m ([A-Za-z_][\w.]*)", line):
+            if module.split(".")[0] in ("harness", "modules", "datamodules", "tests") and importlib.util.find_spec(module) is None:
+                problems.append(f"{page.name}:{number}: python -m {module}: no such module")
+    return problems
+
+
+def test_every_python_module_the_pages_run_exists():
+    problems = [p for page in [*PAGES, *STUDY_PAGES] for p in python_module_problems(page.read_text(), page)]
+    assert not problems, "\n".join(problems)
+    assert python_module_problems("`python -m harness.studies.no_such_study`", REPO / "docs" / "planted.md")  # planted
+
+
 # ---- plants: the checker must catch each -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("planted, words", [
