@@ -108,8 +108,20 @@ def element_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype, device="meta").element_size()
 
 
+def _sparse_parts(t: torch.Tensor) -> list[torch.Tensor]:
+    if t.layout == torch.sparse_coo:
+        return [t._indices(), t._values()]
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [t.ccol_indices(), t.row_indices(), t.values()]
+    return []
+
+
 def touched_bytes(t: torch.Tensor) -> int:
-    """Bytes of `t`'s distinct elements: a broadcast (stride-0) dimension is read once."""
+    """Bytes of `t`'s distinct elements: a broadcast (stride-0) dimension is read once; a sparse tensor's parts."""
+    if t.layout != torch.strided:
+        return sum(touched_bytes(part) for part in _sparse_parts(t))
     size = 1
     for n, s in zip(t.shape, t.stride()):
         if s != 0:
@@ -128,8 +140,10 @@ def _caller() -> str:
 
     for frame in reversed(tb.extract_stack()[:-2]):
         name = frame.filename
-        if "site-packages" in name or name.endswith("gpu_cost.py") or "/torch/" in name or "<" in name:
+        if name.endswith("gpu_cost.py") or "/torch/" in name or "<" in name:
             continue
+        if "site-packages/" in name:  # a library's own read (Lightning, torchmetrics, AdaSplash): named in its package
+            return f"{name.split('site-packages/')[-1]}:{frame.lineno}"
         return f"{name.removeprefix(REPO)}:{frame.lineno}"
     return "?"
 
@@ -137,8 +151,11 @@ def _caller() -> str:
 class CostCounter(TorchDispatchMode):
     """Counts kernels, host syncs, bytes touched, live and peak storage, and FLOPs of the ops below autograd."""
 
-    def __init__(self, where: bool = True):
+    def __init__(self, where: bool = True, storage: bool = True):
         super().__init__()
+        self.storage = storage
+        self.phase = ""
+        """A label syncs are counted under (the Cora rows: 'training step' while one runs)."""
         self.kernels = 0
         self.ops = 0
         self.syncs: Counter = Counter()
@@ -152,6 +169,8 @@ class CostCounter(TorchDispatchMode):
         self.by_kernel: Counter = Counter()
         self.kernel_time_s = 0.0
         self.timing = False
+        self.phase_syncs: Counter = Counter()
+        self.sdpa_backends: Counter = Counter()
 
     # -- storage ----------------------------------------------------------------------------------------------
     def track(self, *tensors: Any) -> None:
@@ -161,9 +180,12 @@ class CostCounter(TorchDispatchMode):
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 continue
+            if t.layout != torch.strided:
+                self.track(*_sparse_parts(t))
+                continue
             try:
                 ref = StorageWeakRef(t.untyped_storage())
-            except Exception:  # noqa: BLE001 - a tensor without storage (a nested or sparse one) is not tracked
+            except Exception:  # noqa: BLE001 - a tensor without storage (a nested one) is not tracked
                 continue
             if ref.cdata in self.live:
                 continue
@@ -187,6 +209,8 @@ class CostCounter(TorchDispatchMode):
 
     def sync(self, what: str) -> None:
         self.syncs[(what, _caller() if self.where else "")] += 1
+        if self.phase:
+            self.phase_syncs[self.phase] += 1
 
     @contextmanager
     def pause(self) -> Iterator[None]:
@@ -225,8 +249,9 @@ class CostCounter(TorchDispatchMode):
             self.by_kernel[func._schema.name] += 1
             self.bytes += sum(touched_bytes(t) for t in inputs + outputs)
             self.flops += _flops(func, args, kwargs, out)
-        self._release()
-        self.track(*[t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)])
+        if self.storage:
+            self._release()
+            self.track(*[t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)])
         return out
 
 
@@ -298,32 +323,42 @@ def _names_cuda(device) -> bool:
     return device is not None and not isinstance(device, int) and torch.device(device).type == "cuda"
 
 
+def routed_sdpa(counter: CostCounter) -> Callable:
+    """F.scaled_dot_product_attention as CUDA's would run it: fused backends through `_FusedSDPA`, the math path
+    through ATen's math implementation, each op counted."""
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        backend = cuda_sdpa_backend(query, attn_mask, dropout_p)
+        counter.sdpa_backends[backend] += 1
+        if backend == "math":
+            return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)[0]
+        return _FusedSDPA.apply(query, key, value, attn_mask, scale, is_causal, counter, backend)
+
+    return sdpa
+
+
 class CudaSDPA(TorchFunctionMode):
-    """Routes F.scaled_dot_product_attention as CUDA's would: fused backends through `_FusedSDPA`, the math path
-    through ATen's math implementation, each op counted. A tensor asked for on "cuda" by name is made on the CPU,
-    as the policy's other tensors are."""
+    """SDPA as CUDA runs it (`routed_sdpa`, put in torch.nn.functional for the block: a module attribute, not this
+    mode, so that checkpointing's recomputation in the backward, which runs without the forward's modes, routes the
+    same way), and a tensor asked for on "cuda" by name made on the CPU, as the policy's other tensors are."""
 
     def __init__(self, counter: CostCounter):
         super().__init__()
         self.counter = counter
-        self.backends: Counter = Counter()
+
+    def __enter__(self):
+        torch.nn.functional.scaled_dot_product_attention = routed_sdpa(self.counter)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.nn.functional.scaled_dot_product_attention = _ORIGINAL_SDPA
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not _ORIGINAL_SDPA:
-            if _names_cuda(kwargs.get("device")):  # a library allocating on "cuda" by name (AdaSplash's block indices)
-                kwargs = {**kwargs, "device": "cpu"}
-            return func(*args, **kwargs)
-        q, k, v = args[:3]
-        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
-        dropout_p = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
-        is_causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)
-        scale = kwargs.get("scale")
-        backend = cuda_sdpa_backend(q, mask, dropout_p)
-        self.backends[backend] += 1
-        if backend == "math":
-            return aten._scaled_dot_product_attention_math(q, k, v, mask, dropout_p, is_causal, scale=scale)[0]
-        return _FusedSDPA.apply(q, k, v, mask, scale, is_causal, self.counter, backend)
+        if _names_cuda(kwargs.get("device")):  # a library allocating on "cuda" by name (AdaSplash's block indices)
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
 
 
 # ---- Triton launches (AdaSplash) ----------------------------------------------------------------------------------
@@ -403,11 +438,11 @@ class Count:
         return (4 * self.batch * HEADS * self.length * DIM + self.batch * HEADS * self.length) * FLOAT_BYTES
 
 
-def _build(name: str):
+def _build(name: str, heads: int = HEADS):
     from modules.attention import AttentionSite, build_attention
 
     torch.manual_seed(0)
-    return build_attention({"name": name}, num_heads=HEADS, head_dim=DIM, site=AttentionSite("text", "self", sequence=True)).train()
+    return build_attention({"name": name}, num_heads=heads, head_dim=DIM, site=AttentionSite("text", "self", sequence=True)).train()
 
 
 def count_step(name: str, length: int, batch: int, *, fake: bool = True, heads: int = HEADS, where: bool = True) -> tuple[CostCounter, int, str]:
@@ -418,7 +453,7 @@ def count_step(name: str, length: int, batch: int, *, fake: bool = True, heads: 
     from modules.attention import DenseGroups
     from modules.device_policy import behave_as_cuda
 
-    kernel = _build(name)
+    kernel = _build(name, heads)
     counter = CostCounter(where=where)
     saved: dict[int, int] = {}
 
@@ -518,7 +553,142 @@ def variants_to_count(pattern: str | None) -> list[str]:
     return ["softmax", *[n for n in names if n != "softmax"]]
 
 
+# ---- Cora: a lone epoch and a seed batch's ---------------------------------------------------------------------
+
+CORA_EPOCHS = (2, 5)
+"""Each Cora figure is the difference of runs of these lengths, per epoch: the epochs alone, without the run's setup,
+data load, sanity check and test pass."""
+CORA_SEEDS = 20
+
+
+@contextmanager
+def training_steps_marked(counter: CostCounter) -> Iterator[None]:
+    """Syncs between Lightning's on_train_batch_start and on_train_batch_end of the node-classification module (the
+    forward, backward and optimiser step of one training step) count under the phase 'training step'."""
+    from modules.lit.node_classification import NodeClassificationModule
+
+    saved = {name: NodeClassificationModule.__dict__.get(name) for name in ("on_train_batch_start", "on_train_batch_end")}
+    base_start, base_end = NodeClassificationModule.on_train_batch_start, NodeClassificationModule.on_train_batch_end
+
+    def start(self, *args, **kwargs):
+        counter.phase = "training step"
+        return base_start(self, *args, **kwargs)
+
+    def end(self, *args, **kwargs):
+        counter.phase = ""
+        return base_end(self, *args, **kwargs)
+
+    NodeClassificationModule.on_train_batch_start, NodeClassificationModule.on_train_batch_end = start, end
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                delattr(NodeClassificationModule, name)
+            else:
+                setattr(NodeClassificationModule, name, value)
+
+
+def _lone_run(epochs: int, data_root: str | None, variant: str = "softmax") -> None:
+    from harness.plan.spec import make_spec
+    from harness.run import runner
+
+    record = runner.execute(make_spec("cora", variant, 0, {"max_epochs": epochs, "patience": epochs + 1}), data_root=data_root)
+    if record.error:
+        raise RuntimeError(record.error)
+
+
+def _batch_run(epochs: int, data_root: str | None, seeds: int, variant: str = "softmax") -> None:
+    """A Cora seed batch's training loop (built as `execute_batch` builds it; no test pass)."""
+    import lightning as L
+
+    from modules.tasks import get_task
+
+    task = get_task("cora")
+    params = task.params({"max_epochs": epochs, "patience": epochs + 1})
+    modules, datamodule = [], None
+    for seed in range(seeds):
+        L.seed_everything(seed, verbose=False)
+        dm, module = task.build(params, variant, data_root=data_root, cache_dir=None)
+        datamodule = datamodule or dm
+        modules.append(module)
+    errors = []
+    task.train_seed_batch(params, datamodule, modules, [task.stopping_rule(params) for _ in modules],
+                          lambda outcome: errors.append(outcome.error) if outcome.error else None)
+    if errors:
+        raise RuntimeError(errors[0])
+
+
+@dataclass
+class EpochCount:
+    """Per epoch (the difference of two run lengths): ops dispatched, kernels, syncs and where, syncs inside training
+    steps."""
+
+    ops: float
+    kernels: float
+    syncs: float
+    step_syncs: float
+    where: dict
+
+
+def count_epochs(run: Callable[[int], None], epochs: tuple[int, int] = CORA_EPOCHS) -> EpochCount:
+    """Count `run(n)` (a fit of n epochs) on the CUDA path at both lengths; per epoch of the difference."""
+    from modules.device_policy import behave_as_cuda
+
+    counters = []
+    for n in epochs:
+        counter = CostCounter(where=True, storage=False)
+        with behave_as_cuda(), training_steps_marked(counter), counter:
+            run(n)
+        counters.append(counter)
+    short, long = counters
+    extra = epochs[1] - epochs[0]
+    where = {f"{what} at {at}": (long.syncs[(what, at)] - short.syncs.get((what, at), 0)) / extra
+             for (what, at) in sorted(long.syncs) if long.syncs[(what, at)] != short.syncs.get((what, at), 0)}
+    return EpochCount(ops=(long.ops - short.ops) / extra, kernels=(long.kernels - short.kernels) / extra,
+                      syncs=(sum(long.syncs.values()) - sum(short.syncs.values())) / extra,
+                      step_syncs=(long.phase_syncs["training step"] - short.phase_syncs["training step"]) / extra, where=where)
+
+
+def host_time_ms(data_root: str | None, epochs: tuple[int, int] = CORA_EPOCHS) -> tuple[float, float]:
+    """(CPU ms per lone epoch, of which outside kernels), one thread, on the CUDA path: the CPU time of two run lengths
+    without the counter, less the kernels' own CPU time (timed inside the counter). Depends on the machine."""
+    import time
+
+    from modules.device_policy import behave_as_cuda
+
+    totals, kernel_s = [], []
+    for n in epochs:
+        with behave_as_cuda():
+            started = time.thread_time()
+            _lone_run(n, data_root)
+            totals.append(time.thread_time() - started)
+        counter = CostCounter(where=False, storage=False)
+        counter.timing = True
+        with behave_as_cuda(), counter:
+            _lone_run(n, data_root)
+        kernel_s.append(counter.kernel_time_s)
+    extra = epochs[1] - epochs[0]
+    total = (totals[1] - totals[0]) / extra * 1000
+    return total, total - (kernel_s[1] - kernel_s[0]) / extra * 1000
+
+
 # ---- the page -------------------------------------------------------------------------------------------------------
+
+GOAL_BYTES = [  # (variants, the most bytes touched × SDPA at L = 512)
+    (("fenchel", "gmm", "align-gan", "align-ct", "align-ot"), 1.3),
+    (("bam-weibull", "bam-lognormal"), 2.0),
+    (("sparsemax", "entmax15"), 2.5),
+    (("entmax",), 4.0),
+]
+GOAL_PEAK = 1.5
+GOAL_SAVED = 1.5
+CARD_BYTES = 80e9
+"""An 80 GB card: every variant but fenchel-exact must fit at L = 8192, B = 4."""
+EXEMPT = ("fenchel-exact",)
+"""Exact Fenchel-Young attention's Newton solve: exempt from the memory and sync goals (the issue's own rule)."""
+CORA_GOALS = {"ops": 300, "step_syncs": 0, "epoch_syncs": 2, "batch_ratio": 2.5}
+
 
 def _gb(x: float) -> str:
     return f"{x / 1e9:.2f}"
@@ -528,11 +698,15 @@ def _ratio(x: float, base: float) -> str:
     return f"{x / base:.2f}" if base else ""
 
 
+def _base(rows: list[Count]) -> Count | None:
+    return next((r for r in rows if r.variant == "softmax" and not r.error), None)
+
+
 def dense_table(rows: list[Count], length: int, batch: int) -> list[str]:
     lines = [f"### L = {length}, B = {batch}", "",
              "| variant | path | kernels | host syncs | bytes touched GB | × SDPA | peak live GB | × SDPA | saved GB | × flash | GFLOP | × SDPA | counted |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    base = next((r for r in rows if r.variant == "softmax" and not r.error), None)
+    base = _base(rows)
     for r in rows:
         if r.error:
             lines.append(f"| {r.variant} | | | | | | | | | | | | {r.error.replace('|', '/')} |")
@@ -543,12 +717,264 @@ def dense_table(rows: list[Count], length: int, batch: int) -> list[str]:
     return lines
 
 
+def sync_lines(rows: list[Count]) -> list[str]:
+    """Where each host sync of the L = 512 counts was asked for, and what the variant declares about it."""
+    from modules.attention import attention_entry
+
+    lines = []
+    for r in rows:
+        if not r.sync_where:
+            continue
+        why = _declared_why(r.variant)
+        lines.append(f"- {r.variant}: " + "; ".join(f"{n} × {where}" for where, n in r.sync_where.items())
+                     + (f". Declared: {why}" if why else ". Not declared (`host_syncs_why`)"))
+    return lines or ["- none"]
+
+
+def _declared_why(name: str) -> str | None:
+    try:
+        return getattr(_build(name), "host_syncs_why", None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def goal_rows(counts: dict[tuple[str, int], Count], cora: dict | None) -> list[tuple[str, str, str]]:
+    """(goal, figure, 'met' / 'NOT met' / 'not counted') for each of the page's goals."""
+    out = []
+
+    def get(name, length):
+        row = counts.get((name, length))
+        return row if row is not None and not row.error else None
+
+    base512, base2048 = get("softmax", 512), get("softmax", 2048)
+    for names, limit in GOAL_BYTES:
+        for name in names:
+            row = get(name, 512)
+            if row is None or base512 is None:
+                out.append((f"{name}: bytes touched ≤ {limit}× SDPA at L = 512", "", "not counted"))
+                continue
+            ratio = row.bytes / base512.bytes
+            out.append((f"{name}: bytes touched ≤ {limit}× SDPA at L = 512", f"{ratio:.2f}×", "met" if ratio <= limit else "NOT met"))
+    names = sorted({name for name, _ in counts} - {"softmax", *EXEMPT})
+    for length, base in ((512, base512), (2048, base2048)):
+        for name in names:
+            row = get(name, length)
+            if row is None or base is None:
+                out.append((f"{name}: peak live ≤ {GOAL_PEAK}× SDPA at L = {length}", "", "not counted"))
+                continue
+            ratio = row.peak / base.peak
+            out.append((f"{name}: peak live ≤ {GOAL_PEAK}× SDPA at L = {length}", f"{ratio:.2f}×", "met" if ratio <= GOAL_PEAK else "NOT met"))
+    for name in names:
+        row = get(name, 8192)
+        figure = "" if row is None else f"{row.peak / 1e9:.1f} GB"
+        out.append((f"{name}: fits an 80 GB card at L = 8192, B = 4 (peak live)", figure,
+                    "not counted" if row is None else "met" if row.peak <= CARD_BYTES else "NOT met"))
+    for name in names:
+        row = get(name, 2048)
+        if row is None or row.path != "sdpa":
+            continue
+        ratio = row.saved / row.flash_ideal
+        out.append((f"{name} (SDPA path): saved for backward ≤ {GOAL_SAVED}× flash's ideal at L = 2048", f"{ratio:.2f}×",
+                    "met" if ratio <= GOAL_SAVED else "NOT met"))
+    for name in names:
+        rows = [get(name, length) for length, _ in DENSE]
+        counted = [r for r in rows if r is not None]
+        if not counted:
+            out.append((f"{name}: 0 host syncs in a forward+backward", "", "not counted"))
+            continue
+        most = max(r.syncs for r in counted)
+        out.append((f"{name}: 0 host syncs in a forward+backward", f"{most}", "met" if most == 0 else "NOT met"))
+    if cora is None:
+        out.append(("Cora (lone epoch ≤ 300 ops, 0 syncs per training step, ≤ 2 per epoch; 20-seed batch ≤ 2.5× a lone epoch's ops)", "", "not counted"))
+        return out
+    lone, batch = cora["lone"], cora["batch"]
+    out.append((f"Cora: a lone softmax epoch ≤ {CORA_GOALS['ops']} ops", f"{lone.ops:.0f}", "met" if lone.ops <= CORA_GOALS["ops"] else "NOT met"))
+    out.append(("Cora: 0 host syncs in a training step", f"{lone.step_syncs:g}", "met" if lone.step_syncs == 0 else "NOT met"))
+    out.append((f"Cora: ≤ {CORA_GOALS['epoch_syncs']} host syncs in a lone epoch", f"{lone.syncs:g}",
+                "met" if lone.syncs <= CORA_GOALS["epoch_syncs"] else "NOT met"))
+    ratio = batch.ops / lone.ops
+    out.append((f"Cora: a {CORA_SEEDS}-seed batch epoch ≤ {CORA_GOALS['batch_ratio']}× a lone epoch's ops", f"{ratio:.2f}×",
+                "met" if ratio <= CORA_GOALS["batch_ratio"] else "NOT met"))
+    out.append(("Cora: host CPU time per lone epoch (outside kernels, one thread) ≤ 5 ms", "",
+                "not on this page (machine-dependent: `--host-time` prints it)"))
+    return out
+
+
+# ---- the measured page beside the prediction ------------------------------------------------------------------------
+
+def measured_pages(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.md") if p.name != "README.md")
+
+
+def read_measured(page: Path) -> dict[tuple[int, str], dict]:
+    """{(L, variant): {"path", "ms_ratio", "peak_ratio"}} from a gpu-perf page's dense table (bf16 columns)."""
+    found, length = {}, None
+    for line in page.read_text().splitlines():
+        heading = re.match(r"### L = (\d+), B = (\d+)", line)
+        if heading:
+            length = int(heading.group(1))
+            continue
+        if length is None or not line.startswith("| ") or line.startswith("| variant") or line.startswith("|---"):
+            if line.startswith("## ") and not line.startswith("## (b)"):
+                length = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 8:
+            continue
+
+        def number(text):
+            try:
+                return float(text)
+            except ValueError:
+                return None
+
+        found[(length, cells[0])] = {"path": cells[1], "ms_ratio": number(cells[3]), "peak_ratio": number(cells[7])}
+    return found
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None under three pairs."""
+    if len(xs) < 3:
+        return None
+
+    def ranks(values):
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for m in range(i, j + 1):
+                out[order[m]] = (i + j) / 2 + 1
+            i = j + 1
+        return out
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return cov / var if var else None
+
+
+def comparison_lines(counts: dict[tuple[str, int], Count], page: Path) -> list[str]:
+    measured = read_measured(page)
+    lines = [f"### Beside {page.stem} (`leaderboards/gpu-perf/{page.name}`)", "",
+             "Measured: that page's bf16 time and peak memory as × SDPA softmax. Predicted: this page's bytes touched and "
+             "peak live bytes as × SDPA. A row is comparable where the path measured is the path counted here (the "
+             "variants changed since the page was measured); Spearman's rank correlation is over the comparable rows "
+             "of each L.", ""]
+    for length, batch in DENSE:
+        base = counts.get(("softmax", length))
+        rows = [(name, r) for (name, L), r in sorted(counts.items()) if L == length and not r.error and (length, name) in measured]
+        if not rows or base is None or base.error:
+            continue
+        lines += [f"L = {length}, B = {batch}", "",
+                  "| variant | path counted | path measured | bytes × (predicted) | time × (measured) | peak × (predicted) | peak × (measured) |",
+                  "|---|---|---|---:|---:|---:|---:|"]
+        pairs_time, pairs_peak = [], []
+        for name, r in sorted(rows, key=lambda item: (item[0] != "softmax", item[0])):
+            m = measured[(length, name)]
+            bytes_ratio, peak_ratio = r.bytes / base.bytes, r.peak / base.peak
+            same = m["path"] == r.path
+            if same and m["ms_ratio"] is not None:
+                pairs_time.append((bytes_ratio, m["ms_ratio"]))
+            if same and m["peak_ratio"] is not None:
+                pairs_peak.append((peak_ratio, m["peak_ratio"]))
+            fmt = lambda x: "" if x is None else f"{x:.2f}"  # noqa: E731
+            lines.append(f"| {name} | {r.path} | {m['path'] or 'not run'} | {bytes_ratio:.2f} | {fmt(m['ms_ratio'])} | "
+                         f"{peak_ratio:.2f} | {fmt(m['peak_ratio'])} |")
+        rho_t = spearman(*zip(*pairs_time)) if len(pairs_time) >= 3 else None
+        rho_p = spearman(*zip(*pairs_peak)) if len(pairs_peak) >= 3 else None
+        lines += ["", f"Spearman, bytes touched against time: {'%.2f' % rho_t if rho_t is not None else 'fewer than 3 comparable rows'} "
+                      f"({len(pairs_time)} rows); peak live against peak memory: {'%.2f' % rho_p if rho_p is not None else 'fewer than 3 comparable rows'} "
+                      f"({len(pairs_peak)} rows).", ""]
+    return lines
+
+
+# ---- writing ----------------------------------------------------------------------------------------------------------
+
+CSV_FIELDS = ["variant", "length", "batch", "path", "kernels", "host_syncs", "bytes_touched", "bytes_x_sdpa", "peak_live_bytes",
+              "peak_x_sdpa", "saved_bytes", "saved_x_flash", "flops", "flops_x_sdpa", "counted", "error"]
+
+
+def csv_text(counts: dict[tuple[str, int], Count]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for length, _ in DENSE:
+        rows = [r for (name, L), r in counts.items() if L == length]
+        base = _base(rows)
+        for r in rows:
+            if r.error:
+                writer.writerow({"variant": r.variant, "length": r.length, "batch": r.batch, "error": r.error})
+                continue
+            writer.writerow({"variant": r.variant, "length": r.length, "batch": r.batch, "path": r.path, "kernels": r.kernels,
+                             "host_syncs": r.syncs, "bytes_touched": int(r.bytes), "bytes_x_sdpa": _ratio(r.bytes, base.bytes if base else 0),
+                             "peak_live_bytes": int(r.peak), "peak_x_sdpa": _ratio(r.peak, base.peak if base else 0),
+                             "saved_bytes": int(r.saved), "saved_x_flash": f"{r.saved / r.flash_ideal:.2f}", "flops": int(r.flops),
+                             "flops_x_sdpa": _ratio(r.flops, base.flops if base else 0), "counted": r.method, "error": ""})
+    return out.getvalue()
+
+
+def page_text(counts: dict[tuple[str, int], Count], cora: dict | None, measured: list[Path]) -> str:
+    goals = goal_rows(counts, cora)
+    met = sum(1 for _, _, verdict in goals if verdict == "met")
+    missed = sum(1 for _, _, verdict in goals if verdict == "NOT met")
+    lines = ["# GPU cost, counted on the CPU", "",
+             "What a GPU would run for each variant, counted on the CPU with every device branch on its CUDA form "
+             "(`modules.device_policy.behave_as_cuda`) by a dispatch mode below autograd (`harness/studies/gpu_cost.py` says "
+             "how). No time is measured: every figure is a count, the same on every machine. Regenerate with `make gpu-cost`.", "",
+             f"Goals: {met} met, {missed} not met, of {len(goals)}.", "",
+             "## Goals", "", "| goal | figure | verdict |", "|---|---:|---|"]
+    lines += [f"| {goal} | {figure} | {verdict} |" for goal, figure, verdict in goals]
+    lines += ["", "## Dense forward+backward", "",
+              f"H = {HEADS}, d = {DIM}, no mask, `need_weights=False`, training mode; one forward and one backward (the output's "
+              "gradient from upstream, the aux losses' own). Bytes at bf16's 2 bytes a floating element. Kernels: ATen ops that "
+              "launch work, fused SDPA as one launch each way, Triton launches. Saved × flash: bytes kept for the backward over "
+              "FlashAttention's q, k, v, out and logsumexp. Counted 'real ×N': on real tensors at B = H = 1 (the variant's code "
+              "reads values, which fake tensors cannot give), its bytes, peak, saved bytes and FLOPs × N = B·H.", ""]
+    for length, batch in DENSE:
+        rows = [r for (name, L), r in counts.items() if L == length]
+        if rows:
+            lines += dense_table(rows, length, batch) + [""]
+    lines += ["Host syncs at L = 512, where asked for:", ""]
+    lines += sync_lines([r for (name, L), r in counts.items() if L == 512 and not r.error]) + [""]
+    if cora is not None:
+        lone, batch = cora["lone"], cora["batch"]
+        first, last = CORA_EPOCHS
+        lines += ["## Cora, softmax", "",
+                  f"Per epoch on the CUDA path: a {last}-epoch run less a {first}-epoch one, over the {last - first} epochs between. The "
+                  f"lone run is `attnbench run`'s (the runner's Lightning loop: training step, validation pass); the batch is "
+                  f"{CORA_SEEDS} seeds in the seed batch's own loop. Ops: every ATen op dispatched; kernels: those that launch work.", "",
+                  "| run | ops per epoch | kernels | host syncs per epoch | of which in training steps |", "|---|---:|---:|---:|---:|",
+                  f"| lone epoch | {lone.ops:.1f} | {lone.kernels:.1f} | {lone.syncs:g} | {lone.step_syncs:g} |",
+                  f"| {CORA_SEEDS}-seed batch epoch | {batch.ops:.1f} | {batch.kernels:.1f} | {batch.syncs:g} | {batch.step_syncs:g} |",
+                  f"| batch ÷ lone | {batch.ops / lone.ops:.2f}× | {batch.kernels / lone.kernels:.2f}× | | |", "",
+                  "Host syncs per epoch, where asked for:", ""]
+        for label, found in (("lone", lone), ("batch", batch)):
+            lines += [f"- {label}: " + ("; ".join(f"{n:g} × {where}" for where, n in found.where.items()) or "none")]
+        lines += ["", "The host's CPU time outside kernels is not on this page: it depends on the machine. "
+                  "`python -m harness.studies.gpu_cost --host-time` prints it.", ""]
+    if measured:
+        lines += ["## Predicted beside measured", ""]
+        for page in measured:
+            lines += comparison_lines(counts, page)
+        lines += ["The H100 page's seed batch (its section (c)) printed each seed's share of a batch epoch as the batch epoch: "
+                  "its \"12.4 ms (all 20 seeds)\" is the share, so the batch epoch was about 248 ms and its \"63.6× by epoch\" "
+                  "about 3.2×. gpu-perf now prints both, each named (`gpu_perf.batch_epoch_figures`).", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", default=None, help="comma-separated variants (softmax, the ratios' base, is always counted)")
     parser.add_argument("--lengths", default=None, help="comma-separated L among 512,2048,8192")
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help="a plugin file that registers variants (repeatable)")
-    parser.add_argument("--out", default=None, help="folder for gpu-cost.{md,csv} (a full run: leaderboards)")
+    parser.add_argument("--no-cora", action="store_true", help="leave out the Cora epochs")
+    parser.add_argument("--host-time", action="store_true", help="also print the host's CPU time per lone Cora epoch (machine-dependent)")
+    parser.add_argument("--data-root", default=os.environ.get("ATTNBENCH_DATA"))
+    parser.add_argument("--out", default=None, help="write gpu-cost.{md,csv} here (a full run's page: leaderboards)")
     args = parser.parse_args(argv)
 
     from modules.registry import load_plugin_file
@@ -561,15 +987,40 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [(L, B) for L, B in DENSE if L in lengths]
     if len(shapes) != len(lengths):
         raise SystemExit(f"gpu-cost: --lengths takes values among {', '.join(str(L) for L, _ in DENSE)}")
-    lines: list[str] = []
+    partial = bool(args.variants or args.lengths or args.plugin)
+    counts: dict[tuple[str, int], Count] = {}
     for length, batch in shapes:
-        rows = [count_variant(name, length, batch) for name in names]
-        table = dense_table(rows, length, batch)
-        print("\n".join(table), flush=True)
-        for r in rows:
-            for where, n in r.sync_where.items():
-                print(f"  {r.variant}: {n} × {where}")
-        lines += table + [""]
+        for name in names:
+            counts[(name, length)] = count_variant(name, length, batch)
+        print("\n".join(dense_table([counts[(n, length)] for n in names], length, batch)), flush=True)
+        for name in names:
+            for where, n in counts[(name, length)].sync_where.items():
+                print(f"  {name}: {n} × {where}")
+        print()
+    cora = None
+    if not args.no_cora and not partial:
+        from harness.run.runner import quiet_lightning
+
+        quiet_lightning()
+        cora = {"lone": count_epochs(lambda n: _lone_run(n, args.data_root)),
+                "batch": count_epochs(lambda n: _batch_run(n, args.data_root, CORA_SEEDS))}
+        print(f"Cora lone epoch: {cora['lone']}\nCora {CORA_SEEDS}-seed batch epoch: {cora['batch']}", flush=True)
+    if args.host_time:
+        from harness.run.runner import quiet_lightning
+
+        quiet_lightning()
+        total, outside = host_time_ms(args.data_root)
+        print(f"host CPU per lone Cora epoch on the CUDA path (one thread, this machine): {total:.1f} ms, of which outside kernels {outside:.1f} ms")
+    measured = measured_pages(Path(REPO) / "leaderboards" / "gpu-perf")
+    text = page_text(counts, cora, measured)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gpu-cost.md").write_text(text)
+        (out / "gpu-cost.csv").write_text(csv_text(counts))
+        print(f"gpu-cost: written to {out / 'gpu-cost.md'} and {out / 'gpu-cost.csv'}")
+    elif not partial:
+        print(text)
     return 0
 
 

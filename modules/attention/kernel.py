@@ -189,6 +189,12 @@ class AttentionKernel(nn.Module):
     mechanism_rule: ClassVar[str] = "any"
     """'any': the mechanism is active when any ruled diagnostic says so; 'all': when every one does."""
 
+    host_syncs_why: ClassVar[str | None] = None
+    """Why a forward+backward on the CUDA path reads the device on the host (each read waits for every queued kernel),
+    or None: it reads nothing. A variant whose algorithm needs a read (a solver's convergence test) says so here, and
+    why; the GPU cost page (harness/studies/gpu_cost.py) shows it beside the reads it counts, and the count tests
+    (tests/attention/test_gpu_cost.py) hold every other variant to none."""
+
     row_separable: ClassVar[bool] = False
     """True if each query's weights depend on its own row of logits (and on the keys) only, and every aux loss and
     diagnostic `normalize` returns is a mean over the valid queries, or over the valid (query, key) pairs for
