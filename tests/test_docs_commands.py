@@ -104,6 +104,15 @@ class Names:
     suites: set
 
 
+@pytest.fixture(scope="module", autouse=True)
+def own_cache(tmp_path_factory):
+    """A cache of this module's own: the guide's plugin is registered in this process, and the catalogue and plan
+    snapshots that the dry runs write would otherwise list `tempered` to every later command sharing the cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNBENCH_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def names(example_files) -> Names:
     from modules.attention import list_attentions
