@@ -51,8 +51,9 @@ def test_every_variant_has_its_line_in_the_readme():
         assert f"`{name}`" in table, name
 
 
-def test_the_guide_s_example_plugin_registers_and_reduces_to_softmax(tmp_path):
+def test_the_example_plugin_registers_and_reduces_to_softmax(tmp_path):
     code = re.search(r"```python\n# my_variant.py\n(.*?)```", GUIDE.read_text(), re.S).group(1)
+    assert code == re.search(r"```python\n# my_variant.py\n(.*?)```", README.read_text(), re.S).group(1)  # one example, two pages
     plugin = tmp_path / "readme_variant.py"
     plugin.write_text(code)
     try:
