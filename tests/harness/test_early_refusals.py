@@ -75,7 +75,7 @@ def test_the_early_message_is_the_full_checks():
 
 
 def test_a_good_suite_file_still_passes_the_early_check(tmp_path):
-    from harness.plan.suite import read_suite_file, suite_path
+    from harness.plan.suite import list_suites, read_suite_file, suite_path
 
-    for name in ("quick", "paper-gat", "glue-quick", "vl-quick"):
+    for name in list_suites():  # `make leaderboard` passes every built-in suite through the early check
         assert read_suite_file(suite_path(name))["tasks"]
