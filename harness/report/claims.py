@@ -27,6 +27,7 @@ from harness.report.stats import ALPHA, CONFIDENCE, POWER, detectable_difference
 from harness.report.verdicts import (INCONCLUSIVE, NEGATIVE, NOT_JUDGED, NOT_REPRODUCED, NOT_RUN_HERE, NOT_RUN_YET,  # noqa: F401
                                      OPPOSITE, REPRODUCED, paper_delta, verdict_for)
 from harness.results.record import Record, Status
+from harness.report.claims_model import ClaimRow, ClaimsBoard
 from harness.report.evidence import evidence_record
 from harness.report.mechanism_test import (ALTERNATIVES, MechanismTest, NullRate, corrected, log_ratios, median_ratio, null_rate,
                                            wilcoxon_of_ratios)
@@ -61,7 +62,7 @@ RESOLUTION_RULE = (f"Resolution: the smallest true difference a two-sided paired
                    f"{POWER:.0%} power at this n, given the paired spread observed (the boards' notion, for this one pair of rows).")
 
 
-def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_root: str | None) -> dict[str, Any]:
+def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_root: str | None) -> ClaimsBoard:
     """Plan each suite a claim names once, load its records from the store `runs`, and measure every claim. A suite's
     tuned rows are the ones it lists (`tuned`), from the committed tuned parameters."""
     from harness.plan.planner import plan
@@ -81,14 +82,15 @@ def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_
                            {s: records[s] for s in measured}, {s: evidence[s] for s in measured})
     from harness.report.board import without_data_root  # a reason names files under this machine's data root
 
-    for row in board["rows"]:
-        suite = (row["claim"].get("measured_by") or {}).get("suite")
-        if row.get("reason") and suite in plans:
-            row["reason"] = without_data_root(row["reason"], plans[suite].data_root)
-    board["host_attention"] = host_attention(plans, records, evidence)
-    board["seed_history"] = {suite: lines for suite in sorted(measured)
-                             if (lines := seed_history_lines(plans[suite].suite, plans[suite].specs, records[suite]))}
-    return board
+    rows = []
+    for row in board.rows:
+        suite = (row.claim.get("measured_by") or {}).get("suite")
+        if row.reason and suite in plans:
+            row = row.replace(reason=without_data_root(row.reason, plans[suite].data_root))
+        rows.append(row)
+    return board.replace(rows=tuple(rows), host_attention=tuple(host_attention(plans, records, evidence)),
+                         seed_history={suite: lines for suite in sorted(measured)
+                                       if (lines := seed_history_lines(plans[suite].suite, plans[suite].specs, records[suite]))})
 
 
 COST_PLACEHOLDER = re.compile(r"\{cost:([a-z0-9-]+)\}")
@@ -143,10 +145,10 @@ def host_attention(plans, records, evidence) -> list[dict[str, Any]]:
 
 
 def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records: Mapping[str, Mapping[str, Record]],
-                   evidence: Mapping[str, Mapping[str, Record]] | None = None) -> dict[str, Any]:
-    """The claims board: per claim its paper's numbers, our measurement and the verdict (JSON-serialisable).
-    `evidence`: per suite, the execution to read mechanism diagnostics from where a key ran more than once
-    (`diagnosed_execution`); the metrics always come from `records`."""
+                   evidence: Mapping[str, Mapping[str, Record]] | None = None) -> ClaimsBoard:
+    """The claims board (claims_model.ClaimsBoard, frozen): per claim its paper's numbers, our measurement, the verdict
+    and the mechanism beside it. `evidence`: per suite, the record to read mechanism evidence from where a key ran
+    more than once (evidence.evidence_record); the metrics always come from `records`."""
     rows = []
     for claim in claims["claims"]:
         measured = claim.get("measured_by")
@@ -171,9 +173,9 @@ def measure_claims(claims: Mapping[str, Any], plans: Mapping[str, Any], records:
         if row.get("mechanism_test"):
             row["mechanism_test"] = tests[row["claim"]["id"]]
     spec = _get(claims, "mechanism_test")
-    return {"papers": claims["papers"], "rows": rows, "confidence": CONFIDENCE, "rule": VERDICT_RULE, "resolution_rule": RESOLUTION_RULE,
-            "mechanism_test": spec, "mechanism_null": mechanism_null(spec, plans, records, evidence) if spec else [],
-            "mechanism_family": len([t for t in tests.values() if t.n > 0])}
+    return ClaimsBoard(claims["papers"], tuple(ClaimRow.of(row) for row in rows), CONFIDENCE, VERDICT_RULE, RESOLUTION_RULE,
+                       mechanism_test=spec, mechanism_null=tuple(mechanism_null(spec, plans, records, evidence)) if spec else (),
+                       mechanism_family=len([t for t in tests.values() if t.n > 0]))
 
 
 def _get(claims: Mapping[str, Any], name: str) -> Any:
@@ -375,7 +377,8 @@ def _mechanism(variant: str, own: list[Record | None], base: list[Record | None]
     for d in ruled:
         values = sorted(f for f in (ruled_figure(d, r, b) for r, b in pairs) if f is not None)
         if values:
-            figures.append(f"median {figure_name(d)} {statistics.median(values):.3g} over {len(values)} seeds (rule: {describe_rule(d)})")
+            figures.append(f"median {figure_name(d)} {statistics.median(values):.3g} (range {values[0]:.4g}–{values[-1]:.4g}) over "
+                           f"{len(values)} seeds (rule: {describe_rule(d)})")
     example = next((v[1] for v in shown if v[0] == (2 * active >= len(shown))), shown[0][1])
     return 2 * active >= len(shown), (f"active at the evaluated weights in {active} of {len(shown)} seeds with evidence"
                                       + (f" ({len(verdicts) - len(shown)} without evidence)" if len(shown) < len(verdicts) else "")

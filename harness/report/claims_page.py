@@ -115,10 +115,9 @@ def mechanism_words(row: Mapping[str, Any]) -> str | None:
         holm = f", Holm p {test.p_holm:.3f}" if test.p_holm is not None else ""
         late_test = f"; test declared at {test.declared}, after these runs: post hoc" if test.post_hoc else ""
         return (f"{_setting_words(row)}{what} ({figure} ÷ softmax's at the same seed, median ×{test.median_ratio:.3f} over {test.n} seeds"
-                f"{f', {test.without} without evidence' if test.without else ''}; one-sided Wilcoxon p {test.p:.3f}{holm}{late_test})"
-                + thresholds)
+                f"{f', {test.without} without evidence' if test.without else ''}; one-sided Wilcoxon p {test.p:.3f}{holm}{late_test})")
     if test is not None:
-        return f"mechanism: {test.diagnostic} has no evidence at the evaluated weights in these records" + thresholds
+        return f"mechanism: {test.diagnostic} has no evidence at the evaluated weights in these records"
     mechanism = row.get("mechanism")
     if not mechanism:
         return None
@@ -202,8 +201,7 @@ def row_notes(row: Mapping[str, Any]) -> list[str]:
             for entry in row["mechanism"].get("post_hoc") or ())
         notes.append(f"{state} by the kernel's rule (reported, not deciding the verdict): {row['mechanism']['evidence']}"
                      + (f". {dated[0].upper()}{dated[1:]}" if dated else ""))
-    if row.get("untraced"):
-        notes.append(f"The paper's figure is untraced: {row['untraced']}")
+
     if row.get("first_seeds"):
         first = row["first_seeds"]
         notes.append(f"On the first {first['seeds']} declared seeds: {_ci(first['measure'], True)}, {first['verdict']}"
@@ -246,6 +244,8 @@ def render_claims_markdown(board: Mapping[str, Any]) -> str:
             out.write(f" {paper['note']}")
         if paper.get("setting"):
             out.write(f" {paper['setting']['note']}")
+        if paper.get("untraced"):
+            out.write(f" **Figures untraced**: {paper['untraced']}.")
         out.write("\n\n")
         measured = [row for row in rows if row["claim"]["kind"] != "structural"]
         if measured:

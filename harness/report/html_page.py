@@ -673,7 +673,8 @@ def render_claims_html(board: dict[str, Any]) -> str:
             continue
         out.write(f"<section id=\"paper-{_e(_slug(paper_id))}\">\n<h2>{_e(paper['title'])}</h2>\n<p>")
         out.write(_e(", ".join(part for part in (paper.get("authors"), paper.get("venue"), paper["source"]) if part)) + ".")
-        for extra in (paper.get("note"), (paper.get("setting") or {}).get("note")):
+        for extra in (paper.get("note"), (paper.get("setting") or {}).get("note"),
+                      f"**Figures untraced**: {paper['untraced']}." if paper.get("untraced") else None):
             if extra:
                 out.write(f" {_inline(extra)}")
         out.write("</p>\n")
