@@ -170,6 +170,7 @@ class CostCounter(TorchDispatchMode):
         self.kernel_time_s = 0.0
         self.timing = False
         self.phase_syncs: Counter = Counter()
+        self.phase_where: Counter = Counter()
         self.sdpa_backends: Counter = Counter()
 
     # -- storage ----------------------------------------------------------------------------------------------
@@ -208,9 +209,11 @@ class CostCounter(TorchDispatchMode):
         self.flops += flops
 
     def sync(self, what: str) -> None:
-        self.syncs[(what, _caller() if self.where else "")] += 1
+        at = _caller() if self.where else ""
+        self.syncs[(what, at)] += 1
         if self.phase:
             self.phase_syncs[self.phase] += 1
+            self.phase_where[(self.phase, what, at)] += 1
 
     @contextmanager
     def pause(self) -> Iterator[None]:
@@ -629,6 +632,7 @@ class EpochCount:
     syncs: float
     step_syncs: float
     where: dict
+    step_where: dict = field(default_factory=dict)
 
 
 def count_epochs(run: Callable[[int], None], epochs: tuple[int, int] = CORA_EPOCHS) -> EpochCount:
@@ -645,9 +649,13 @@ def count_epochs(run: Callable[[int], None], epochs: tuple[int, int] = CORA_EPOC
     extra = epochs[1] - epochs[0]
     where = {f"{what} at {at}": (long.syncs[(what, at)] - short.syncs.get((what, at), 0)) / extra
              for (what, at) in sorted(long.syncs) if long.syncs[(what, at)] != short.syncs.get((what, at), 0)}
+    step_where = {f"{what} at {at}": (n - short.phase_where.get((phase, what, at), 0)) / extra
+                  for (phase, what, at), n in sorted(long.phase_where.items())
+                  if phase == "training step" and n != short.phase_where.get((phase, what, at), 0)}
     return EpochCount(ops=(long.ops - short.ops) / extra, kernels=(long.kernels - short.kernels) / extra,
                       syncs=(sum(long.syncs.values()) - sum(short.syncs.values())) / extra,
-                      step_syncs=(long.phase_syncs["training step"] - short.phase_syncs["training step"]) / extra, where=where)
+                      step_syncs=(long.phase_syncs["training step"] - short.phase_syncs["training step"]) / extra, where=where,
+                      step_where=step_where)
 
 
 def host_time_ms(data_root: str | None, epochs: tuple[int, int] = CORA_EPOCHS) -> tuple[float, float]:
@@ -954,6 +962,8 @@ def page_text(counts: dict[tuple[str, int], Count], cora: dict | None, measured:
                   "Host syncs per epoch, where asked for:", ""]
         for label, found in (("lone", lone), ("batch", batch)):
             lines += [f"- {label}: " + ("; ".join(f"{n:g} × {where}" for where, n in found.where.items()) or "none")]
+            if found.step_where:
+                lines += [f"  - of which in training steps: " + "; ".join(f"{n:g} × {where}" for where, n in found.step_where.items())]
         lines += ["", "The host's CPU time outside kernels is not on this page: it depends on the machine. "
                   "`python -m harness.studies.gpu_cost --host-time` prints it.", ""]
     if measured:
