@@ -95,3 +95,5 @@ class ClaimsBoard(_ReadsLikeAMapping):
     mechanism_family: int = 0
     host_attention: tuple = field(default_factory=tuple)
     seed_history: Mapping[str, Any] = field(default_factory=dict)
+    dose_finding: str | None = None
+    """The λ dose-response page's finding sentence (dose_response.finding_sentence), shown in the summary."""

@@ -296,6 +296,8 @@ def summary_lines(board: Mapping[str, Any], code: Any = lambda text: f"`{text}`"
     if unresolved:
         lines.append(f"- Open: within what the seeds resolve, or not significant after Holm: {ids(unresolved)}.")
     lines.extend(mechanism_lines(board, code))
+    if board.get("dose_finding"):
+        lines.append(f"- The λ dose-response of the alignment claims (dose-response.md, suite {code('align-lambda')}): {board['dose_finding']}")
     caveats = []
     setup = [r for r in rows if r.get("in_this_setup")]
     if setup:

@@ -154,11 +154,11 @@ def _fixed(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def finding_sentence(board: DoseBoard) -> str:
-    """The page's one sentence: each variant and task's finding, interim ones marked."""
-    parts = [f"`{cell.variant}` on {cell.task}: {cell.finding}" + (" (interim: seeds still running)" if cell.interim else "")
-             for cell in board.cells]
-    return "**Finding.** " + "; ".join(parts) + "."
+def finding_sentence(board: DoseBoard, lead: bool = True) -> str:
+    """The page's one sentence: each variant and task's finding, those resting on seeds still running marked interim."""
+    parts = [f"`{cell.variant}` on {cell.task}: " + ("interim, on the seeds recorded so far: " if cell.interim and cell.rule != NOT_YET else "")
+             + cell.finding for cell in board.cells]
+    return ("**Finding.** " if lead else "") + "; ".join(parts) + "."
 
 
 def render_dose_markdown(board: DoseBoard) -> str:
@@ -179,7 +179,8 @@ def render_dose_markdown(board: DoseBoard) -> str:
               "cannot act through GAT's additive score here).\n\n")
     for cell in board.cells:
         out.write(f"## `{cell.variant}` on {cell.task}\n\n")
-        out.write(f"Finding ({cell.rule}): {cell.finding}" + (". Interim: some seeds are still running." if cell.interim else ".") + "\n\n")
+        out.write(f"Finding ({cell.rule}): {cell.finding}" + (". Interim: some seeds are still running; the finding may change when "
+                                                               "they are in." if cell.interim else ".") + "\n\n")
         out.write("| λ | row | seeds recorded | q/k distance ÷ softmax's [95% CI] | seeds paired | mechanism p (Holm) | "
                   "Δ accuracy [95% CI] | n | p (Holm) | declared before |\n")
         out.write("|---:|---|---:|---|---:|---|---|---:|---|---|\n")

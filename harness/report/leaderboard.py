@@ -180,16 +180,19 @@ def write_claims_board(runs: str | None, out_dir: str | Path = "leaderboards", d
     """`attnbench leaderboard --claims`: <out_dir>/claims.md and claims.html from harness/claims.yaml and the
     records in `runs`. Always written, with or without records: a claim without records says "not run yet"
     or "not run here", so a fresh clone regenerates the page byte for byte."""
-    board = build_claims_board(load_claims(claims_file), runs, data_root)
+    claims = load_claims(claims_file)
+    board = build_claims_board(claims, runs, data_root)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    dose = None
+    if claims.dose_response is not None:
+        from harness.report.dose_response import PAGE, dose_board_from_store, finding_sentence, render_dose_markdown
+
+        dose = dose_board_from_store(claims.dose_response, runs, data_root, claims.mechanism_test)
+        board = board.replace(dose_finding=finding_sentence(dose, lead=False))
     md = write_text_atomically(render_claims_markdown(board), out / "claims.md")
     page = write_text_atomically(render_claims_html(board), out / "claims.html")
     written = [md, page]
-    claims = load_claims(claims_file)
-    if claims.dose_response is not None:
-        from harness.report.dose_response import PAGE, dose_board_from_store, render_dose_markdown
-
-        dose = dose_board_from_store(claims.dose_response, runs, data_root, claims.mechanism_test)
+    if dose is not None:
         written.append(write_text_atomically(render_dose_markdown(dose), out / PAGE))
     return written
