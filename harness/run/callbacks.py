@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import weakref
 from typing import Mapping
 
 import lightning as L
@@ -30,8 +31,30 @@ def host_floats(values: Mapping[str, Tensor]) -> dict[str, float]:
     return {name: out[name] for name in values}
 
 
+_validation_reads: "weakref.WeakKeyDictionary[L.Trainer, tuple]" = weakref.WeakKeyDictionary()
+"""Per trainer: the last validation pass's read ((epoch, step), its metric tensors, their floats)."""
+
+
 def _validation_scalars(trainer: L.Trainer) -> dict[str, float]:
-    return host_floats({k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/") and v.numel() == 1})
+    """The validation pass's scalar metrics as floats, read from the device once per pass for every callback that
+    asks (KeepBestAndStop and History each asked: two transfers of the same values), together with History's
+    sums of the epoch's training values (its own transfer at the epoch's end otherwise): one transfer per device
+    and dtype per epoch instead of three."""
+    metrics = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/") and v.numel() == 1}
+    point = (trainer.current_epoch, trainer.global_step)
+    cached = _validation_reads.get(trainer)
+    # the same pass: Lightning hands each callback new tensor objects over the same storage
+    if (cached is not None and cached[0] == point and cached[1].keys() == metrics.keys()
+            and all(cached[1][k].data_ptr() == v.data_ptr() for k, v in metrics.items())):
+        return dict(cached[2])
+    history = next((c for c in trainer.callbacks if isinstance(c, History)), None)
+    sums = history.pending_sums() if history is not None else {}
+    read = host_floats({**{("train", k): v for k, v in sums.items()}, **metrics})
+    if history is not None:
+        history.take_sums({k: read[("train", k)] for k in sums})
+    values = {k: read[k] for k in metrics}
+    _validation_reads[trainer] = (point, metrics, values)
+    return dict(values)
 
 
 class KeepBestAndStop(Callback):
@@ -227,11 +250,13 @@ class History(Callback):
         self.epochs: list[dict[str, float]] = []
         self._train: dict[str, list] = {}
         self._val: dict[str, float] = {}
+        self._sums: tuple[dict[str, float], dict[str, int]] | None = None
+        """The epoch's training sums as read with its validation metrics, and the counts they summed."""
         self._start = 0.0
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._start = time.perf_counter()
-        self._train, self._val = {}, {}
+        self._train, self._val, self._sums = {}, {}, None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         for name, value in trainer.callback_metrics.items():
@@ -246,8 +271,20 @@ class History(Callback):
         if not getattr(pl_module, "validation_measured", True):  # stale values of an earlier pass: not this epoch's
             self._val = {k: v for k, v in self._val.items() if not k.startswith("val/diag/")}
 
+    def pending_sums(self) -> dict[str, Tensor]:
+        """The sums of the epoch's training values so far, on the device (read with the validation metrics when a
+        validation pass runs: `_validation_scalars`)."""
+        return {name: sum(values) for name, values in self._train.items()}
+
+    def take_sums(self, sums: dict[str, float]) -> None:
+        self._sums = (sums, {name: len(values) for name, values in self._train.items()})
+
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        sums = host_floats({name: sum(values) for name, values in self._train.items()})
+        read, self._sums = self._sums, None
+        if read is not None and read[1] == {name: len(values) for name, values in self._train.items()}:
+            sums = read[0]
+        else:  # no validation pass this epoch (or batches since it): a transfer of its own
+            sums = host_floats({name: sum(values) for name, values in self._train.items()})
         row = {name: sums[name] / len(values) for name, values in self._train.items()}
         row.update(self._val)
         row["epoch_s"] = time.perf_counter() - self._start
