@@ -28,7 +28,6 @@ from harness.report.verdicts import (INCONCLUSIVE, NEGATIVE, NOT_JUDGED, NOT_REP
                                      OPPOSITE, REPRODUCED, paper_delta, verdict_for)
 from harness.results.record import Record, Status
 from harness.report.claims_model import ClaimRow, ClaimsBoard
-from harness.report.evidence import evidence_record
 from harness.report.mechanism_test import (ALTERNATIVES, MechanismTest, NullRate, corrected, log_ratios, median_ratio, null_rate,
                                            wilcoxon_of_ratios)
 
@@ -65,19 +64,14 @@ RESOLUTION_RULE = (f"Resolution: the smallest true difference a two-sided paired
 def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_root: str | None) -> ClaimsBoard:
     """Plan each suite a claim names once, load its records from the store `runs`, and measure every claim. A suite's
     tuned rows are the ones it lists (`tuned`), from the committed tuned parameters."""
-    from harness.plan.planner import plan
-    from harness.plan.suite import load_suite
-    from harness.results.store import RecordStore, runs_dir
+    from harness.report.loading import load_suite_records, open_store
 
-    # A store that does not exist holds no records; opening one would create its folder, and this only reads.
-    store = RecordStore(runs) if (runs_dir(runs) / "records").is_dir() else None
+    store = open_store(runs)
     plans, records, evidence = {}, {}, {}
     measured = {c["measured_by"]["suite"] for c in claims["claims"] if "measured_by" in c}
     for suite in sorted(measured | set(_cost_suites(claims))):
-        plans[suite] = plan(load_suite(suite), data_root)
-        loaded = store.load(s.key for s in plans[suite].specs) if store else None
-        records[suite] = loaded.records if loaded else {}
-        evidence[suite] = {key: evidence_record(copies) for key, copies in loaded.executions.items() if copies} if loaded else {}
+        loaded = load_suite_records(suite, store, data_root)
+        plans[suite], records[suite], evidence[suite] = loaded.plan, loaded.records, loaded.evidence
     board = measure_claims(_with_measured_costs(claims, plans, records), {s: plans[s] for s in measured},
                            {s: records[s] for s in measured}, {s: evidence[s] for s in measured})
     from harness.report.board import without_data_root  # a reason names files under this machine's data root

@@ -198,16 +198,9 @@ def render_dose_markdown(board: DoseBoard) -> str:
     return out.getvalue()
 
 
-def dose_board_from_store(spec, runs, data_root, mechanism_spec) -> DoseBoard | None:
-    """Plan the declared suite and read its records from the store `runs`; None when the suite is unknown here."""
-    from harness.plan.planner import plan
-    from harness.plan.suite import load_suite
-    from harness.report.evidence import evidence_record
-    from harness.results.store import RecordStore, runs_dir
+def dose_board_from_store(spec, runs, data_root, mechanism_spec) -> DoseBoard:
+    """Plan the declared suite and read its records and evidence from the store `runs` (report/loading.py)."""
+    from harness.report.loading import load_suite_records, open_store
 
-    the_plan = plan(load_suite(spec.suite), data_root)
-    store = RecordStore(runs) if (runs_dir(runs) / "records").is_dir() else None
-    loaded = store.load(s.key for s in the_plan.specs) if store else None
-    records = loaded.records if loaded else {}
-    evidence = {key: evidence_record(copies) for key, copies in loaded.executions.items() if copies} if loaded else {}
-    return build_dose_board(spec, the_plan, records, evidence, mechanism_spec)
+    loaded = load_suite_records(spec.suite, open_store(runs), data_root)
+    return build_dose_board(spec, loaded.plan, loaded.records, loaded.evidence, mechanism_spec)
