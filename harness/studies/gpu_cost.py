@@ -361,6 +361,35 @@ class CudaSDPA(TorchFunctionMode):
         kwargs = kwargs or {}
         if _names_cuda(kwargs.get("device")):  # a library allocating on "cuda" by name (AdaSplash's block indices)
             kwargs = {**kwargs, "device": "cpu"}
+        host_read(self.counter, func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+HOST_COPIES = {torch.Tensor.tolist: ".tolist()", torch.Tensor.numpy: ".numpy()", torch.Tensor.cpu: ".cpu()"}
+"""Tensor methods that copy to the host: on a CPU tensor they dispatch no ATen op (the dispatch mode cannot see them),
+on a GPU one each waits for the device."""
+
+
+def host_read(counter: CostCounter, func, args, kwargs) -> None:
+    """Count `func` as a sync where it copies a tensor to the host (HOST_COPIES, or `.to()` the CPU)."""
+    what = HOST_COPIES.get(func)
+    if what is None and func is torch.Tensor.to:
+        target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
+        what = ".to('cpu')" if target is not None and torch.device(target).type == "cpu" else None
+    if what is not None and not counter.paused:
+        counter.sync(f"copy to the host ({what})")
+
+
+class HostReads(TorchFunctionMode):
+    """The host copies of HOST_COPIES counted as syncs (the dispatch mode counts every other read)."""
+
+    def __init__(self, counter: CostCounter):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        host_read(self.counter, func, args, kwargs)
         return func(*args, **kwargs)
 
 
@@ -642,7 +671,7 @@ def count_epochs(run: Callable[[int], None], epochs: tuple[int, int] = CORA_EPOC
     counters = []
     for n in epochs:
         counter = CostCounter(where=True, storage=False)
-        with behave_as_cuda(), training_steps_marked(counter), counter:
+        with behave_as_cuda(), training_steps_marked(counter), counter, HostReads(counter):
             run(n)
         counters.append(counter)
     short, long = counters
