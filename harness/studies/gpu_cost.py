@@ -371,11 +371,9 @@ on a GPU one each waits for the device."""
 
 
 def host_read(counter: CostCounter, func, args, kwargs) -> None:
-    """Count `func` as a sync where it copies a tensor to the host (HOST_COPIES, or `.to()` the CPU)."""
+    """Count `func` as a sync where it copies a tensor to the host (HOST_COPIES). Not `.to(device)`: where the run's
+    device is the CPU, a move to the run's device and a copy to the host look the same."""
     what = HOST_COPIES.get(func)
-    if what is None and func is torch.Tensor.to:
-        target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
-        what = ".to('cpu')" if target is not None and torch.device(target).type == "cpu" else None
     if what is not None and not counter.paused:
         counter.sync(f"copy to the host ({what})")
 
@@ -541,8 +539,14 @@ def drop_cached_fakes() -> int:
 DATA_DEPENDENT = ("DataDependentOutput", "DynamicOutputShape", "GuardOnDataDependent", "UnsupportedOperator")
 
 
-def count_variant(name: str, length: int, batch: int) -> Count:
-    """`count_step` on fake tensors; where the code reads values, on real ones at B = H = 1, scaled by B x H."""
+REAL_PEAK_LIMIT = 4e9
+"""Past REAL_MAX_LENGTH, a count on real tensors (B = H = 1) runs only where the longest one counted before it
+predicts at most this many bytes of float32 at the new L (its peak grown as L²): AdaSplash's rows, not fenchel-exact."""
+
+
+def count_variant(name: str, length: int, batch: int, shorter: Count | None = None) -> Count:
+    """`count_step` on fake tensors; where the code reads values, on real ones at B = H = 1, scaled by B x H (past
+    REAL_MAX_LENGTH only where `shorter`, its count at a shorter L, predicts it fits: REAL_PEAK_LIMIT)."""
     row = Count(name, length, batch)
     try:
         counter, saved, path = count_step(name, length, batch)
@@ -552,8 +556,10 @@ def count_variant(name: str, length: int, batch: int) -> Count:
             traceback.print_exc(limit=4)
             row.error = f"{type(exc).__name__}: {str(exc)[:100]}"
             return row
-        if length > REAL_MAX_LENGTH:
-            row.error = f"reads values (needs real tensors), not counted past L = {REAL_MAX_LENGTH}"
+        fits = (shorter is not None and not shorter.error and shorter.method != "fake"
+                and shorter.peak / (shorter.batch * HEADS) * (4 / FLOAT_BYTES) * (length / shorter.length) ** 2 <= REAL_PEAK_LIMIT)
+        if length > REAL_MAX_LENGTH and not fits:
+            row.error = f"reads values (needs real tensors), too large for this machine past L = {REAL_MAX_LENGTH}"
             return row
         try:
             counter, saved, path = count_step(name, length, 1, fake=False, heads=1)
@@ -668,6 +674,8 @@ def count_epochs(run: Callable[[int], None], epochs: tuple[int, int] = CORA_EPOC
     """Count `run(n)` (a fit of n epochs) on the CUDA path at both lengths; per epoch of the difference."""
     from modules.device_policy import behave_as_cuda
 
+    with behave_as_cuda():  # once uncounted: what a process builds on its first run (cached tables) is not an epoch's
+        run(epochs[0])
     counters = []
     for n in epochs:
         counter = CostCounter(where=True, storage=False)
@@ -1030,7 +1038,8 @@ def main(argv: list[str] | None = None) -> int:
     counts: dict[tuple[str, int], Count] = {}
     for length, batch in shapes:
         for name in names:
-            counts[(name, length)] = count_variant(name, length, batch)
+            shorter = [counts[(name, L)] for L, _ in shapes if L < length and (name, L) in counts]
+            counts[(name, length)] = count_variant(name, length, batch, shorter[-1] if shorter else None)
         print("\n".join(dense_table([counts[(n, length)] for n in names], length, batch)), flush=True)
         for name in names:
             for where, n in counts[(name, length)].sync_where.items():

@@ -70,9 +70,12 @@ def test_the_counter_sees_syncs_views_and_bytes():
         z = y * 2  # reads 32 floats, writes 32: 128 bytes
         bool(z.sum() > 0)  # sum (64 + 2 bytes), gt (2 + 1), and a read on the host
         z[z > 1]  # gt (64 + 32), then the index (64 + 32 + 64), a data-dependent size
+    with counter, gpu_cost.HostReads(counter):
+        z.tolist()  # a copy to the host: no ATen op on a CPU tensor, a sync on a GPU
     assert dict(counter.by_kernel) == {"aten::mul": 1, "aten::sum": 1, "aten::gt": 2, "aten::index": 1}
     assert counter.kernels == 5 and counter.ops > counter.kernels
-    assert sorted(what for what, _ in counter.syncs) == ["boolean indexing", "value read on the host (.item(), bool(), float(), int())"]
+    assert sorted(what for what, _ in counter.syncs) == ["boolean indexing", "copy to the host (.tolist())",
+                                                         "value read on the host (.item(), bool(), float(), int())"]
     assert counter.bytes == 128 + 66 + 3 + 96 + 160
     assert 64 + 64 <= counter.peak <= 64 + 64 + 2 + 1 + 32 + 64
 
