@@ -41,27 +41,67 @@ class AttnbenchTrainer(Trainer):
         self._validation = ValidationMechanism()
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
-        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         unwrapped = self.accelerator.unwrap_model(model)
-        if unwrapped.training and kernels(unwrapped):
+        training = unwrapped.training and bool(kernels(unwrapped))
+        # before the training forward: asking the model (_honours_items) runs forwards of its own
+        divisor = self._aux_divisor(unwrapped, inputs, num_items_in_batch) if training else 1
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        if training:
             step, epoch = self.state.global_step, int(self.state.epoch or 0)
             terms = attention_terms(unwrapped, step=step, epoch=epoch)
             logs = dict(terms.aux)
             logs.update(mechanism_logs(trace(unwrapped), loss, step, epoch))
             if terms.loss is not None:
                 logs["attn_loss"] = terms.loss.detach()
-                loss = loss + terms.loss / self._aux_divisor(num_items_in_batch)
+                loss = loss + terms.loss / divisor
             self._keep(logs)
         return (loss, outputs) if return_outputs else loss
 
-    def _aux_divisor(self, num_items_in_batch) -> int:
-        """What turns a micro-batch's aux loss into its share of the optimiser step's: training_step divides a loss
-        by the gradient-accumulation steps unless the model's loss is normalised over the accumulated batch
-        already (transformers' `loss_is_scaled_for_ga`, decided there as here); the aux losses are per-batch means."""
+    def _aux_divisor(self, model, inputs, num_items_in_batch) -> int:
+        """What turns a micro-batch's aux loss (a per-batch mean) into its share of the optimiser step's, so that the
+        aux-to-task weight is the one at accumulation 1 whatever transformers does with the model's loss:
+        - training_step divides the loss by the accumulation steps (transformers' `loss_is_scaled_for_ga`, decided
+          there as here, is False): the aux loss is divided with it, so 1 here;
+        - it does not, and the model's loss is normalised over the accumulated batch (it honours
+          `num_items_in_batch`: causal LMs' loss_function, or a `compute_loss_func`): the task loss of a micro-batch
+          is its share already, so the aux loss is divided by the steps;
+        - it does not, and the model's loss ignores `num_items_in_batch` (BERT's sequence classification computes a
+          per-batch mean anyway): each micro-batch's task loss counts in full, so the aux loss does too (1). Dividing
+          it here halved the aux-to-task weight at accumulation 2.
+        Whether the model honours it is asked of the model once (`_honours_items`)."""
+        steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+        if steps == 1:
+            return 1
         scaled = getattr(self, "loss_is_scaled_for_ga", None)
         if scaled is None:
             scaled = (getattr(self, "model_accepts_loss_kwargs", False) and num_items_in_batch is not None) or self.compute_loss_func is not None
-        return getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps) if scaled else 1
+        if not scaled:
+            return 1
+        if self.compute_loss_func is not None or getattr(self, "loss_is_scaled_for_ga", None) is not None:
+            return steps  # the loss is the user's, declared normalised over the accumulated batch
+        return steps if self._honours_items(model, inputs, num_items_in_batch) else 1
+
+    def _honours_items(self, model, inputs, num_items_in_batch) -> bool:
+        """Whether the model's loss is normalised by the `num_items_in_batch` it is given: two evaluation forwards
+        of this batch without gradients, at num_items_in_batch N and 2N (dropout off, the random streams restored,
+        before the training forward, whose trace is the one read), once per model. transformers cannot tell: it
+        assumes every model that takes loss kwargs honours it, and BERT's classification heads do not."""
+        known = getattr(self, "_honours_items_known", None)
+        if known is None:
+            self._honours_items_known = known = {}
+        if id(model) not in known:
+            count = num_items_in_batch if isinstance(num_items_in_batch, Tensor) else torch.tensor(float(num_items_in_batch))
+            was_training = model.training
+            devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+            try:
+                model.eval()
+                with torch.no_grad(), torch.random.fork_rng(devices=devices):
+                    losses = [model(**inputs, num_items_in_batch=count * factor).loss for factor in (1, 2)]
+            finally:
+                model.train(was_training)
+            first, second = (float(loss.detach().float()) for loss in losses)
+            known[id(model)] = abs(first) > 0 and abs(second) < 0.75 * abs(first)
+        return known[id(model)]
 
     def _keep(self, logs: dict[str, Tensor]) -> None:
         # summed on the device and read at the logging step only: no host read per step
