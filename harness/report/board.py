@@ -39,10 +39,12 @@ difference from `softmax` its seeds detect with 80% power, from the paired sprea
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import statistics
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -674,25 +676,50 @@ def _mean_curves(histories: list[Mapping[str, Any]]) -> dict[str, list] | None:
     return curves
 
 
-def paired_comparisons(by_label: Mapping[str, Mapping[int, float]], baseline: str) -> dict[str, dict[str, Any]]:
-    """Every row of a table against `baseline` on one metric: per label {diff, spread, n_pairs, p, p_holm, family}, the
-    paired t-test over the seeds both finished, Holm-corrected over every row compared (the table's family). The one
-    definition of a table's family: the boards mark rows by it and the claims page reads its verdicts from it."""
+@dataclass(frozen=True)
+class Comparison(Mapping):
+    """One row of a table against the baseline on one metric: the mean paired difference and its spread over the
+    seeds both finished, the paired t-test's p, that p Holm-corrected over the table's family (`family` rows
+    compared), and the board's mark ("better" / "worse" / None). Reads like the dict boards stored before it
+    (`comparison["p_holm"]`); `family` is an attribute, not one of those keys."""
+
+    diff: float
+    spread: float
+    n_pairs: int
+    p: float
+    p_holm: float | None = None
+    mark: str | None = None
+    family: int = 0
+
+    _KEYS = ("diff", "spread", "n_pairs", "p", "p_holm", "mark")
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._KEYS and name != "family":
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __iter__(self):
+        return iter(self._KEYS)
+
+    def __len__(self) -> int:
+        return len(self._KEYS)
+
+
+def paired_comparisons(by_label: Mapping[str, Mapping[int, float]], baseline: str) -> dict[str, Comparison]:
+    """Every row of a table against `baseline` on one metric: per label its Comparison, the paired t-test over the
+    seeds both finished, Holm-corrected over every row compared (the table's family). The one definition of a
+    table's family: the boards mark rows by it and the claims page reads its verdicts from it."""
     base = by_label.get(baseline, {})
-    found: dict[str, dict[str, Any]] = {}
-    tests = {}
+    found: dict[str, Comparison] = {}
     for label, values in by_label.items():
         if label == baseline:
             continue
         diffs = [v - base[seed] for seed, v in values.items() if seed in base]
         if len(diffs) < 2:
             continue
-        found[label] = {"diff": statistics.fmean(diffs), "spread": statistics.stdev(diffs), "n_pairs": len(diffs),
-                        "p": paired_p(diffs), "p_holm": None, "family": 0}
-        tests[label] = found[label]["p"]
-    for label, p_holm in holm(tests).items():
-        found[label].update(p_holm=p_holm, family=len(tests))
-    return found
+        found[label] = Comparison(statistics.fmean(diffs), statistics.stdev(diffs), len(diffs), paired_p(diffs))
+    corrected = holm({label: comparison.p for label, comparison in found.items()})
+    return {label: dataclasses.replace(comparison, p_holm=corrected[label], family=len(found)) for label, comparison in found.items()}
 
 
 def _compare(rows: dict[str, dict[str, Any]], baseline: str | None, metric: dict[str, Any]) -> None:
@@ -700,12 +727,10 @@ def _compare(rows: dict[str, dict[str, Any]], baseline: str | None, metric: dict
         return
     name = metric["name"]
     by_label = {label: dict(zip(row["metrics"][name]["seeds"], row["metrics"][name]["values"])) for label, row in rows.items()}
-    for label, found in paired_comparisons(by_label, baseline).items():
-        comparison = {key: found[key] for key in ("diff", "spread", "n_pairs", "p", "p_holm")}
-        comparison["mark"] = None
+    for label, comparison in paired_comparisons(by_label, baseline).items():
+        if comparison.p_holm < ALPHA and comparison.diff != 0 and comparison.n_pairs >= MIN_SEEDS_TO_RANK:
+            comparison = dataclasses.replace(comparison, mark="better" if (comparison.diff > 0) == metric["higher_is_better"] else "worse")
         rows[label]["metrics"][name]["vs_baseline"] = comparison
-        if comparison["p_holm"] < ALPHA and comparison["diff"] != 0 and comparison["n_pairs"] >= MIN_SEEDS_TO_RANK:
-            comparison["mark"] = "better" if (comparison["diff"] > 0) == metric["higher_is_better"] else "worse"
 
 
 TIERS = {"better": 0, None: 1, "worse": 2}

@@ -217,7 +217,7 @@ def test_zero_variance_differences_give_p_1_or_0_never_nan(tmp_path):
     suite, the_plan = suite_and_plan(tmp_path, ["softmax", "gmm", "fenchel", "sparsemax"])
     accuracies = {"softmax": BASE, "gmm": list(BASE), "fenchel": shifted([0.01] * 5), "sparsemax": shifted([-0.01] * 5)}
     board = build_board(suite, the_plan, records_for(the_plan, accuracies))
-    json.dumps(board, allow_nan=False)  # raises on NaN or inf anywhere
+    json.dumps(board, allow_nan=False, default=dict)  # raises on NaN or inf anywhere (typed parts, Comparison, as the mappings they read as)
     cora = table(board)
     same, up, down = (row(cora, n)["metrics"]["test/acc"]["vs_baseline"] for n in ("gmm", "fenchel", "sparsemax"))
     assert (same["p"], same["p_holm"], same["mark"]) == (1.0, 1.0, None)
