@@ -114,3 +114,27 @@ def test_the_seed_batch_figures_are_named_as_what_they_are():
     assert batch_epoch_figures(records) == (0.248, 0.0124)
     older = [types.SimpleNamespace(time_per_epoch_s=0.0124, execution={}) for _ in range(20)]
     assert batch_epoch_figures(older) == pytest.approx((0.248, 0.0124))
+
+
+@pytest.mark.parametrize("layout", ["graph", "dense padded"])
+def test_the_qk_distance_s_all_valid_shortcut_gives_the_masked_path_s_bits(monkeypatch, layout):
+    """The CPU's all-valid shortcut (skipped as on CUDA) changes no bit of the distance: patched where it now lives
+    (modules/attention/diagnostics.py; kernel.py re-exports the name only)."""
+    from modules.attention import diagnostics
+
+    g = torch.Generator().manual_seed(2)
+    if layout == "graph":
+        n = 300
+        dst = torch.arange(n)
+        groups = SegmentGroups(dst.flip(0), dst, n)
+        q, k = torch.randn(n, 4, 8, generator=g), 2 * torch.randn(n, 4, 8, generator=g) + 1
+    else:
+        valid = torch.ones(3, 40, dtype=torch.bool)
+        valid[1, 31:] = False
+        groups = DenseGroups.from_key_padding(valid)
+        q, k = torch.randn(3, 4, 40, 8, generator=g), torch.randn(3, 4, 40, 8, generator=g) + 0.5
+    fast = diagnostics.qk_distance(q, k, groups)
+    with behave_as_cuda():
+        assert torch.equal(diagnostics.qk_distance(q, k, groups), fast)
+    monkeypatch.setattr(diagnostics, "_all_valid_on_cpu", lambda valid: False)
+    assert torch.equal(diagnostics.qk_distance(q, k, groups), fast)

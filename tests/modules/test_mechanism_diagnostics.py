@@ -115,7 +115,7 @@ def test_the_cpu_point_sort_is_torchs_order():
 def test_qk_distance_s_cpu_shortcuts_for_all_valid_points_give_the_masked_path_s_bits(monkeypatch, layout):
     """Where every point is valid the CPU skips the masking passes (a third of a Cora layer's diagnostic): its value must
     be the masked computation's, bit for bit, since the records' curves were computed that way."""
-    from modules.attention import DenseGroups, SegmentGroups, kernel
+    from modules.attention import DenseGroups, SegmentGroups, diagnostics
     from modules.attention.kernel import qk_distance
 
     g = torch.Generator().manual_seed(2)
@@ -131,7 +131,7 @@ def test_qk_distance_s_cpu_shortcuts_for_all_valid_points_give_the_masked_path_s
         groups = DenseGroups.from_key_padding(valid)
         q, k = torch.randn(3, 4, 40, 8, generator=g), torch.randn(3, 4, 40, 8, generator=g) + 0.5
     fast = qk_distance(q, k, groups)
-    monkeypatch.setattr(kernel, "_all_valid_on_cpu", lambda valid: False)
+    monkeypatch.setattr(diagnostics, "_all_valid_on_cpu", lambda valid: False)  # where qk_distance reads it
     assert torch.equal(fast, qk_distance(q, k, groups))
 
 
