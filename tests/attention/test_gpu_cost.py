@@ -141,3 +141,22 @@ def test_the_page_is_a_pure_function_of_the_counts():
     first = gpu_cost.page_text(counts, None, []), gpu_cost.csv_text(counts)
     assert first == (gpu_cost.page_text(counts, None, []), gpu_cost.csv_text(counts))
     assert "| gmm: bytes touched ≤ 1.3× SDPA at L = 512 | 2.00× | NOT met |" in first[0]
+
+
+def test_a_plugin_s_variant_reads_its_gpu_cost(tmp_path, capsys):
+    """The README's plugin example, counted through `--plugin` as every command takes it: its row beside softmax's."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = re.search(r"```python\n(# my_variant\.py\n.*?)```", readme, re.S).group(1)
+    plugin = tmp_path / "my_variant.py"
+    plugin.write_text(example)
+    before = set(list_attentions())
+    assert gpu_cost.main(["--plugin", str(plugin), "--lengths", "512", "--variants", "softmax"]) == 0
+    added = sorted(set(list_attentions()) - before)
+    assert added, "the plugin registered no variant"
+    capsys.readouterr()
+    assert gpu_cost.main(["--plugin", str(plugin), "--lengths", "512", "--variants", added[0]]) == 0
+    out = capsys.readouterr().out
+    assert f"| {added[0]} | " in out and "| softmax | sdpa | 6 | 0 |" in out
