@@ -284,6 +284,11 @@ SLURM_UNFINISHED = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED
 any other state it lists (COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, ...) is final."""
 
 
+SQUEUE_FAILURES_REPORTED = 3
+"""Failed squeue calls in a row after which the user is told what failed (and again at every further multiple): one
+failure is a busy controller, asked again at the next poll; a streak is something to look at."""
+
+
 class SlurmQueue:
     """Where the tasks of a SLURM array stand, from `squeue` and the tasks' result files rather than submitit's `sacct`
     polling: sacct needs the cluster's accounting database, which many small clusters do not run (submitit then warns
@@ -296,6 +301,8 @@ class SlurmQueue:
         self.asked_at = float("-inf")
         self.accounting: bool | None = None
         """Whether sacct answers (None: not asked yet)."""
+        self.failures = 0
+        """squeue calls in a row that gave no answer."""
 
     def finished(self, pending: Sequence[tuple[Any, Shard]], poll_s: float) -> list[tuple[Any, Shard]]:
         """The pending (job, shard) pairs that are over: those whose result file is there (a task writes it just before
@@ -313,21 +320,35 @@ class SlurmQueue:
 
     def ended(self, job_ids: Sequence[str]) -> set[str] | None:
         """The tasks among `job_ids` that have ended (listed in a final state, or not listed at all), by one squeue
-        call; None where squeue did not answer (controller busy, restarting): ask again at the next poll."""
+        call; None where squeue did not answer (controller busy or restarting, "Socket timed out", a missing squeue):
+        nothing has ended by that, and it is asked again at the next poll (a task's result file still ends it), and
+        after SQUEUE_FAILURES_REPORTED failures in a row the log says what failed. Only squeue's own word that the ids
+        are gone ("Invalid job id": the controller forgot them, MinJobAge after they ended) ends tasks on an error."""
         if not job_ids:
             return set()
         arrays = sorted({job_id.split("_")[0] for job_id in job_ids})
         try:
             done = subprocess.run(["squeue", "--noheader", "--array", "--states=all", "--format=%i %T", f"--jobs={','.join(arrays)}"],
                                   capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return self._no_answer(str(exc))
         if done.returncode != 0:
-            # squeue -j of ids the controller has forgotten (MinJobAge after they ended) fails with this message
-            return set(job_ids) if "invalid job id" in done.stderr.lower() else None
+            if "invalid job id" in done.stderr.lower():
+                self.failures = 0
+                return set(job_ids)
+            return self._no_answer((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1])
+        self.failures = 0
         listed = dict(line.split()[:2] for line in done.stdout.splitlines() if len(line.split()) >= 2)
         self.last_state.update({job_id: state for job_id, state in listed.items() if job_id in job_ids})
         return {job_id for job_id in job_ids if listed.get(job_id) not in SLURM_UNFINISHED}
+
+    def _no_answer(self, why: str) -> None:
+        self.failures += 1
+        if self.failures % SQUEUE_FAILURES_REPORTED == 0:
+            self.log(f"attnbench: squeue failed {self.failures} times in a row (last: {why}); the array's tasks are taken as "
+                     f"not ended and squeue is asked again at every poll; a task that writes its result still ends. If this "
+                     f"goes on, check the SLURM controller (scontrol ping) from this host.")
+        return None
 
     def check_accounting(self, job_id: str) -> bool:
         """Ask sacct once; without accounting, say once what that means, rather than submitit's warning (and sacct's own
