@@ -141,9 +141,14 @@ def load_trusted(path: Path, *, keys: Sequence[str], commit: str | None, kind: s
     if why:
         discard(path, why)
         return None
-    if set(keys) - set(meta.get("active") or []):
+    stopped = [key for key in keys if key not in set(meta.get("active") or [])]
+    if stopped or (kind == "seed_batch" and set(keys) - set(payload.get("seeds") or {})):
         # Sound, but not for these runs: a batch checkpoint in which some of them had already stopped (their
         # records then exist, unless retried since); left for the runs it holds, or for `prune`.
+        stopped = stopped or sorted(set(keys) - set(payload.get("seeds") or {}))
+        say(f"not resuming from checkpoint {path.name}: it holds no state for {len(stopped)} of these {len(keys)} runs "
+            f"({', '.join(stopped[:3])}{', ...' if len(stopped) > 3 else ''}), which had stopped training in it or were not "
+            f"in it; these runs start afresh, and the checkpoint is left for the runs it holds")
         return None
     return payload
 
@@ -158,6 +163,9 @@ def stale(meta: Mapping[str, Any], *, keys: Sequence[str], commit: str | None, k
         return "was written by another code version (" + ", ".join(changed) + ")"
     if kind == "run" and list(meta.get("keys") or []) != list(keys):
         return "was written for another run"
+    if kind == "seed_batch" and set(keys) - set(meta.get("keys") or []):
+        # found by the batch's .keys file, whose .pt says it holds other seeds: not this batch's file
+        return f"was written for other seeds ({', '.join(sorted(set(keys) - set(meta.get('keys') or []))[:3])} not among them)"
     theirs_world = int(meta.get("world_size", 1))
     if theirs_world != world_size:
         # the key is the same on any number of DDP processes, but the data each rank saw and its generators are not
