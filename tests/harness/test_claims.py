@@ -204,17 +204,17 @@ def test_the_shown_records_own_evidence_is_never_narrowed_to_the_matched_re_exec
 
 
 def test_active_seeds_are_counted_over_the_seeds_with_evidence(claims, plans, paper_gat):
-    """10 of 20 Cora seeds carry the evidence, all of them active: active in 10 of 10 seeds with evidence (10 without),
-    never 10 of 20."""
+    """8 of 20 Cora seeds carry the evidence, all of them active: active in 8 of 8 seeds with evidence (12 without),
+    never 8 of 20, which would also turn the rule's majority to inactive."""
     found = {r["key"]: r for r in claim_records(paper_gat)}
     for spec in paper_gat.specs:
         if spec.task == "cora" and spec.display in ("align-gan", "softmax") and spec.key in found:
             found[spec.key]["diagnostics"] = ({"test/diag/qk_distance": 0.5 if spec.display == "align-gan" else 1.0}
-                                              if spec.seed < 10 else {"val/diag/qk_distance": 0.5})
+                                              if spec.seed < 8 else {"val/diag/qk_distance": 0.5, "diag/qk_distance": 0.5})
     row = _by_id(_board(claims, plans, {k: Record.from_dict(r) for k, r in found.items()}))["aa-gat-cora-gan"]
     assert row["mechanism"]["active"] is True
-    assert row["mechanism"]["evidence"].startswith("active at the evaluated weights in 10 of 10 seeds with evidence (10 without evidence)")
-    assert row["mechanism_test"].n == 10 and row["mechanism_test"].without == 10
+    assert row["mechanism"]["evidence"].startswith("active at the evaluated weights in 8 of 8 seeds with evidence (12 without evidence)")
+    assert row["mechanism_test"].n == 8 and row["mechanism_test"].without == 12
 
 
 def test_a_threshold_declared_after_the_records_is_marked_post_hoc(claims, plans, paper_gat):
