@@ -11,6 +11,7 @@ import dataclasses
 import multiprocessing as mp
 import os
 import signal
+import threading
 
 import pytest
 
@@ -164,8 +165,26 @@ class ScriptedWorker:
         return Record.ok(spec, {"test/acc": {"value": 0.5, "higher_is_better": True}})
 
 
+SERVE_WAIT_S = 30
+"""How long serve() may take to return here, where each item is a scripted answer: a worker that does not retire,
+or does not stop when told, waits on its pipe for ever, and without a bound only pytest's 15-minute timeout ended
+the test."""
+
+
+def serve_bounded(conn, settings, what: str) -> None:
+    """serve() in a daemon thread, failing the test, and releasing the thread by closing its pipe, when it has not
+    returned within SERVE_WAIT_S."""
+    thread = threading.Thread(target=worker_pool.serve, args=(conn, settings), daemon=True)
+    thread.start()
+    thread.join(SERVE_WAIT_S)
+    if thread.is_alive():
+        conn.close()  # its recv() ends with an error, in its thread
+        pytest.fail(f"serve() did not return within {SERVE_WAIT_S} s: {what}")
+
+
 def test_a_worker_serves_runs_until_told_to_stop_and_retires_after_a_retryable_failure(monkeypatch, tmp_path):
-    """serve() in this process (the pool's tests run it in forked workers, where nothing records which lines ran)."""
+    """serve() in this process (the pool's tests run it in forked workers, where nothing records which lines ran),
+    each call bounded (serve_bounded)."""
     monkeypatch.setattr(worker_pool, "RunWorker", ScriptedWorker)
     settings = WorkerOptions(runs_dir=str(tmp_path), data_root=None, cache_dir=None).settings(None)
 
@@ -173,7 +192,7 @@ def test_a_worker_serves_runs_until_told_to_stop_and_retires_after_a_retryable_f
     for message in ([SPECS[3].to_dict()], [SPECS[2].to_dict()], None, [SPECS[0].to_dict()]):
         coordinator.send(message)
     ScriptedWorker.made = []
-    worker_pool.serve(worker, settings)  # two work items, then the shutdown message
+    serve_bounded(worker, settings, "it did not stop at the shutdown message")  # two work items, then the shutdown message
     assert ScriptedWorker.made == [settings]  # one RunWorker per process, with the process's settings
     answers = [coordinator.recv() for _ in range(4)]  # per item: each run's record, then "done"
     assert [(kind, payload["key"], payload["status"]) if kind == "record" else (kind, payload) for kind, payload in answers] == [
@@ -183,14 +202,14 @@ def test_a_worker_serves_runs_until_told_to_stop_and_retires_after_a_retryable_f
     coordinator, worker = mp.Pipe()
     for message in ([SPECS[1].to_dict()], [SPECS[3].to_dict()]):
         coordinator.send(message)
-    worker_pool.serve(worker, settings)  # retires after the device failure, before the next run
+    serve_bounded(worker, settings, "it did not retire after a device failure")  # retires before the next run
     (kind, summary), done = coordinator.recv(), coordinator.recv()
     assert (kind, summary["key"], summary["status"], done) == ("record", SPECS[1].key, "failed", ("done", True))
     assert not coordinator.poll() and worker.poll()
 
     coordinator, worker = mp.Pipe()
     coordinator.close()
-    worker_pool.serve(worker, settings)  # the coordinator is gone: returns instead of raising EOFError
+    serve_bounded(worker, settings, "it did not end with its coordinator")  # returns instead of raising EOFError
 
 
 class GpuStandIn:
