@@ -46,6 +46,12 @@ ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.MatMult, ast.Div, ast.Pow)
 SHAPE_READS = {"shape", "size", "dtype", "device", "ndim", "dim", "finfo", "len", "numel"}
 
 
+CLASS_CACHE = 1024
+"""Attention-layer classes whose code reading (source, interface arguments, mask check) is kept, least recently
+used dropped first: one entry per class, never per input; a process that loads every transformers family holds
+under 1000 attention classes."""
+
+
 class UnsupportedModelError(TypeError):
     """The model's attention does not go through transformers' attention interface alone."""
 
@@ -57,7 +63,7 @@ def refusal_message(model_or_class: Any, reason: str) -> str:
             f"{', '.join(checked_families())}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=CLASS_CACHE)
 def _forward_source(cls: type) -> str | None:
     try:
         return textwrap.dedent(inspect.getsource(cls.forward))
@@ -71,7 +77,7 @@ def calls_interface(cls: type) -> bool:
     return source is not None and INTERFACE in source
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=CLASS_CACHE)
 def interface_arguments(cls: type) -> dict[str, str]:
     """Keyword -> its expression's source, for every call of the attention interface in the class's forward (the
     function transformers' layers name `attention_interface`, or a call of `ALL_ATTENTION_FUNCTIONS[...]`)."""
@@ -117,7 +123,7 @@ def _bias_in(node: ast.AST) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=CLASS_CACHE)
 def mask_bias(cls: type) -> str | None:
     """Why the class's forward hands the attention interface a mask that carries a bias of its own (Swin:
     `relative_position_bias + attention_mask`), or None. The mask argument is followed back through the
