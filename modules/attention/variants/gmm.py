@@ -353,15 +353,16 @@ class GaussianMixtureAttention(AttentionKernel):
             return None
         key_terms = self._fused_key_terms(k)
         flex = self._flex_form(q, k, key_terms)
-        scaled_q = q * per_head(self.alpha, q)
-        if key_terms is not None:
-            zeros = (self._padded_width or 0) - q.shape[-1] - 1
-            ones = scaled_q.new_ones(scaled_q.shape[:-1]).unsqueeze(-1)
-            if zeros > 0:
-                scaled_q = torch.cat([scaled_q, ones, scaled_q.new_zeros((*scaled_q.shape[:-1], zeros))], dim=-1)
-                k = torch.cat([k, key_terms.unsqueeze(-1), k.new_zeros((*k.shape[:-1], zeros))], dim=-1)
-            else:
-                scaled_q = torch.cat([scaled_q, ones], dim=-1)
+        zeros = (self._padded_width or 0) - q.shape[-1] - 1
+        if key_terms is not None and zeros > 0:
+            # padded (the CUDA path): α on the keys' side, where the key terms already keep k for the backward, so
+            # that the backward keeps no scaled copy of q (α<q, ξ> = <q, αξ>, equal to float rounding)
+            scaled_q = torch.cat([q, q.new_ones(q.shape[:-1]).unsqueeze(-1), q.new_zeros((*q.shape[:-1], zeros))], dim=-1)
+            k = torch.cat([k * per_head(self.alpha, k), key_terms.unsqueeze(-1), k.new_zeros((*k.shape[:-1], zeros))], dim=-1)
+        else:
+            scaled_q = q * per_head(self.alpha, q)
+            if key_terms is not None:
+                scaled_q = torch.cat([scaled_q, scaled_q.new_ones(scaled_q.shape[:-1]).unsqueeze(-1)], dim=-1)
                 k = torch.cat([k, key_terms.unsqueeze(-1)], dim=-1)
         # α is a parameter read, as the eager path reports it
         diagnostics = {"alpha": self.alpha.detach().mean()} if not self.training or self.measures("alpha") else {}
