@@ -154,7 +154,7 @@ def write_boards(the_plan: Plan, store: RecordStore, out_dir: str | Path = "lead
     # each file atomically (harness/results/store.py): a kill mid-write leaves the previous board or the new one,
     # never a truncated one (whose table would also undercount finished_on_board's guard)
     md = write_text_atomically(render_markdown(board), out / f"{suite.name}.md")
-    write_text_atomically(render_csv(suite, the_plan, loaded.records, loaded.unreadable), table)
+    write_text_atomically(render_csv(board), table)
     page = write_text_atomically(render_html(board), out / f"{suite.name}.html")
     return WrittenBoards([md, table, page], {**loaded.unreadable, **(unplaced or {})})
 
