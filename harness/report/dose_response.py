@@ -84,8 +84,8 @@ def finding(levels: tuple[DoseLevel, ...], alpha: float) -> tuple[str, str]:
     if falling:
         return MECHANISM_ONLY, (f"not reproduced, mechanism active: queries and keys moved closer at λ = "
                                 f"{', '.join(f'{level.lam:g}' for level in falling)}, and accuracy rose at no λ")
-    return STRUCTURAL, ("the distance fell at no λ up to " f"{max(level.lam for level in levels):g}"
-                        ": the regulariser cannot move queries and keys through GAT's additive score here")
+    return STRUCTURAL, (f"the distance fell at no λ up to {max(level.lam for level in levels):g} after the page's Holm correction: "
+                        "by the declared rule, the regulariser cannot move queries and keys through GAT's additive score here")
 
 
 def _interval(values: list[float]) -> Interval:
@@ -142,6 +142,16 @@ def build_dose_board(spec, the_plan, records: Mapping[str, Record], evidence: Ma
                                mechanism=mechanism.get((variant, task, level.label), level.mechanism)) for level in levels)
         rule, words = finding(levels, spec.alpha)
         built.append(DoseCell(variant, task, levels, rule, words, any(level.recorded < level.planned for level in levels)))
+    # A structural finding names its limits: where the same variant did move the distance on another task of the page,
+    # the host's score alone cannot be why, and the page says so beside the declared words.
+    for index, cell in enumerate(built):
+        if cell.rule != STRUCTURAL:
+            continue
+        elsewhere = [other.task for other in built if other.variant == cell.variant and other.task != cell.task
+                     and any(level.mechanism is not None and level.mechanism.moved for level in other.levels)]
+        if elsewhere:
+            built[index] = replace(cell, finding=cell.finding + f" (though on {', '.join(elsewhere)} the same variant in the same host "
+                                                                "did move them, so GAT's score alone does not explain it)")
     return DoseBoard(spec.suite, spec.baseline, spec.metric, spec.declared, tuple(built), len(accuracy),
                      sum(1 for test in mechanism.values() if test.n > 0))
 
