@@ -1,4 +1,4 @@
-"""Evaluation samplers that count every example once under DDP (issue #18).
+"""Evaluation samplers that count every example once under DDP.
 
 Lightning shards a loader whose sampler is not a DistributedSampler with one that pads the data set to a
 multiple of the world size by repeating examples, so that every rank runs the same number of batches. That

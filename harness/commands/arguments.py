@@ -149,7 +149,7 @@ def check_counts(args) -> str | None:
         from harness.plan.machine import gpu_sharing
 
         machine = Machine.here()
-        # on a GPU node a count above the GPUs measures workers sharing each GPU (issue 37: 1, 2, 4 per GPU)
+        # on a GPU node a count above the GPUs measures workers sharing each GPU (1, 2, 4 per GPU)
         return next(filter(None, (machine.worker_problem(n, gpu_sharing(n, machine.gpus)) for n in counts)), None)
     if args.command in ("run", "tune"):
         problem = Machine.here().ddp_problem(args.devices, args.strategy)

@@ -351,7 +351,7 @@ def same_evaluated_weights(a: Record, b: Record) -> bool:
 def diagnosed_execution(copies: list[Record]) -> Record:
     """The execution of a key to read its mechanism diagnostics from: the copy the boards show (`chosen_execution`)
     where it carries them at its evaluated weights; else the earliest other execution that evaluated the same
-    weights (`same_evaluated_weights`: a key re-run so that its record carries the evidence, issue 51); else the
+    weights (`same_evaluated_weights`: a key re-run so that its record carries the evidence); else the
     chosen copy, whose missing evidence the rules then report. An execution on another trajectory is never read:
     its evaluated weights are not the ones behind the numbers the boards show."""
     chosen = chosen_execution(copies)

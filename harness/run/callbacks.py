@@ -236,7 +236,7 @@ MAX_HISTORY_POINTS = 60
 block size the smallest power of two that brings the epochs run within this many points. 60 points draw a curve
 faithfully and keep a 300-epoch record near 4 KB (per-epoch series made Cora records ~15 KB).
 
-Why from the epochs run, not max_epochs (the rule until issue 35): an early-stopped fit under a huge cap (paper-gat:
+Why from the epochs run, not max_epochs: an early-stopped fit under a huge cap (paper-gat:
 100,000 epochs, GAT's patience rule) got blocks of 1,667 epochs, so its curves were one point. Powers of two
 nest, so two seeds' curves still share block edges: the finer one merges pairwise into the coarser one's blocks."""
 

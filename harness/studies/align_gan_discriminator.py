@@ -1,5 +1,5 @@
 """Is align-gan's discriminator at chance because the queries and keys are aligned, or because it never learned?
-(issue 35; README "align-gan on graphs"). With `--variant align-ct`, the same question for align-ct's critic and
+(leaderboards/studies/align-gan-discriminator.md). With `--variant align-ct`, the same question for align-ct's critic and
 navigator, which train under the host's L2 (their loss reaches them scaled by λ / layers as the discriminator's did).
 
 Trains Cora's GAT at seed 0 with the task's recipe (one full-graph Adam step per epoch, GAT's L2 on the host's

@@ -1,7 +1,7 @@
-"""Did the alignment regularisers align anything on paper-gat? (issue 35; README "align-gan on graphs").
+"""Did the alignment regularisers align anything on paper-gat? (leaderboards/studies/alignment-mechanism.md)
 
 Reads the committed paper-gat records (or `--runs-dir`) and prints, per task and alignment row, over the seeds whose
-records carry the evidence at the evaluated weights (the test pass on the weights the stopping rule kept, issue 51):
+records carry the evidence at the evaluated weights (the test pass on the weights the stopping rule kept):
 the discriminator's accuracy there (align-gan), the query/key distance (`qk_distance`, relative sliced Wasserstein-1;
 `test/diag/*`, or the test pass's `test/attn/*` in records made before that key, never a training or validation value)
 and its ratio to softmax's at the same seed, the figure the claims board's mechanism rule reads

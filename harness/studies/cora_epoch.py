@@ -1,5 +1,5 @@
 """A lone Cora epoch of the harness against a plain PyG GAT loop, and the mechanism diagnostics' share of it, in one
-command (issue 51, item 10):
+command:
 
     python -m harness.studies.cora_epoch [--epochs 120] [--rounds 2] [--variant softmax]
 
@@ -12,7 +12,7 @@ Three sides, each at one thread, alternating round by round so that drift in the
   5e-3 with weight decay 5e-4 on every parameter), one training step and one validation pass per epoch, timed the
   same way. It is what a researcher would write without the harness: the baseline the harness is held to.
 
-The goals it reads (issue 51): diagnostics at most 10% of a lone epoch, and a lone epoch at most 0.5x the plain
+The goals it reads: diagnostics at most 10% of a lone epoch, and a lone epoch at most 0.5x the plain
 loop's. Each figure is CPU time per epoch from the difference of two runs (`measure` says why)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`make gpu-smoke`: the first ten minutes on a GPU machine (issue #18).
+"""`make gpu-smoke`: the first ten minutes on a GPU machine.
 
 Prints the driver and CUDA versions, then, each with status, time and peak memory: a dense forward+backward
 of every variant at B=32, H=12, L=512, d=64 in fp32 and under bf16 autocast; every variant on Cora for a few
@@ -107,7 +107,7 @@ def training_run(task: str, variant: str, params: dict, data_root: str | None, p
 
 def seed_batch_run(variant: str, seeds: int, epochs: int, data_root: str | None) -> Callable[[], str]:
     """`seeds` seeds of Cora as one seed batch, against one lone run of the same epochs measured just before:
-    the throughput ratio on this GPU (issue 27)."""
+    the throughput ratio on this GPU."""
     def work() -> str:
         from harness.plan.spec import make_spec
         from harness.run import runner

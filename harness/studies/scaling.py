@@ -6,7 +6,7 @@ filled the data caches, so no configuration pays for preprocessing that another 
 split exactly as `bench` splits it: seeds of one configuration as seed batches (`--no-seed-batch`: one
 run each), the CPU cores shared between the workers.
 
-`--seeds 1,20 --workers 2` is issue 27's check: the wall time of a 20-seed suite against the same suite
+`--seeds 1,20 --workers 2` checks what seed batching buys: the wall time of a 20-seed suite against the same suite
 with one seed, same workers, side by side in one run.
 """
 

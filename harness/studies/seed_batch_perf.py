@@ -1,5 +1,5 @@
 """`attnbench perf --seed-batch S`: seeds per second of S seeds trained as one seed batch against one lone run,
-for each variant on Cora, and the peak-memory ratio, measured in the same run (issue 27).
+for each variant on Cora, and the peak-memory ratio, measured in the same run.
 
 Both sides are the real paths: `runner.execute` for the lone run (Lightning Trainer, test and record) and
 `seed_batch.execute_batch` for the batch, each for the same fixed number of epochs (patience above it, so no

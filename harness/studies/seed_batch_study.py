@@ -1,4 +1,4 @@
-"""Seed-batched vs lone training on Cora (issue 27): the same seeds trained both ways, compared seed by seed.
+"""Seed-batched vs lone training on Cora: the same seeds trained both ways, compared seed by seed.
 
     python -m harness.studies.seed_batch_study [--seeds 20] [--variants softmax,bam-weibull] [--out runs/seed-batch-study]
     python -m harness.studies.seed_batch_study --max-epochs 100000 --lone-from leaderboards --out leaderboards/studies/seed-batch-cora
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 MAX_MEAN_ABS_DELTA = 0.3
-"""Points of test accuracy (issue 27)."""
+"""Points of test accuracy."""
 
 
 def compare(lone: list[float], batched: list[float]) -> dict[str, float]:

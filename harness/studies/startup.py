@@ -5,7 +5,7 @@ Each command runs in a fresh interpreter (as a user types it), a few times; the 
 are printed against the 1.5 s target. The first command of a run may build the CLI's catalogue
 (harness/plan/catalogue.py) if the sources changed; that build is timed separately.
 
-A second table times the read-only commands over the committed records against their own goals (issue 29):
+A second table times the read-only commands over the committed records against their own goals:
 a re-run of a finished `run`, a board, every committed board (what `make leaderboard` renders), and `results
 export`. Their first call may write the run keys and the suites' plan snapshots (harness/plan/catalogue.py),
 also timed apart. They write into a temporary

@@ -5,7 +5,7 @@ declared paired test of harness/report/mechanism_test.py.
 Each variant declares its diagnostics and their thresholds (`AttentionKernel.mechanism`, MechanismDiagnostic says
 how a rule reads a value, each declaration says what its threshold measures and why). The rules read the value at
 the evaluated weights: the test pass's `diagnostics["test/diag/<name>"]`, computed with the weights that gave the
-run's test numbers (the epoch the stopping rule kept). Issue 51: GAT's rule keeps an epoch a median 443 epochs
+run's test numbers (the epoch the stopping rule kept). GAT's rule keeps an epoch a median 443 epochs
 before the last, and read at the last epoch align-ct looked active in 12 of 20 Cora seeds where at the kept weights
 it was in 5-6. A record without that value has "no evidence at the evaluated weights": nothing falls back to the
 training curves. `mechanism_active(record, baseline)`:
@@ -13,7 +13,7 @@ training curves. `mechanism_active(record, baseline)`:
 - (True, evidence): the rule holds (any ruled diagnostic, or all of them where the variant says 'all');
 - (False, evidence): it does not;
 - (None, reason): nothing to decide: a variant without ruled diagnostics (softmax), a record without evidence at
-  the evaluated weights (made before issue 51), or a 'below-baseline' rule without the baseline's record at the
+  the evaluated weights (made before runs measured it), or a 'below-baseline' rule without the baseline's record at the
   same task and seed.
 """
 

@@ -6,7 +6,7 @@ Adam's elementwise update included, is then the same kernel on the same shapes a
 seed trains bit for bit as its lone run on any CPU, by construction rather than by the luck of a kernel choice.
 Stacked parameters were tried first (one `bmm` for the second layer, one block-diagonal sparse product for the
 first, one ELU over [S, N, H·D]): on an AMD EPYC the sums happened to round as the lone run's, on an Intel Xeon
-the second layer's weight gradient from `bmm`'s backward was 2e-10 off `mm`'s (issue 38), and elementwise
+the second layer's weight gradient from `bmm`'s backward was 2e-10 off `mm`'s, and elementwise
 kernels with a scalar tail (ELU's expm1, Adam's fused multiply-adds) round the tail differently from the vector
 body, which a stacked tensor moves. What the batch still saves on CPU is the per-run cost around the step: one
 process, one data load, one loop and one validation pass for S seeds (measured: README, "What limits it on CPU").

@@ -97,7 +97,7 @@ DIAGNOSED_EVERY = 8
 
 def diagnosed_validation(epoch: int) -> bool:
     """Whether epoch `epoch` (0-based) measures its validation pass's mechanism diagnostics (the record's curves).
-    Measured at every pass they took a third of a lone Cora epoch (issue 51: q/k distance's sorts, half the fit
+    Measured at every pass they took a third of a lone Cora epoch (the q/k distance's sorts, half the fit
     when training steps measured it too). The rules read the value at the evaluated weights, which the test pass
     measures, so the curves need only enough points to be drawn: the first 8 epochs, then every 8th, which puts
     one in every block of a record's curve once blocks are 8 epochs wide (fits over 240 epochs; callbacks.py
@@ -184,7 +184,7 @@ class DivergenceWatch:
     `log_every_n_steps` steps (Lightning's logging interval) and at each epoch's last step.
 
     Reading a loss on the host makes it wait for every queued GPU kernel; once per step that stalls the
-    GPU at each step (issue #18). Non-finite losses are remembered on the device instead (the first one
+    GPU at each step. Non-finite losses are remembered on the device instead (the first one
     is kept), so that no step's divergence goes unseen, and a diverged run still fails within its epoch,
     before that epoch's validation. Ranks check at the same steps: they run the same number of batches."""
 

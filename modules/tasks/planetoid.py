@@ -16,7 +16,7 @@ from .base import Metric, Task, TrainParams, TrivialBaseline, register_task, res
 
 
 PUBMED_MISSING = ("Boards list pubmed as skipped until its files are there: no Python package in the package lists "
-                  "checked for issue 26 ships the raw Planetoid files, so they must be copied in by hand.")
+                  "checked ships the raw Planetoid files, so they must be copied in by hand.")
 """Why a board lacks PubMed: ../shared/data holds an incomplete copy (no ind.pubmed.allx) and no package on an
 allowed registry was found to ship the files (the local PyPI lists were searched for planetoid and pubmed)."""
 

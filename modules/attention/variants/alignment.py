@@ -396,7 +396,7 @@ class GANAlignmentAttention(AlignmentAttention):
     mechanism = AlignmentAttention.mechanism + (MechanismDiagnostic(
         "disc_acc", "the discriminator's balanced accuracy (keys vs queries) over every valid query and key point",
         in_training=False,
-        why="shown, not a rule (issue 51): a discriminator that tells keys from queries (0.5 is chance) is the "
+        why="shown, not a rule: a discriminator that tells keys from queries (0.5 is chance) is the "
             "means, not the effect; the effect, clouds closer than softmax's, is the qk_distance rule (on paper-gat "
             "the discriminator learned while the distance stayed near softmax's: README, 'align-gan on graphs')"),)
 

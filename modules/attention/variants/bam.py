@@ -412,7 +412,7 @@ class BayesianAttention(AttentionKernel):
             why="the share of each query's attention mass one draw moves. Under 1% the sampled weights are the mean "
                 "weights up to jitter: paper-gat's tuned rows measured 0.35-0.4% (a Cora node's ~5 neighbour weights "
                 "each moved by ~0.002), a Weibull at k=1000 ~0.05%, while GAT's attention dropout zeroes 60% of the "
-                "weights at every step; the rule was 0.1% until issue 51, which counted that jitter as noise at work"),
+                "weights at every step; a 0.1% rule would count that jitter as noise at work"),
     )
     mechanism_rule = "all"
     row_separable = True
@@ -600,7 +600,7 @@ class BayesianAttention(AttentionKernel):
 
     def _evaluated_sample_tv(self, mean: Tensor, groups: Groups) -> Tensor:
         """`sample_tv` where evaluation uses the mean weights: the distance one training draw would move them at these
-        weights, so that the mechanism rule reads the noise at the evaluated weights (issue 51). Drawn from a
+        weights, so that the mechanism rule reads the noise at the evaluated weights. Drawn from a
         generator of its own, seeded the same at every call: the run's noise stream, hence every training number,
         stays as it was, and the value is the same at any point of a run for the same weights."""
         generator = torch.Generator(device=mean.device).manual_seed(_EVALUATION_DRAW_SEED)

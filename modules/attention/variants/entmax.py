@@ -23,7 +23,7 @@ destination's edges to a dense row and runs the package. On Cora's graph (13k ed
 in-degree 169) padding inflates the work ~30-fold and ran 20-30x slower than Newton here, which takes
 3-15 steps (measured).
 
-Fused path (issue 37). On CUDA, where the weights are not asked for, a fixed α (sparsemax, entmax15) runs
+Fused path. On CUDA, where the weights are not asked for, a fixed α (sparsemax, entmax15) runs
 AdaSplash (Gonçalves et al. 2025, arXiv 2502.12082; PyPI `adasplash`), which finds τ per query block with
 Halley-bisection inside a FlashAttention-style Triton kernel and never forms the L × L weights. It runs only
 where its contract fits: no mask (it takes right-padding lengths and a causal flag, not an arbitrary boolean
