@@ -1,4 +1,4 @@
-"""`make gpu-perf`: what issue 37 measures on one GPU, in at most eight minutes.
+"""`make gpu-perf`: the GPU measurements (speed, memory, correctness of the fused paths) on one GPU, in at most eight minutes.
 
 Writes leaderboards/gpu-perf/<gpu>.md with, in order:
 (a) correctness first: every fused path (SDPA on a FusedAttention, FlexAttention on a FlexForm) against the
@@ -16,10 +16,10 @@ Writes leaderboards/gpu-perf/<gpu>.md with, in order:
     and peak memory, and the GPU-hours a 3-epoch MNLI fine-tune (`glue-albert`) would take at that speed.
 (c)-(e) run with reduced epochs to fit the budget; the page says which. Each section stops starting items
 once its share of the budget is spent and says so, and a measurement that fails (out of memory, a compile error)
-shows the error in its cell while the page goes on. The page opens with the issue's goals, each met or not with its
-figure (issue 47). Exits non-zero at the end if a correctness check FAILED.
+shows the error in its cell while the page goes on. The page opens with the GPU goals, each met or not with its
+figure. Exits non-zero at the end if a correctness check FAILED.
 
-Without a GPU (issue 47's "no GPU" mode of the prepared device call) it builds the GPU kit (.gpukit/, from
+Without a GPU (the "no GPU" mode of the prepared device call) it builds the GPU kit (.gpukit/, from
 ../shared/gpu-kit/build.sh, unless --no-kit) and checks that what a device call carries fits: the tracked tree,
 the untracked files git does not ignore, and .gpukit, against the 64 MiB a call may carry. Exit 0 when it fits.
 
@@ -479,7 +479,7 @@ def albert(page: Page, device: str = "cuda", shape: dict | None = None, **step: 
     page.say()
 
 
-# ---- the goals (issue 47), read from what the sections measured -------------------------------------------
+# ---- the goals, read from what the sections measured -------------------------------------------
 
 DENSE_GOALS = [  # (variants, the most × SDPA at L = 512 in bf16)
     (("fenchel", "gmm", "align-gan", "align-ot", "align-ct"), 1.3),
@@ -490,7 +490,7 @@ DENSE_GOALS = [  # (variants, the most × SDPA at L = 512 in bf16)
 
 
 def goal_lines(page: Page) -> list[str]:
-    """One line per goal of issue 47: met, not met or not measured, with the figure it was read from."""
+    """One line per GPU goal: met, not met or not measured, with the figure it was read from."""
     figures = page.figures
 
     def cell(length: int, name: str, precision: str = "bf16"):
@@ -848,7 +848,7 @@ def main(argv: list[str] | None = None) -> int:
         scaling(page, "quick", f"## (e) quick suite at 1, 2 and 4 workers per GPU (max {QUICK_EPOCHS} epochs)",
                 ["--suite", str(capped_suite("quick", QUICK_EPOCHS, work)), "--workers", "1,2,4"], args.data_root, work)
     page.say(f"total {time.perf_counter() - page.start:.0f} s")
-    page.lines[goals_at:goals_at] = ["## Goals (issue 47), read from this page", "", *goal_lines(page), ""]
+    page.lines[goals_at:goals_at] = ["## Goals, read from this page", "", *goal_lines(page), ""]
     if page.failed:
         page.say()
         page.say("FAILED: " + "; ".join(page.failed))

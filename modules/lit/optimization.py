@@ -86,7 +86,7 @@ def parameter_groups(
 def graph_adam(groups: list[dict], lr: float, device: torch.device) -> torch.optim.Adam:
     """GAT's Adam. On CUDA the fused implementation: one kernel steps every parameter of a group, the seed batch's
     stacked host tensors and its S kernels' parameters alike, where the default (foreach) launches about ten
-    kernels per group and a Cora step on a GPU is made of launches (issue 37). Elsewhere the default, whose CPU
+    kernels per group and a Cora step on a GPU is made of launches. Elsewhere the default, whose CPU
     updates the seed batch's bit-identity with lone runs rests on (both sides build their Adam here). Which one is
     the device policy's call (`takes_cuda_path`): a CPU run "as on CUDA" (the GPU cost page) gets the fused one too,
     a plain CPU run the default."""
