@@ -32,7 +32,7 @@ def compare_with_committed(the_plan, store: RecordStore, committed: Path) -> str
     """Per variant, how this bench's records of the planned keys compare with the committed records of the same keys:
     how many give the identical primary metric, the largest difference, and the hardware classes on each side.
     Same CPU class: expect identical (CPU runs are deterministic); another class: last-bit differences, which some
-    variants' training amplifies (README, "Reproducibility across CPUs"). None when there is nothing to compare."""
+    variants' training amplifies (docs/design/identity-and-execution.md, "Reproducibility across CPUs"). None when there is nothing to compare."""
     if not (committed / "records").is_dir() or store.root.resolve() == (committed / "records").resolve():
         return None
     theirs = RecordStore.__new__(RecordStore)  # read-only: RecordStore() would make the folder
@@ -60,7 +60,7 @@ def compare_with_committed(the_plan, store: RecordStore, committed: Path) -> str
         scale = 100.0 if is_fraction_metric(row["metric"]) else 1.0
         lines.append(f"  {name:<22} {row['metric']}: identical in {row['identical']} of {row['keys']}, max |Δ| {row['max'] * scale:.3g}"
                      f"{' points' if scale == 100.0 else ''}  (yours: {', '.join(sorted(row['mine']))}; committed: {', '.join(sorted(row['theirs']))})")
-    lines.append("  `attnbench results compare <runs> leaderboards` compares every metric; README: \"Reproducibility across CPUs\"")
+    lines.append("  `attnbench results compare <runs> leaderboards` compares every metric; docs/design/identity-and-execution.md: \"Reproducibility across CPUs\"")
     return "\n".join(lines)
 
 
@@ -208,7 +208,7 @@ def run_suite(
         f"records in {store.root}"
     )
     resuming = Checkpoints(runs).resumable(s.key for s in todo)
-    if resuming:  # README, "What survives a kill"
+    if resuming:  # docs/design/records.md, "What survives a kill"
         files = sorted({p.name for p in resuming.values()})
         log(f"attnbench: {len(resuming)} of them resume from checkpoint(s) in {store.root.parent / 'checkpoints'}: "
             + ", ".join(files[:6]) + (f" and {len(files) - 6} more" if len(files) > 6 else ""))

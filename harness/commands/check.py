@@ -37,7 +37,7 @@ def _check_variants(args, found: list[str]) -> int:
 
     if not found:
         raise ValueError(f"{args.file} registers no attention variant: decorate an AttentionKernel subclass with "
-                         f"@register_attention(\"my-name\") (README: Adding a variant)")
+                         f"@register_attention(\"my-name\") (docs/guides/adding-a-variant.md)")
     unknown = sorted(set(args.variant or []) - set(found))
     if unknown:
         raise ValueError(f"--variant {', '.join(unknown)}: {args.file} registers {', '.join(found)}")

@@ -77,7 +77,7 @@ def main(args) -> int:
                   f"{f' on {distribution.world_size} DDP processes' if distribution.is_distributed else ''}", flush=True)
         from harness.results.checkpoints import Checkpoints
 
-        # a killed `run` resumes from its last checkpoint, as bench's workers do (README: what survives a kill)
+        # a killed `run` resumes from its last checkpoint, as bench's workers do (docs/design/records.md, "What survives a kill")
         checkpoints = Checkpoints(args.runs_dir)
         record = execute(spec, data_root=args.data_root, cache_dir=args.cache_dir, verbose=True, distribution=distribution,
                          checkpoints=checkpoints)

@@ -37,7 +37,7 @@ class RunSpec:
 
     @property
     def key(self) -> str:
-        """The experiment's identity, never how it ran (README, DESIGN notes: identity vs execution): task and
+        """The experiment's identity, never how it ran (docs/design/identity-and-execution.md): task and
         its version, variant, its version and full config, task parameters, seed, and precision (bf16 and fp32
         are different experiments). Hardware, threads, workers, world size, seed batching and commit are
         metadata (`Record.hardware`, `Record.execution`, `Record.commit`): the same key run on two machines is

@@ -41,7 +41,7 @@ ENV = "ATTNBENCH_CHECKPOINT_EVERY"
 
 DEFAULT_EVERY_EPOCHS = 25
 DEFAULT_EVERY_MINUTES = 10.0
-"""Measured on Cora (README, "What survives a kill"; 1 thread, a loaded 2-core EPYC): one checkpoint costs 17 ms for a
+"""Measured on Cora (docs/design/records.md, "What survives a kill"; 1 thread, a loaded 2-core EPYC): one checkpoint costs 17 ms for a
 lone run (epoch 370 ms there; ~50 ms unloaded) and 31 ms for a seed batch of 4 (1.3 s/epoch), so saving every epoch
 would cost up to ~35% of an unloaded run and every 25 epochs under 2%, losing at most 25 epochs (~1 s) to a kill.
 Long epochs (a GLUE fine-tune) are saved at least every 10 minutes, at the end of an epoch."""

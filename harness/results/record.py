@@ -62,7 +62,7 @@ class Record(Mapping):
     fit_time_s: float | None = None
     """Training time of the whole fit (every epoch's training and validation), over every process that trained it:
     a run resumed from a checkpoint counts the epochs its checkpoint held too. A seed batch's record counts the
-    seed's share of the batch's epochs (README, "Seed batching")."""
+    seed's share of the batch's epochs (docs/design/seed-batching.md)."""
     fit_time_this_process_s: float | None = None
     """The part of fit_time_s spent in the process that wrote the record; only on a record resumed from a
     checkpoint (`execution["resumed_from_epoch"]`): absent, the whole fit ran in that process."""
@@ -85,7 +85,7 @@ class Record(Mapping):
     hardware: Mapping[str, Any] | None = None
     distributed: Mapping[str, Any] | None = None
     execution: Mapping[str, Any] | None = None
-    """How the run was executed, never what it was, so never part of its key (README, DESIGN notes: identity
+    """How the run was executed, never what it was, so never part of its key (docs/design/identity-and-execution.md: identity
     vs execution): e.g. {"seed_batch": 20} when 20 seeds of one configuration trained as one batched model,
     the worker count, the world size. Records without it ran alone, one seed per process."""
     unknown: Mapping[str, Any] = field(default_factory=dict)

@@ -10,13 +10,13 @@ an arriving copy with different content is kept beside it, named by a digest of 
 it twice stores it once:
 - `records/executions/<key>.<digest>.json`: another execution of the same experiment (same spec, both final
   with the same status), e.g. the same run on another machine. Not a conflict: a key is the experiment, and
-  how it ran (hardware, threads, commit, timings) is metadata (README, DESIGN notes: identity vs execution).
+  how it ran (hardware, threads, commit, timings) is metadata (docs/design/identity-and-execution.md).
   The board uses the earliest finished copy (`chosen_execution`) and reports how well the copies agree.
 - `records/conflicts/<key>.<digest>.json`: a genuine conflict (a different spec under the key, a finished copy
   against a failed or died one). The board counts the run as a conflict until someone deletes the wrong copy.
 - `records/retracted/<key>.<digest>.json`: an execution shown wrong by a later fix of the code path that made it
   (`retract`), kept with the reason but no longer a result: the key is run again (or another execution of it takes
-  its place), and importing the same copy again is refused ("retracted"). README, DESIGN notes: "When a fix
+  its place), and importing the same copy again is refused ("retracted"). docs/design/identity-and-execution.md: "When a fix
   changes results under an unchanged key".
 Each copy is written atomically like a record, so a killed import leaves either the copy or nothing."""
 
@@ -340,7 +340,7 @@ def has_evaluated_diagnostics(record: Record) -> bool:
 def same_evaluated_weights(a: Record, b: Record) -> bool:
     """Whether two executions of a key evaluated the same weights, as far as records tell: the same kept epoch, the
     same monitored value there and the same test metrics, bit for bit (a re-run on the same hardware class gives
-    that; another class often takes another trajectory, README "Reproducibility across CPUs")."""
+    that; another class often takes another trajectory, docs/design/identity-and-execution.md, "Reproducibility across CPUs")."""
     def values(record: Record) -> dict:
         return {name: m.get("value") for name, m in (record.metrics or {}).items()}
 

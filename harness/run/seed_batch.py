@@ -140,7 +140,7 @@ def execute_batch(specs: Sequence[RunSpec], *, data_root: str | None = None, cac
             peak_memory_mb=memory.peak_mb(),
             history=history,
             finished=utc_now(),
-            # time_per_epoch_s and fit_time_s are this seed's share of the batch's epochs (README, "Seed batching");
+            # time_per_epoch_s and fit_time_s are this seed's share of the batch's epochs (docs/design/seed-batching.md);
             # peak_memory_mb is the whole batch's.
             execution={**execution, "batch_epoch_s": sum(batch_epoch_s) / len(batch_epoch_s) if batch_epoch_s else None},
             **context,

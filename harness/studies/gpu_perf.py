@@ -629,8 +629,8 @@ def cora(page: Page, data_root: str | None) -> None:
 
 def batch_epoch_figures(batch) -> tuple[float, float]:
     """(the batch epoch, each seed's share of it) in seconds, from a seed batch's records. A batched record's
-    `time_per_epoch_s` is its seed's share, the batch epoch over the seeds then in the batch (README, "Seed
-    batching"); the batch epoch itself is in `execution["batch_epoch_s"]` (the batch's mean epoch). The first H100
+    `time_per_epoch_s` is its seed's share, the batch epoch over the seeds then in the batch
+    (docs/design/seed-batching.md); the batch epoch itself is in `execution["batch_epoch_s"]` (the batch's mean epoch). The first H100
     page (11bd97f) printed the share as the batch epoch: "12.4 ms (all 20 seeds)" was each seed's share of a batch
     epoch of about 248 ms, so its "63.6× by epoch" was about 3.2×."""
     share = statistics.median(r.time_per_epoch_s for r in batch)

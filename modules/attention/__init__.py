@@ -1,4 +1,4 @@
-"""Attention variants and the interface they share (see README "Adding a variant")."""
+"""Attention variants and the interface they share (docs/guides/adding-a-variant.md)."""
 
 from .groups import DenseGroups, Groups, SegmentGroups
 from .kernel import (

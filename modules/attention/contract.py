@@ -635,7 +635,7 @@ def skip_reason(name: str, prop: str) -> str | None:
         return "not row_separable: its calls are never split into query blocks"
     if prop == "mechanism diagnostics" and not cls.mechanism:
         return ("no `mechanism` declared: boards and claims cannot tell whether its idea is at work (every built-in "
-                "declares one; README: Adding a variant)")
+                "declares one; docs/guides/adding-a-variant.md)")
     return None
 
 

@@ -211,7 +211,7 @@ class AttentionKernel(nn.Module):
     undecayed: ClassVar[tuple[str, ...]] = ()
     """Names of the kernel's sub-network attributes that train at the host's rate but without its weight decay
     (modules/lit/optimization.py): an adversary whose loss reaches it scaled by a small λ, which the host's L2
-    would otherwise outweigh (align-gan's discriminator, README "align-gan")."""
+    would otherwise outweigh (align-gan's discriminator, leaderboards/studies/align-gan-discriminator.md)."""
 
     def undecayed_parameters(self) -> list[nn.Parameter]:
         """The trainable parameters of the sub-networks `undecayed` names."""

@@ -9,7 +9,7 @@ first, one ELU over [S, N, H·D]): on an AMD EPYC the sums happened to round as 
 the second layer's weight gradient from `bmm`'s backward was 2e-10 off `mm`'s, and elementwise
 kernels with a scalar tail (ELU's expm1, Adam's fused multiply-adds) round the tail differently from the vector
 body, which a stacked tensor moves. What the batch still saves on CPU is the per-run cost around the step: one
-process, one data load, one loop and one validation pass for S seeds (measured: README, "What limits it on CPU").
+process, one data load, one loop and one validation pass for S seeds (measured: leaderboards/studies/seed-batch-cora/README.md).
 
 On a GPU, `SeedBatchedGAT`: the host parameters stacked along a new first axis, so the host maths runs once for
 all seeds (the first layer's sparse product as one block-diagonal product, the second as `bmm`, the aggregation

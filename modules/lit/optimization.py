@@ -18,7 +18,7 @@ Attention kernels hold two kinds of parameters, and they train differently:
   parameter by about its learning rate per step, so at the text hosts' 2e-5..5e-4 it moves 20x less than at
   1e-2 (tests/modules/test_learned_scalars.py: 0.005 against 0.10 in 20 steps): on the boards, before this
   group existed, gmm matched softmax and entmax matched entmax15 to every printed digit. On Cora (host rate
-  5e-3) the README's measurement shows how far they move in 300 epochs at either rate. Weight decay would
+  5e-3) leaderboards/studies/recipe-measurements.md shows how far they move in 300 epochs at either rate. Weight decay would
   pull each scalar towards the arbitrary origin of its parameterisation (log α = 0 is α = 1, softmax's
   temperature), a prior towards one of the compared variants.
 The hosts' tasks set `kernel_lr_scale` (a task parameter, KERNEL_LR / the task's default lr unless given).

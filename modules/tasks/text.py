@@ -34,7 +34,7 @@ DEFAULT_EPOCHS = {"scratch": 10, "minilm": 6}
 other checkpoint fine-tunes with MiniLM's recipe (`recipe_of`), a starting point, not a tuned one.
 The MiniLM recipe was chosen on RTE by mean held-out-train accuracy over seeds 0 and 1 (never dev):
 lr 5e-5 for 6 epochs 63.9%, lr 1e-4 for 3 epochs 63.5%, lr 1e-4 for 6 epochs 62.4%. The margin is
-within seed noise (over seeds 0-3 the first two tie at 61.7% and 61.9%); README, "Text tasks"."""
+within seed noise (over seeds 0-3 the first two tie at 61.7% and 61.9%); leaderboards/studies/text-recipes.md."""
 
 
 def recipe_of(backbone: str) -> str:
