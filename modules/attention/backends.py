@@ -225,8 +225,10 @@ def _flex_offered(call: Call) -> bool:
 
 
 def _blocked_offered(call: Call) -> bool:
+    """A row-separable kernel on dense groups, unless a library kernel alone computes its output: a library form
+    that also carries the softmax form SDPA runs (BAM's SDPA replayed in the backward) blocks as that form does."""
     return (getattr(call.kernel, "row_separable", False) and isinstance(call.groups, DenseGroups)
-            and not _library_offered(call))
+            and (not _library_offered(call) or call.fused.q is not None))
 
 
 BACKENDS: tuple[Backend, ...] = (

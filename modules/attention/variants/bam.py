@@ -517,7 +517,10 @@ class BayesianAttention(AttentionKernel):
         # the noise as SDPA will read it: in the autocast dtype under autocast (SDPA casts its mask so), kept once
         bias_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
         # the noise stream's state before this call's draw, from which the backward redraws it
-        replay = _NoiseReplay(self.noise_generator, q.device) if draws and self._call_dropout == 0.0 else None
+        # (only for noise drawn from the stream: noise set to be a function of the weights it perturbs, as the
+        # checks' held noise is, would not be redrawn alike from zeros; there SDPA keeps the bias as before)
+        replay = (_NoiseReplay(self.noise_generator, q.device)
+                  if draws and self._call_dropout == 0.0 and "draw_noise" not in vars(self) else None)
         with full_precision(q, k) as (precise_q, precise_k):
             prior = self.prior_over_keys(precise_k, groups) if self.key_prior is not None else ()
             # filled block by block (a cat of the blocks would hold the noise twice)
