@@ -14,13 +14,7 @@ from modules.attention import list_attentions
 
 DATA_ROOT = os.environ.get("ATTNBENCH_DATA")
 
-ADASPLASH_READS = ("AdaSplash 0.2's adasplash_v1 reads its block mask on the host (bmask.nonzero, twice, in "
-                   "compute_bidxs_and_cubcounts); pending: declare it (host_syncs_why) or leave the library for a form without")
-PENDING_SYNCS: dict[str, str] = {
-    "sparsemax": ADASPLASH_READS,
-    "entmax15": ADASPLASH_READS,
-    "fenchel-exact": "its Newton solve reads its convergence tests (fenchel.py); pending: host_syncs_why declared on the kernel",
-}
+PENDING_SYNCS: dict[str, str] = {}
 """Variants whose forward+backward on the CUDA path still reads the host without declaring why (`host_syncs_why`),
 with what reads: each an expected failure until its fix lands (strict: a fix that lands turns it into a failure to
 remove from here)."""

@@ -393,11 +393,21 @@ class EntmaxAttention(AttentionKernel):
         return unpad(out)
 
 
+ADASPLASH_SYNCS_WHY = ("on the CUDA path it runs through AdaSplash (adasplash_v1), whose own block mask is read on the "
+                       "host: the library calls `nonzero` on it (twice, compute_bidxs_and_cubcounts) to list the "
+                       "blocks it computes; the eager form and the library's other calls read nothing")
+"""Why sparsemax and entmax15 read the host where they take AdaSplash (`host_syncs_why`)."""
+
+
 @register_attention("entmax15", alpha=1.5, learn_alpha=False)
 class Entmax15Attention(EntmaxAttention):
     """1.5-entmax: Tsallis α = 1.5, sparse attention between softmax and sparsemax (Peters et al. 2019)."""
+
+    host_syncs_why = ADASPLASH_SYNCS_WHY
 
 
 @register_attention("sparsemax", alpha=2.0, learn_alpha=False)
 class SparsemaxAttention(EntmaxAttention):
     """Sparsemax: the Euclidean projection of the scores onto the simplex (Martins & Astudillo 2016)."""
+
+    host_syncs_why = ADASPLASH_SYNCS_WHY

@@ -445,6 +445,10 @@ class FenchelExactAttention(FenchelAttention):
     # Version 5: the position-bias table trains with the host (FenchelAttention version 3).
     version: ClassVar[str] = "5"
     softmax_limit: ClassVar[dict[str, Any]] = {"prior": "uniform", "alpha": 1.0, "learn_alpha": False, "steps": 0}
+    host_syncs_why: ClassVar[str | None] = (
+        "its damped Newton solve runs until every (query, head) pair has converged, so it reads on the host whether "
+        "any pair is left (and whether every line search passed), every CONVERGENCE_CHECK_EVERY iterations and "
+        "halvings; a fixed step count would drop the tolerance the exact form promises")
 
     def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
         # Version 2: the fused first-order path of `fenchel` is exact only at steps=0; version 1 took it on
