@@ -102,7 +102,10 @@ def standard_diagnostics(weights: Tensor, groups: Groups, kernel: nn.Module | No
     log of each query's key count): how far `entropy` sits below it says how far the attention is from uniform,
     which bounds what any variant can change on a host (issue 51: GAT's attention on Cora is near uniform)."""
     measures = getattr(kernel, "measures", None)
-    wanted = {"entropy", "support", "uniform_entropy"} if kernel is None or not kernel.training else set()
+    # at evaluation only while diagnostics are on: a pass that measures none (a graph fit's unmeasured validation
+    # passes, mechanism_diagnostics(False)) logs none of these, so it computes none
+    evaluating = kernel is None or not kernel.training
+    wanted = {"entropy", "support", "uniform_entropy"} if evaluating and mechanism_diagnostics_on() else set()
     if measures is not None:
         wanted |= {name for name in ("entropy", "support", "support_fraction") if measures(name)}
     if not wanted:

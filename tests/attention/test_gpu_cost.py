@@ -5,6 +5,7 @@ and the counter itself on calls whose counts are known. Counts only: nothing her
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -154,3 +155,31 @@ def test_a_plugin_s_variant_reads_its_gpu_cost(tmp_path, capsys):
     assert gpu_cost.main(["--plugin", str(plugin), "--lengths", "512", "--variants", added[0]]) == 0
     out = capsys.readouterr().out
     assert f"| {added[0]} | " in out and "| softmax | sdpa | 6 | 0 |" in out
+
+
+def test_an_unmeasured_validation_forward_on_cora_computes_no_diagnostic(monkeypatch):
+    """A graph fit's validation passes between its measured ones (diagnostics off) log no diagnostic, so they compute
+    none: no entropy, support or uniform entropy of the weights, fewer ops dispatched than a measured pass."""
+    from modules.attention.groups import SegmentGroups
+    from modules.attention.kernel import mechanism_diagnostics
+    from tests.modules.test_host_syncs import gat_host
+
+    torch.manual_seed(0)
+    module, graph = gat_host("softmax")
+    module.eval()
+    reads = Counter()
+    for name in ("entropy", "support"):
+        real = getattr(SegmentGroups, name)
+        monkeypatch.setattr(SegmentGroups, name, lambda self, w, _real=real, _name=name: reads.update([_name]) or _real(self, w))
+
+    def ops(measured: bool) -> int:
+        counter = gpu_cost.CostCounter(where=False, storage=False)
+        with torch.no_grad(), mechanism_diagnostics(measured), counter:
+            _, trace = module._forward(graph)
+        assert all(("entropy" in result.diagnostics) == measured for _, result in trace)
+        return counter.ops
+
+    measured = ops(True)
+    assert reads == {"entropy": 2, "support": 2}  # two GAT layers
+    reads.clear()
+    assert ops(False) < measured and not reads
