@@ -69,6 +69,163 @@ NO_RECORDS = "no records yet"
 """The one group's label when nothing has run: the planned rows are still shown, all missing."""
 
 
+class _Model(Mapping):
+    """The shared shape of the board's typed parts (Board, Group, Table, Row): a frozen dataclass read by attribute
+    (`table.rows`), which also reads like the dict boards were before (`table["rows"]`, `row.get("history")`), so
+    that callers outside the renderers keep working. A field named in `_OPTIONAL` is absent from that mapping view
+    when it is None (boards leave such keys out rather than write null). `from_dict` builds one from that dict form
+    (a board written as JSON, a test's hand-made board), a missing field taking its default."""
+
+    _OPTIONAL: frozenset[str] = frozenset()
+    _NESTED: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._names() or (name in self._OPTIONAL and getattr(self, name) is None):
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __iter__(self):
+        return (name for name in self._names() if not (name in self._OPTIONAL and getattr(self, name) is None))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    @classmethod
+    def _names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]):
+        if isinstance(data, cls):
+            return data
+        values = {name: data[name] for name in cls._names() if name in data}
+        for name, kind in cls._NESTED.items():
+            if values.get(name) is not None:
+                values[name] = tuple(kind.from_dict(part) for part in values[name])
+        return cls(**values)
+
+    def replace(self, **changes: Any):
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, eq=True)
+class Row(_Model):
+    """One labelled row of a task's table: its seeds' counts, per metric its summary (a dict: values, seeds, mean,
+    std, ci_low, ci_high, ci_clipped, vs_baseline: a Comparison or None), its rank, its cost."""
+
+    variant: str = ""
+    rank: int | None = None
+    planned: int = 0
+    n: int = 0
+    failed: int = 0
+    pruned: int = 0
+    missing: int = 0
+    errors: list[str] = dataclasses.field(default_factory=list)
+    metrics: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    cost: dict[str, Any] | None = None
+    cost_by_class: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    history: dict[str, list] | None = None
+    """The seeds' mean learning curves; None (absent) when no record has one."""
+    chance: dict[str, Any] | None = None
+    """The test against the task's trivial baseline: {"p", "test", "at_chance", "p_holm"}; None when not tested."""
+
+    _OPTIONAL = frozenset({"history"})
+
+    def mark(self, metric: str) -> str | None:
+        """"better" / "worse" / None: the row's mark against the baseline on `metric`."""
+        return (self.metrics[metric]["vs_baseline"] or {}).get("mark")
+
+
+@dataclass(frozen=True, eq=True)
+class Table(_Model):
+    """One task's table: its metrics (the primary first), its rows in rank order, and what the table found."""
+
+    task: str = ""
+    versions: dict[str, Any] | None = None
+    primary: str = ""
+    higher_is_better: bool = True
+    metrics: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    commits: list[str] = dataclasses.field(default_factory=list)
+    finished_range: list[str | None] = dataclasses.field(default_factory=lambda: [None, None])
+    baseline: str | None = None
+    trivial: dict[str, Any] | None = None
+    chance_untested: bool | None = None
+    """True when some single-seed row could not be tested against the trivial baseline; None (absent) otherwise."""
+    resolution: dict[str, Any] | None = None
+    finding: dict[str, Any] | None = None
+    epoch_cap: dict[str, Any] | None = None
+    rows: tuple[Row, ...] = ()
+    tuning: dict[str, Any] = dataclasses.field(default_factory=dict)
+    mechanism: dict[str, Any] | None = None
+    attention_entropy: dict[str, Any] | None = None
+
+    _OPTIONAL = frozenset({"chance_untested", "mechanism", "attention_entropy"})
+    _NESTED = {"rows": Row}
+
+
+@dataclass(frozen=True, eq=True)
+class Group(_Model):
+    """The one ranking over every execution (boards once had a group per hardware label): its provenance and tables."""
+
+    hardware: str = ""
+    accelerator: Any = None
+    device: Any = None
+    device_count: Any = None
+    cpu: Any = None
+    threads: Any = None
+    torch: list[str] = dataclasses.field(default_factory=list)
+    versions: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    records: int = 0
+    commits: list[str] = dataclasses.field(default_factory=list)
+    seed_batched: str = ""
+    finished_range: list[str | None] = dataclasses.field(default_factory=lambda: [None, None])
+    tasks: tuple[Table, ...] = ()
+    overall: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    finding: dict[str, Any] | None = None
+
+    _NESTED = {"tasks": Table}
+
+
+@dataclass(frozen=True, eq=True)
+class Board(_Model):
+    """A suite's leaderboard, built once by `build_board`, from which every rendering (Markdown, HTML, CSV) is made.
+    Optional parts (`row_settings`, `reproducibility`, `unreadable`, `conflicts`, `superseded`) are None when the
+    board has none, so that a board without them reads exactly as before they existed."""
+
+    suite: str = ""
+    description: str = ""
+    seeds: list[int] = dataclasses.field(default_factory=list)
+    planned: int = 0
+    recorded: int = 0
+    status_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    commits: list[str] = dataclasses.field(default_factory=list)
+    seed_batched: str = ""
+    finished_range: list[str | None] = dataclasses.field(default_factory=lambda: [None, None])
+    skipped_tasks: dict[str, str] = dataclasses.field(default_factory=dict)
+    row_settings: dict[str, Any] | None = None
+    alpha: float = ALPHA
+    confidence: float = CONFIDENCE
+    power: float = POWER
+    min_seeds_to_rank: int = MIN_SEEDS_TO_RANK
+    groups: tuple[Group, ...] = ()
+    hardware_classes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    cost_classes: list[str] | None = None
+    run_time: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    reproducibility: dict[str, Any] | None = None
+    unreadable: dict[str, str] | None = None
+    conflicts: dict[str, list[str]] | None = None
+    superseded: list[dict[str, Any]] | None = None
+    csv: dict[str, list] = dataclasses.field(default_factory=lambda: {"header": [], "rows": []})
+
+    _OPTIONAL = frozenset({"row_settings", "reproducibility", "unreadable", "conflicts", "superseded"})
+    _NESTED = {"groups": Group}
+
+
+def as_board(board: Board | Mapping[str, Any]) -> Board:
+    """The model of `board`: itself, or built from its dict form (a board read back from JSON, a test's own)."""
+    return Board.from_dict(board)
+
+
 def is_fraction_metric(metric: str) -> bool:
     """Metrics shown in percent (accuracies and F1 scores in [0, 1])."""
     return metric.endswith(("acc", "accuracy", "f1"))  # f1 covers macro_f1
@@ -76,7 +233,7 @@ def is_fraction_metric(metric: str) -> bool:
 
 def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[str, Any]], *,
                 unreadable: Mapping[str, str] | None = None, conflicts: Mapping[str, Iterable[Any]] | None = None,
-                executions: Mapping[str, Iterable[Record]] | None = None) -> dict[str, Any]:
+                executions: Mapping[str, Iterable[Record]] | None = None) -> Board:
     """`suite` and `the_plan` from harness.plan, `records` run key -> record (missing keys = not run yet),
     `unreadable` run key -> why its record file does not load, `conflicts` run key -> its conflicting copies,
     `executions` run key -> every finished execution of it (RecordStore.load), for keys run more than once.
@@ -135,7 +292,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         counts[CONFLICT] = len(conflicted)
         columns += (CONFLICT,)
         problems["conflicts"] = {key: sorted(map(str, conflicts[key])) for key in conflicted}
-    return {
+    return Board.from_dict({
         "suite": suite.name,
         "description": " ".join(str(suite.description or "").split()),
         "seeds": list(suite.all_seeds()),
@@ -159,7 +316,7 @@ def build_board(suite, the_plan: Plan, records: Mapping[str, Record | Mapping[st
         **problems,
         **({"superseded": superseded} if superseded else {}),
         "csv": csv_rows(suite, the_plan, records, unreadable),
-    }
+    })
 
 
 def _finished_at(record: Record | None) -> str:

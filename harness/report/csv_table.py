@@ -8,13 +8,14 @@ import csv
 import io
 from typing import Any, Mapping
 
-from harness.report.board import CSV_FIELDS, HARDWARE_FIELDS, SUPERSEDED, TRIVIAL, VERSION_FIELDS  # noqa: F401
+from harness.report.board import CSV_FIELDS, HARDWARE_FIELDS, SUPERSEDED, TRIVIAL, VERSION_FIELDS, Board, as_board  # noqa: F401
 
 
-def render_csv(board: Mapping[str, Any]) -> str:
+def render_csv(board: Board | Mapping[str, Any]) -> str:
     """leaderboards/<suite>.csv from the board alone (its `csv` part)."""
+    board = as_board(board)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(board["csv"]["header"])
-    writer.writerows(board["csv"]["rows"])
+    writer.writerow(board.csv["header"])
+    writer.writerows(board.csv["rows"])
     return out.getvalue()

@@ -147,8 +147,8 @@ def write_boards(the_plan: Plan, store: RecordStore, out_dir: str | Path = "lead
     board = build_board(suite, the_plan, loaded.records, unreadable=loaded.unreadable, conflicts=loaded.conflicts,
                         executions=loaded.executions)
     if unplaced:
-        board["status_counts"]["unreadable"] = board["status_counts"].get("unreadable", 0) + len(unplaced)
-        board["unreadable"] = dict(sorted({**board.get("unreadable", {}), **unplaced}.items()))
+        board = board.replace(status_counts={**board.status_counts, "unreadable": board.status_counts.get("unreadable", 0) + len(unplaced)},
+                              unreadable=dict(sorted({**(board.unreadable or {}), **unplaced}.items())))
     warn_unranked(board)
     out.mkdir(parents=True, exist_ok=True)
     # each file atomically (harness/results/store.py): a kill mid-write leaves the previous board or the new one,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Callable, Mapping
 
+from harness.report.board import Board, Table, as_board
 from harness.report.stats import ALPHA, BASELINE, CONFIDENCE, MIN_SEEDS_TO_RANK, metric_range
 from harness.timing import format_duration
 
@@ -48,14 +49,15 @@ ENTROPY_DESCRIPTION = ("per variant and attention layer, the mean entropy of eac
                        "variant's weighting can change much; \"not recorded\" where the records predate the uniform reference")
 
 
-def legend(board: Mapping[str, Any]) -> list[tuple[str, str]]:
+def legend(board: Board | Mapping[str, Any]) -> list[tuple[str, str]]:
     """(term, what it means) for every mark and column of a suite board, printed after its tables (the HTML page
     folds it behind a link), in Markdown's inline code marks (renderers convert them)."""
+    board = as_board(board)
     items = [
-        ("Cells", f"mean ± std [{board.get('confidence', CONFIDENCE):.0%} CI] over the seeds that finished (Student t; a single seed shows "
+        ("Cells", f"mean ± std [{board.confidence:.0%} CI] over the seeds that finished (Student t; a single seed shows "
                   f"its value; {CI_CLIP_DESCRIPTION})"),
         ("▲ / ▼", f"significantly better / worse than `{BASELINE}` of the same table: {TEST_DESCRIPTION} (one family per "
-                  f"metric), Holm p < {board.get('alpha', ALPHA):g}"),
+                  f"metric), Holm p < {board.alpha:g}"),
         ("Δ", f"mean paired difference from `{BASELINE}` on the primary metric, with its Holm p"),
         ("Ranks", f"{RANKING_DESCRIPTION}; quality ranks use every finished record whatever machine made it, cost columns are "
                   "per hardware class (the hardware label) and never mixed across classes"),
@@ -70,20 +72,22 @@ def legend(board: Mapping[str, Any]) -> list[tuple[str, str]]:
     return items
 
 
-def board_finding(board: Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str:
+def board_finding(board: Board | Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str:
     """The line a suite board opens with, under its title: what its tests found over every task (the overall
     finding; each table then opens with its own)."""
-    groups = board.get("groups") or []
-    if not groups or not groups[0].get("finding"):
+    board = as_board(board)
+    groups = board.groups or ()
+    if not groups or not groups[0].finding:
         return "No run records yet: nothing is measured, so nothing is significant."
-    return overall_finding_sentence(groups[0]["finding"], code)
+    return overall_finding_sentence(groups[0].finding, code)
 
 
-def run_time_sentence(board: Mapping[str, Any]) -> str | None:
+def run_time_sentence(board: Board | Mapping[str, Any]) -> str | None:
     """"Run time, from the records: 72 runs took 1.52 h of worker time on CPU ... (24 seed batches, each timed
     once)"; None without timed records. What the board's description and the README quote about a suite's time
     comes from here, the records themselves."""
-    found = board.get("run_time")
+    board = as_board(board)
+    found = board.run_time
     if not found:
         return None
     parts = []
@@ -95,9 +99,10 @@ def run_time_sentence(board: Mapping[str, Any]) -> str | None:
             + "; ".join(parts) + ".")
 
 
-def entropy_caption(table: Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str | None:
+def entropy_caption(table: Table | Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str | None:
     """The line over a table's attention-entropy table; None when its records carry no entropy."""
-    found = table.get("attention_entropy")
+    table = Table.from_dict(table)
+    found = table.attention_entropy
     if not found:
         return None
     uniform = "" if found["uniform_recorded"] else " The uniform reference is not recorded in these records (they predate it)."
@@ -113,10 +118,11 @@ def entropy_cell(cell: Mapping[str, Any] | None) -> str:
     return f"{cell['entropy']:.3f} / {'not recorded' if uniform is None else f'{uniform:.3f}'}"
 
 
-def versions_sentence(table: Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str | None:
+def versions_sentence(table: Table | Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str | None:
     """The keyed versions a table's rows count (a plugin's as `version+source.<hash>`, as `attnbench describe`
     shows it); None for a board made before tables had versions."""
-    found = table.get("versions")
+    table = Table.from_dict(table)
+    found = table.versions
     if not found:
         return None
     variants = ", ".join(f"{code(name)} {' and '.join(versions)}" for name, versions in found["variants"].items())
@@ -124,17 +130,19 @@ def versions_sentence(table: Mapping[str, Any], code: Callable[[str], str] = _ba
             f"{variants}.")
 
 
-def superseded_lines(board: dict[str, Any], code: Callable[[str], str] = _backticks) -> list[str]:
+def superseded_lines(board: Board | Mapping[str, Any], code: Callable[[str], str] = _backticks) -> list[str]:
     """"3 records of an earlier version of `tempered` (...), not counted", one line per superseded version."""
+    board = as_board(board)
     return [f"{s['records']} record{'s' if s['records'] != 1 else ''} of an earlier version of "
             f"{'the task' if s['of'] == 'task' else code(s['name'])}, not counted (table {s['table']}: version "
             f"{code(s['version'])}; the table counts version {code(s['current'])})"
-            for s in board.get("superseded", [])]
+            for s in board.superseded or []]
 
 
-def reproducibility_line(board: dict[str, Any], code: Callable[[str], str] = _backticks) -> str | None:
+def reproducibility_line(board: Board | Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str | None:
     """"37 keys ran on 2 executions: test/acc identical in 35, max |Δ| 0.2 points; ..."; None without such keys."""
-    found = board.get("reproducibility")
+    board = as_board(board)
+    found = board.reproducibility
     if not found:
         return None
     counts = sorted(found["executions"])
@@ -157,9 +165,10 @@ def reproducibility_line(board: dict[str, Any], code: Callable[[str], str] = _ba
     return line
 
 
-def mechanism_sentence(table: Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str | None:
+def mechanism_sentence(table: Table | Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str | None:
     """"Mechanism diagnostics (...): `align-ct` qk_distance 0.497 (20 of 20 seeds); ..."; None without them."""
-    found = table.get("mechanism")
+    table = Table.from_dict(table)
+    found = table.mechanism
     if not found:
         return None
 
@@ -183,19 +192,20 @@ def _are(labels: list[str]) -> str:
     return "is" if len(labels) == 1 else "are"
 
 
-def finding_sentence(table: Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str:
+def finding_sentence(table: Table | Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str:
     """The sentence a table opens with: which rows its tests found better or worse than the baseline (Holm p
     below α), per metric, with the table's resolution, the rows too few seeds left untested, and the rows at
     chance. Built from the marks the table shows, so sentence and cells cannot disagree."""
-    found = table.get("finding")
-    primary = table["metrics"][0]
+    table = Table.from_dict(table)
+    found = table.finding
+    primary = table.metrics[0]
     if not found or found["baseline"] is None:
         return f"Nothing in this table is significant: it has no finished {code(BASELINE)} runs to compare with."
     baseline = code(found["baseline"])
     if not found["tested"]:
         return (f"Nothing in this table is significant: no variant has {MIN_SEEDS_TO_RANK} seeds paired with {baseline}, "
                 "the fewest the board tests.")
-    resolution = table.get("resolution") or {}
+    resolution = table.resolution or {}
     if resolution.get("difference") is not None:
         scale, digits, unit = (100.0, 2, " points") if primary.get("percent") else (1.0, 4, "")
         detail = f" (Holm p < {ALPHA:g}; resolution {resolution['difference'] * scale:.{digits}f}{unit})"
@@ -255,9 +265,10 @@ CLIPPED = "†"
 """Marks an interval clipped to its metric's range, in every rendering."""
 
 
-def clipped_sentence(table: Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str | None:
+def clipped_sentence(table: Table | Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str | None:
     """The note under a table some of whose intervals were clipped: which metrics, to what range; None when none was."""
-    clipped = [m for m in table["metrics"] if any((row["metrics"].get(m["name"]) or {}).get("ci_clipped") for row in table["rows"])]
+    table = Table.from_dict(table)
+    clipped = [m for m in table.metrics if any((row.metrics.get(m["name"]) or {}).get("ci_clipped") for row in table.rows)]
     if not clipped:
         return None
     ranges = []
@@ -278,11 +289,12 @@ def row_settings_sentence(row: Mapping[str, Any], code: Callable[[str], str] = _
     return f"{code(row['variant'])} with {options} (every other option at its default)."
 
 
-def epoch_cap_sentence(table: Mapping[str, Any]) -> str | None:
+def epoch_cap_sentence(table: Table | Mapping[str, Any]) -> str | None:
     """The under-training warning every rendering prints under a table: how many finished runs trained to the epoch
     cap (their stopping rule never fired), and how many kept an epoch within the margin of the cap; None when
     neither happened. A table of records from before runs counted their epochs says only the second."""
-    found = table.get("epoch_cap")
+    table = Table.from_dict(table)
+    found = table.epoch_cap
     if not found or not (found["hits"] or found.get("at_cap")):
         return None
     caps = ", ".join(map(str, found["caps"]))
@@ -314,11 +326,12 @@ def tuned_values_text(values: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={_format_value(v)}" for k, v in values.items()) or "the defaults"
 
 
-def problem_lines(board: dict[str, Any]) -> list[str]:
+def problem_lines(board: Board | Mapping[str, Any]) -> list[str]:
     """One line per unreadable record file and per run with conflicting records; none on a board without them."""
+    board = as_board(board)
     lines = [f"Unreadable record (not counted as missing; repair the file or delete it and re-run): {why}"
-             for why in board.get("unreadable", {}).values()]
+             for why in (board.unreadable or {}).values()]
     lines += superseded_lines(board)
     lines += [f"Conflict: run {key} has a different record in {', '.join(copies)}; the board shows the store's "
-              "own record until the wrong copy is deleted" for key, copies in board.get("conflicts", {}).items()]
+              "own record until the wrong copy is deleted" for key, copies in (board.conflicts or {}).items()]
     return lines
