@@ -181,12 +181,15 @@ def check_finite(loss: Tensor, epoch: int) -> None:
 
 class DivergenceWatch:
     """check_finite on the training losses of all steps since the last check, run every
-    `log_every_n_steps` steps (Lightning's logging interval) and at each epoch's last step.
+    `log_every_n_steps` steps (Lightning's logging interval) and once per training epoch outside its steps
+    (`epoch_end`, from the host's on_validation_start, before the epoch's validation, and on_train_epoch_end,
+    for an epoch without one).
 
     Reading a loss on the host makes it wait for every queued GPU kernel; once per step that stalls the
-    GPU at each step. Non-finite losses are remembered on the device instead (the first one
-    is kept), so that no step's divergence goes unseen, and a diverged run still fails within its epoch,
-    before that epoch's validation. Ranks check at the same steps: they run the same number of batches."""
+    GPU at each step, and on a one-batch graph (Cora) the epoch's last step is every step. Non-finite losses are
+    remembered on the device instead (the first one is kept), so that no step's divergence goes unseen, and a
+    diverged run still fails within its epoch. Ranks check at the same steps and epochs: they run the same number
+    of batches."""
 
     def __init__(self) -> None:
         self._unchecked: Tensor | None = None
@@ -196,14 +199,22 @@ class DivergenceWatch:
         unchecked = self._unchecked
         self._unchecked = loss if unchecked is None else torch.where(torch.isfinite(unchecked), loss, unchecked)
         if _check_due(getattr(module, "_trainer", None), batch_idx):
-            unchecked, self._unchecked = self._unchecked, None
+            self.check(module)
+
+    def epoch_end(self, module) -> None:
+        """The training epoch's one read: the losses of its steps since the last check (none left: no read)."""
+        self.check(module)
+
+    def check(self, module) -> None:
+        unchecked, self._unchecked = self._unchecked, None
+        if unchecked is not None:
             check_finite(unchecked, module.current_epoch)
 
 
 def _check_due(trainer, batch_idx: int) -> bool:
     if trainer is None:  # a step called by hand: check it now
         return True
-    return (batch_idx + 1) % trainer.log_every_n_steps == 0 or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+    return (batch_idx + 1) % trainer.log_every_n_steps == 0
 
 
 @contextmanager

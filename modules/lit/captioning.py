@@ -69,6 +69,14 @@ class CaptioningModule(WarmupAdamW, L.LightningModule):
             tokens = self.model.beam_search(features, beam_size, self.max_decode_len, self.length_penalty)[0][:, 0]
         return [self.vocab.decode(row) for row in tokens]
 
+    def on_validation_start(self):
+        # the training epoch's divergence check, before its validation (DivergenceWatch: not in a training step;
+        # nothing to read outside a fit)
+        self._divergence.epoch_end(self)
+
+    def on_train_epoch_end(self):
+        self._divergence.epoch_end(self)
+
     def validation_step(self, batch, batch_idx):
         trace = []
         loss = self._reference_loss(batch, trace)

@@ -100,6 +100,14 @@ class NodeClassificationModule(L.LightningModule):
             return nodes
         return nodes[kwargs["rank"] :: kwargs["num_replicas"]]
 
+    def on_validation_start(self):
+        # the training epoch's divergence check, before its validation (DivergenceWatch: not in a training step;
+        # nothing to read outside a fit)
+        self._divergence.epoch_end(self)
+
+    def on_train_epoch_end(self):
+        self._divergence.epoch_end(self)
+
     def validation_step(self, graph, batch_idx):
         self._evaluate(graph, "val", self.val_metrics)
 

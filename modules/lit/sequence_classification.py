@@ -144,6 +144,14 @@ class SequenceClassificationModule(WarmupAdamW, L.LightningModule):
             probs = probs / self.mc_samples
         return probs, F.nll_loss(probs.clamp_min(1e-12).log(), batch["labels"]), trace
 
+    def on_validation_start(self):
+        # the training epoch's divergence check, before its validation (DivergenceWatch: not in a training step;
+        # nothing to read outside a fit)
+        self._divergence.epoch_end(self)
+
+    def on_train_epoch_end(self):
+        self._divergence.epoch_end(self)
+
     def validation_step(self, batch, batch_idx):
         prediction, loss, trace = self.predict_batch(batch)
         update_metrics(self.val_metrics, prediction, batch["labels"])

@@ -173,6 +173,14 @@ class VQAModule(WarmupAdamW, L.LightningModule):
             probs = probs / self.mc_samples
         return probs, self.loss(logits, batch["target"]), trace
 
+    def on_validation_start(self):
+        # the training epoch's divergence check, before its validation (DivergenceWatch: not in a training step;
+        # nothing to read outside a fit)
+        self._divergence.epoch_end(self)
+
+    def on_train_epoch_end(self):
+        self._divergence.epoch_end(self)
+
     def validation_step(self, batch, batch_idx):
         probs, loss, trace = self.predict_batch(batch)
         self.val_metrics.update(probs, batch["target"])

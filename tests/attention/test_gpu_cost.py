@@ -103,8 +103,7 @@ def _tiny_lone_run(epochs: int) -> None:
     trainer.fit(module, train_dataloaders=loader, val_dataloaders=loader)
 
 
-PENDING_STEP = ("the divergence check (modules/lit/attention_terms.py, DivergenceWatch) reads the loss at the epoch's "
-                "last batch, which on a one-batch graph is every training step")
+PENDING_STEP = ""
 """Why a Cora training step still reads the host on the CUDA path, while a fix is pending ('' when none)."""
 
 

@@ -94,16 +94,24 @@ def training_step_syncs(module, batch, steps=4) -> list[HostSyncs]:
 @pytest.mark.parametrize("host", HOSTS)
 def test_a_training_step_reads_nothing_on_the_host_for_logging(host):
     """softmax, so that every sync left would be the host's or the LightningModule's. After the first step (where
-    the graph host indexes its graph once), no step reads anything until the epoch's last, which checks for
-    divergence (one read). The text host used to read once per step inside transformers' own attention-mask
-    preparation; through modules/hf.py's mask entry (the AttentionMaskInterface registered with the kernel) it
-    reads nothing either."""
+    the graph host indexes its graph once), no step reads anything, the epoch's last included: the divergence
+    check reads once at the epoch's end, outside the steps (on a one-batch graph the last step is every step).
+    The text host used to read once per step inside transformers' own attention-mask preparation; through
+    modules/hf.py's mask entry (the AttentionMaskInterface registered with the kernel) it reads nothing either."""
     torch.manual_seed(0)
     module, batch = HOSTS[host]("softmax")
+    epoch_end, epoch_reads = module._divergence.epoch_end, []
+
+    def counted_epoch_end(m):
+        with HostSyncs() as syncs:
+            epoch_end(m)
+        epoch_reads.append(syncs.count)
+
+    module._divergence.epoch_end = counted_epoch_end
     counted = training_step_syncs(module, batch)[1:]
     ours = [dict((k, n) for k, n in syncs.where.items() if "modules/lit/" in k[1] or "modules/hosts/gat" in k[1]) for syncs in counted]
-    assert ours[:-1] == [{}, {}]  # no divergence check, no logging read, no mask indexing
-    assert list(ours[-1].values()) == [1] and "attention_terms.py" in next(iter(ours[-1]))[1]  # the epoch-end divergence check
+    assert ours == [{}, {}, {}]  # no divergence check, no logging read, no mask indexing
+    assert epoch_reads == [1]  # the epoch-end divergence check
     others = {k[1].split(":")[0] for syncs in counted for k in syncs.where} - {"modules/lit/attention_terms.py"}
     assert others == set()
 
@@ -128,10 +136,17 @@ def test_divergence_is_still_caught_between_checks_and_names_the_first_bad_loss(
         assert syncs.count == 0
     with pytest.raises(DivergedError, match=r"\(nan on this process\) at epoch 2"):
         watch.update(torch.tensor(4.0), module, 3)  # the 4th step checks all four
-    # the epoch's last batch checks whatever the interval
+    # the epoch's last batch does not check (on a one-batch graph that is every step): the epoch's end does
     module._trainer.is_last_batch = True
+    watch = DivergenceWatch()
+    with HostSyncs() as syncs:
+        watch.update(torch.tensor(math.inf), module, 0)
+    assert syncs.count == 0
     with pytest.raises(DivergedError, match=r"\(inf on this process\)"):
-        DivergenceWatch().update(torch.tensor(math.inf), module, 0)
+        watch.epoch_end(module)
+    with HostSyncs() as syncs:
+        watch.epoch_end(module)  # nothing left since the last check: no read
+    assert syncs.count == 0
     # finite losses pass, and a step called without a trainer is checked at once
     DivergenceWatch().update(torch.tensor(1.0), module, 0)
     module._trainer = None
