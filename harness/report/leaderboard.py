@@ -17,7 +17,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from harness.report.board import build_board
+from harness.report.board import Board, as_board, build_board
 from harness.report.claims import CLAIMS_FILE, build_claims_board, load_claims, render_claims_markdown
 from harness.report.csv_table import render_csv
 from harness.report.html_page import render_claims_html, render_html
@@ -159,17 +159,18 @@ def write_boards(the_plan: Plan, store: RecordStore, out_dir: str | Path = "lead
     return WrittenBoards([md, table, page], {**loaded.unreadable, **(unplaced or {})})
 
 
-def warn_unranked(board: dict) -> None:
+def warn_unranked(board: Board) -> None:
     """A table none of whose rows has MIN_SEEDS_TO_RANK finished seeds shows numbers but no ranks and no significance
     marks, which is easy to miss on a board of one's own few runs: say so on stderr, suggesting seeds that have no
     record in the table yet (suggesting one that has would re-run nothing)."""
-    for group in board["groups"]:
-        for table in group["tasks"]:
-            counts = [len(row["metrics"][table["primary"]]["values"]) for row in table["rows"]]
+    board = as_board(board)
+    for group in board.groups:
+        for table in group.tasks:
+            counts = [len(row.metrics[table.primary]["values"]) for row in table.rows]
             if any(counts) and max(counts) < MIN_SEEDS_TO_RANK:
-                used = {seed for row in table["rows"] for metric in row["metrics"].values() for seed in metric.get("seeds", ())}
+                used = {seed for row in table.rows for metric in row.metrics.values() for seed in metric.get("seeds", ())}
                 free = [seed for seed in range(len(used) + MIN_SEEDS_TO_RANK) if seed not in used][: MIN_SEEDS_TO_RANK - max(counts)]
-                print(f"attnbench: warning: {board['suite']}: table {table['task']} ({group['hardware']}) has at most {max(counts)} "
+                print(f"attnbench: warning: {board.suite}: table {table.task} ({group.hardware}) has at most {max(counts)} "
                       f"finished seed(s) per row, fewer than the {MIN_SEEDS_TO_RANK} a rank needs: no ranks and no significance "
                       f"marks; run more seeds (e.g. {', '.join(f'--seed {seed}' for seed in free)}, or --seeds "
                       f"{','.join(map(str, free))})", file=sys.stderr)
