@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 MECHANISM_RULES = ("above", "below", "moved", "below-baseline")
 RENAMED_RULES = {"final>": "above", "final<": "below"}
-"""Rule names of declarations written before issue 51, which read the last training epoch; they now read the
+"""Rule names of declarations written when rules read the last training epoch; they now read the
 evaluated weights like every rule."""
 
 
@@ -53,7 +53,7 @@ class MechanismDiagnostic:
     """'below-baseline' only: the variant whose record this one is compared with (softmax)."""
     in_training: bool = True
     """Whether training steps measure it too (a curve of `diag/<name>`). False for what costs a sizeable share of a
-    step and no rule reads there (the query/key distance's sorts: half a lone Cora fit, issue 51); evaluation passes
+    step and no rule reads there (the query/key distance's sorts: half a lone Cora fit); evaluation passes
     always measure every diagnostic, since the rules read the test pass's values."""
     loss_share: str | None = None
     """Set when the host, not the kernel, computes the value: the weighted share of this aux loss term in the
@@ -64,7 +64,7 @@ class MechanismDiagnostic:
             object.__setattr__(self, "rule", RENAMED_RULES[self.rule])
         if self.rule == "max>":
             raise ValueError(f"MechanismDiagnostic {self.name!r}: rule 'max>' read a training curve's peak; rules read the value "
-                             f"at the evaluated weights since issue 51 (a peak long before the kept epoch says nothing of the "
+                             f"at the evaluated weights (a peak long before the kept epoch says nothing of the "
                              f"weights tested): use 'above', or rule=None to show the value without a rule")
         if self.rule is not None and self.rule not in MECHANISM_RULES:
             raise ValueError(f"MechanismDiagnostic {self.name!r}: rule must be one of {MECHANISM_RULES}, got {self.rule!r}")
@@ -100,7 +100,7 @@ def standard_diagnostics(weights: Tensor, groups: Groups, kernel: nn.Module | No
     share of a small graph's training step (measured on Cora).
     At evaluation also `uniform_entropy`, the entropy uniform weights over the same keys would have (the mean
     log of each query's key count): how far `entropy` sits below it says how far the attention is from uniform,
-    which bounds what any variant can change on a host (issue 51: GAT's attention on Cora is near uniform)."""
+    which bounds what any variant can change on a host (GAT's attention on Cora is near uniform)."""
     measures = getattr(kernel, "measures", None)
     # at evaluation only while diagnostics are on: a pass that measures none (a graph fit's unmeasured validation
     # passes, mechanism_diagnostics(False)) logs none of these, so it computes none

@@ -318,7 +318,7 @@ FUSED_KL_BLOCK_MB = 128
 than the eager blocks' budget (kernel.py WEIGHTS_BUDGET_MB) because here only the KL's elementwise passes run in
 blocks, not the output, so a block costs a few kernel launches; the KL keeps about five such tensors alive at
 once. Not yet measured on a GPU; on this CPU blocks of 128 queries made the fused call faster than one block
-(B = 4, H = 12, L = 512: 232 against 382 ms; README, "Fused attention paths")."""
+(B = 4, H = 12, L = 512: 232 against 382 ms; leaderboards/studies/fused-bam-cpu.md)."""
 
 
 @contextmanager
