@@ -78,6 +78,11 @@ class _Model(Mapping):
 
     _OPTIONAL: frozenset[str] = frozenset()
     _NESTED: dict[str, Any] = {}
+    """Fields holding a sequence of models, kept as a tuple."""
+    _NESTED_LISTS: dict[str, Any] = {}
+    """Fields holding a list of models, kept a list (it compares equal to the list of dicts it was)."""
+    _NESTED_MAPS: dict[str, Any] = {}
+    """Fields holding a name -> model mapping."""
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._names() or (name in self._OPTIONAL and getattr(self, name) is None):
@@ -102,10 +107,61 @@ class _Model(Mapping):
         for name, kind in cls._NESTED.items():
             if values.get(name) is not None:
                 values[name] = tuple(kind.from_dict(part) for part in values[name])
+        for name, kind in cls._NESTED_LISTS.items():
+            if values.get(name) is not None:
+                values[name] = [kind.from_dict(part) for part in values[name]]
+        for name, kind in cls._NESTED_MAPS.items():
+            if values.get(name) is not None:
+                values[name] = {key: kind.from_dict(part) for key, part in values[name].items()}
         return cls(**values)
 
     def replace(self, **changes: Any):
         return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, eq=False)
+class MetricCell(_Model):
+    """One row's values of one metric over its finished seeds: the values and their seeds, their summary
+    (stats.summarize, the interval clipped to the metric's range), and the comparison with the table's baseline
+    (None for the baseline itself and for a row not compared). Compares equal to the dict it reads as."""
+
+    values: list[float] = dataclasses.field(default_factory=list)
+    seeds: list[int] = dataclasses.field(default_factory=list)
+    n: int = 0
+    mean: float | None = None
+    std: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    ci_clipped: bool = False
+    vs_baseline: Comparison | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MetricCell:
+        cell = super().from_dict(data)
+        versus = cell.vs_baseline
+        if versus is None or isinstance(versus, Comparison):
+            return cell
+        # a hand-made board's comparison, as the dict boards stored before Comparison (its spread may be left out)
+        return cell.replace(vs_baseline=Comparison(diff=versus["diff"], spread=versus.get("spread"), n_pairs=versus["n_pairs"],
+                                                   p=versus["p"], p_holm=versus.get("p_holm"), mark=versus.get("mark")))
+
+    @property
+    def mark(self) -> str | None:
+        """"better" / "worse" / None: this cell's mark against the baseline."""
+        return self.vs_baseline.mark if self.vs_baseline is not None else None
+
+
+@dataclass(frozen=True, eq=False)
+class OverallRow(_Model):
+    """One variant over every table of a group: its mean rank over the tasks where it has a ranked row, how many
+    tasks that is, and on how many tasks its primary metric is marked better / worse."""
+
+    variant: str = ""
+    mean_rank: float | None = None
+    tasks_covered: int = 0
+    tasks_total: int = 0
+    better: int = 0
+    worse: int = 0
 
 
 @dataclass(frozen=True, eq=True)
@@ -121,7 +177,7 @@ class Row(_Model):
     pruned: int = 0
     missing: int = 0
     errors: list[str] = dataclasses.field(default_factory=list)
-    metrics: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, MetricCell] = dataclasses.field(default_factory=dict)
     cost: dict[str, Any] | None = None
     cost_by_class: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     history: dict[str, list] | None = None
@@ -130,10 +186,7 @@ class Row(_Model):
     """The test against the task's trivial baseline: {"p", "test", "at_chance", "p_holm"}; None when not tested."""
 
     _OPTIONAL = frozenset({"history"})
-
-    def mark(self, metric: str) -> str | None:
-        """"better" / "worse" / None: the row's mark against the baseline on `metric`."""
-        return (self.metrics[metric]["vs_baseline"] or {}).get("mark")
+    _NESTED_MAPS = {"metrics": MetricCell}
 
 
 @dataclass(frozen=True, eq=True)
@@ -180,10 +233,11 @@ class Group(_Model):
     seed_batched: str = ""
     finished_range: list[str | None] = dataclasses.field(default_factory=lambda: [None, None])
     tasks: tuple[Table, ...] = ()
-    overall: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    overall: list[OverallRow] = dataclasses.field(default_factory=list)
     finding: dict[str, Any] | None = None
 
     _NESTED = {"tasks": Table}
+    _NESTED_LISTS = {"overall": OverallRow}
 
 
 @dataclass(frozen=True, eq=True)

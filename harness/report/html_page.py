@@ -16,7 +16,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from harness.report.board import Board, Group, Table, as_board
+from harness.report.board import Board, Group, MetricCell, Table, as_board
 from harness.report.format import format_duration, format_p, path_note, resolution_sentence
 from harness.report.sentences import (CLIPPED, board_finding, clipped_sentence, entropy_caption, entropy_cell, epoch_cap_sentence,
                                       finding_sentence, legend, mechanism_sentence, problem_lines, reproducibility_line,
@@ -182,11 +182,11 @@ def _overall_table(group: Group) -> str:
     rows = []
     for row in group.overall:
         cells = [
-            _cell(f"<code>{_e(row['variant'])}</code>", row["variant"], text=True),
-            _cell(_e(_fixed(row["mean_rank"], 2)), row["mean_rank"]),
-            _cell(f"{row['tasks_covered']}/{row['tasks_total']}", row["tasks_covered"]),
-            _cell(str(row["better"]), row["better"]),
-            _cell(str(row["worse"]), row["worse"]),
+            _cell(f"<code>{_e(row.variant)}</code>", row.variant, text=True),
+            _cell(_e(_fixed(row.mean_rank, 2)), row.mean_rank),
+            _cell(f"{row.tasks_covered}/{row.tasks_total}", row.tasks_covered),
+            _cell(str(row.better), row.better),
+            _cell(str(row.worse), row.worse),
         ]
         rows.append(f"<tr>{''.join(cells)}</tr>\n")
     return _table(header, rows, "overall")
@@ -323,27 +323,27 @@ def _entropy(task: Table) -> str:
     return f"<p class=\"entropy\">{_e(caption)}</p>\n" + _table(header, body, "entropy")
 
 
-def _metric_cell(metric: dict[str, Any] | None, spec: dict[str, Any], baseline: str | None) -> str:
-    if not metric or metric.get("mean") is None:
+def _metric_cell(metric: MetricCell | None, spec: dict[str, Any], baseline: str | None) -> str:
+    if not metric or metric.mean is None:
         return _cell(_NONE, None)
     scale, digits = (100.0, 1) if spec.get("percent") else (1.0, 4)
-    text = _e(_fixed(metric["mean"] * scale, digits))
-    if metric.get("std") is not None:
-        text += f" ± {_e(_fixed(metric['std'] * scale, digits))}"
+    text = _e(_fixed(metric.mean * scale, digits))
+    if metric.std is not None:
+        text += f" ± {_e(_fixed(metric.std * scale, digits))}"
     title = ""
-    versus = metric.get("vs_baseline")
+    versus = metric.vs_baseline
     if versus:
         unit = " pts" if spec.get("percent") else ""
-        title = (f"vs {baseline}: diff {_signed(versus['diff'] * scale, digits)}{unit} over {versus['n_pairs']} paired seeds, "
-                 f"p = {format_p(versus['p'])}, Holm p = {format_p(versus['p_holm'])}")
-        if versus.get("mark") in MARKS:
-            text += (f" <span class=\"mark {versus['mark']}\" title=\"{_e(versus['mark'])} than {_e(baseline or '')}: "
-                     f"Holm p = {_e(format_p(versus['p_holm']))}\">{MARKS[versus['mark']]}</span>")
-    if metric.get("ci_low") is not None and metric.get("ci_high") is not None:
+        title = (f"vs {baseline}: diff {_signed(versus.diff * scale, digits)}{unit} over {versus.n_pairs} paired seeds, "
+                 f"p = {format_p(versus.p)}, Holm p = {format_p(versus.p_holm)}")
+        if versus.mark in MARKS:
+            text += (f" <span class=\"mark {versus.mark}\" title=\"{_e(versus.mark)} than {_e(baseline or '')}: "
+                     f"Holm p = {_e(format_p(versus.p_holm))}\">{MARKS[versus.mark]}</span>")
+    if metric.ci_low is not None and metric.ci_high is not None:
         clipped = (f"<span title=\"clipped to the values {_e(spec['name'])} can take\">{CLIPPED}</span>"
-                   if metric.get("ci_clipped") else "")
-        text += f"<span class=\"ci\">[{_e(_fixed(metric['ci_low'] * scale, digits))}, {_e(_fixed(metric['ci_high'] * scale, digits))}]{clipped}</span>"
-    return _cell(text, metric["mean"], title=title)
+                   if metric.ci_clipped else "")
+        text += f"<span class=\"ci\">[{_e(_fixed(metric.ci_low * scale, digits))}, {_e(_fixed(metric.ci_high * scale, digits))}]{clipped}</span>"
+    return _cell(text, metric.mean, title=title)
 
 
 _NONE = "<span class=\"none\">—</span>"
@@ -383,7 +383,7 @@ def _plots(task: Table, alpha: float, plot_ids) -> str:
     unit = " (%)" if primary.get("percent") else ""
     label = f"{task.primary}{unit}"
     bounds = tuple(None if bound is None else bound * scale for bound in metric_range(task.primary))
-    min_span = _min_span(task, [metric["mean"] * scale for _, metric in points], scale)
+    min_span = _min_span(task, [metric.mean * scale for _, metric in points], scale)
     spans = (f"the axis spans at least {_e(f'{min_span:.2f}')}{' points' if scale == 100.0 else ''}, twice the table's resolution"
              if (task.resolution or {}).get("difference") else
              f"the axis spans at least {_e(_num(round(min_span, 4)))}{' points' if scale == 100.0 else ''} (no resolution: too few paired seeds)")
@@ -451,9 +451,9 @@ def _bar_plot(points, task: Table, scale: float, label: str, min_span: float,
         fig = Figure(figsize=(6.4, 0.9 + 0.28 * len(points)))
         ax = fig.add_subplot()
         names = [row.variant for row, _ in points]
-        means = [metric["mean"] * scale for _, metric in points]
-        lows = [(metric["mean"] - metric["ci_low"]) * scale if metric.get("ci_low") is not None else 0.0 for _, metric in points]
-        highs = [(metric["ci_high"] - metric["mean"]) * scale if metric.get("ci_high") is not None else 0.0 for _, metric in points]
+        means = [metric.mean * scale for _, metric in points]
+        lows = [(metric.mean - metric.ci_low) * scale if metric.ci_low is not None else 0.0 for _, metric in points]
+        highs = [(metric.ci_high - metric.mean) * scale if metric.ci_high is not None else 0.0 for _, metric in points]
         colors = [BASELINE_COLOR if name == task.baseline else BAR_COLOR for name in names]
         positions = list(range(len(points)))
         ax.barh(positions, means, xerr=[lows, highs], color=colors, error_kw={"ecolor": "#333", "capsize": 2, "elinewidth": 0.8})
@@ -468,7 +468,7 @@ def _bar_plot(points, task: Table, scale: float, label: str, min_span: float,
             ax.axvline(chance * scale, color="#888", linestyle="--", linewidth=0.8)
             ax.text(chance * scale, -0.6, " trivial", color="#666", fontsize=7, va="bottom")
         for position, (row, metric), mean, hi in zip(positions, points, means, highs):
-            mark = (metric.get("vs_baseline") or {}).get("mark")
+            mark = metric.mark
             if mark in MARKS:
                 ax.text(min(mean + hi + 0.02 * span, axis[1]), position, MARKS[mark], va="center", fontsize=9,
                         color="#1a7f37" if mark == "better" else "#c62828")
@@ -485,7 +485,7 @@ def _cost_plot(points, task: Table, scale: float, label: str, min_span: float,
         ax = fig.add_subplot()
         for row, metric in points:
             x = row.cost["time_per_epoch_s"] * 1000.0
-            y = metric["mean"] * scale
+            y = metric.mean * scale
             is_baseline = row.variant == task.baseline
             ax.scatter([x], [y], s=28, color=BASELINE_COLOR if is_baseline else "#3b6ea5", zorder=3)
             ax.annotate(row.variant, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7)
@@ -495,7 +495,7 @@ def _cost_plot(points, task: Table, scale: float, label: str, min_span: float,
         ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.margins(x=0.12)
-        means = [metric["mean"] * scale for _, metric in points]
+        means = [metric.mean * scale for _, metric in points]
         axis = _value_axis(means, means, min_span, bounds, pad=0.08)
         ax.set_ylim(*axis)
         ax.set_xlabel("time per epoch (ms, log scale)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from harness.report.board import NO_RECORDS, Board, Group, Row, Table, as_board
+from harness.report.board import NO_RECORDS, Board, Group, MetricCell, Row, Table, as_board
 from harness.report.format import format_duration, format_p, path_note, resolution_sentence
 from harness.report.sentences import (CLIPPED, board_finding, clipped_sentence, entropy_caption, entropy_cell, epoch_cap_sentence,
                                       finding_sentence, legend, mechanism_sentence, problem_lines, reproducibility_line,
@@ -62,8 +62,8 @@ def _write_group(out: io.StringIO, group: Group, several_classes: bool) -> None:
     out.write("### Overall\n\n")
     out.write("| variant | mean rank | tasks | ▲ better | ▼ worse |\n|---|---:|---:|---:|---:|\n")
     for o in group.overall:
-        mean_rank = f"{o['mean_rank']:.2f}" if o["mean_rank"] is not None else "—"
-        out.write(f"| `{o['variant']}` | {mean_rank} | {o['tasks_covered']}/{o['tasks_total']} | {o['better']} | {o['worse']} |\n")
+        mean_rank = f"{o.mean_rank:.2f}" if o.mean_rank is not None else "—"
+        out.write(f"| `{o.variant}` | {mean_rank} | {o.tasks_covered}/{o.tasks_total} | {o.better} | {o.worse} |\n")
     out.write("\n")
     for table in group.tasks:
         _write_task(out, table, several_classes)
@@ -182,15 +182,15 @@ def _write_entropy(out: io.StringIO, table: Table) -> None:
             out.write(f"| `{row.variant}` | " + " | ".join(entropy_cell(cells.get(layer)) for layer in found["layers"]) + " |\n")
 
 
-def _metric_cell(cell: dict[str, Any], percent: bool) -> str:
-    if not cell["n"]:
+def _metric_cell(cell: MetricCell, percent: bool) -> str:
+    if not cell.n:
         return "—"
     scale, digits = (100.0, 1) if percent else (1.0, 4)
-    text = f"{cell['mean'] * scale:.{digits}f}"
-    if cell["std"] is not None:
-        text += f" ± {cell['std'] * scale:.{digits}f} [{cell['ci_low'] * scale:.{digits}f}, {cell['ci_high'] * scale:.{digits}f}]"
-        text += CLIPPED if cell.get("ci_clipped") else ""
-    mark = MARKS.get((cell["vs_baseline"] or {}).get("mark"))
+    text = f"{cell.mean * scale:.{digits}f}"
+    if cell.std is not None:
+        text += f" ± {cell.std * scale:.{digits}f} [{cell.ci_low * scale:.{digits}f}, {cell.ci_high * scale:.{digits}f}]"
+        text += CLIPPED if cell.ci_clipped else ""
+    mark = MARKS.get(cell.mark)
     return f"{text} {mark}" if mark else text
 
 
@@ -202,7 +202,7 @@ def _delta_cell(row: Row, table: Table, primary: dict[str, Any]) -> str:
         return "—"
     # One digit more than the cells: a difference smaller than their rounding must not read as "+0.0".
     scale, digits = (100.0, 2) if primary["percent"] else (1.0, 5)
-    return f"{comparison['diff'] * scale:+.{digits}f} ({format_p(comparison['p_holm'])})"
+    return f"{comparison.diff * scale:+.{digits}f} ({format_p(comparison.p_holm)})"
 
 
 def _chance_cell(chance: dict[str, Any] | None) -> str:
