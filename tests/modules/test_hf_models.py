@@ -287,6 +287,7 @@ def test_the_readme_example_runs_offline():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    code = re.search(r"```python\n# use a variant in your own model\n(.*?)```", readme, re.S).group(1)
-    assert len(code.strip().splitlines()) == 5
+    section = readme.split("## A variant in your own Hugging Face model", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "use_attention" in code and len(code.strip().splitlines()) <= 6  # the README's example stays short
     exec(compile(code, "README.md", "exec"), {})

@@ -1,5 +1,5 @@
 """transformers' Trainer with a variant (modules/hf/trainer.py): the variant's weighted aux losses join the loss
-the Trainer steps on, its terms and diagnostics are logged with the loss, and the README's example runs. On the
+the Trainer steps on, its terms and diagnostics are logged with the loss, and the Hugging Face guide's example runs. On the
 real MiniLM weights (the offline package), a few RTE steps of align-ct through the registration door equal the
 same run through use_attention, and their loss holds the alignment term."""
 
@@ -25,13 +25,13 @@ def quiet_arguments(folder: Path, **overrides):
     return transformers.TrainingArguments(str(folder), **{**settings, **overrides})
 
 
-def test_the_readme_trainer_example_runs_offline(tmp_path, monkeypatch):
-    readme = README.read_text()
-    code = re.search(r"```python\n# fine-tune with Trainer and a variant\n(.*?)```", readme, re.S).group(1)
+def test_the_guides_trainer_example_runs_offline(tmp_path, monkeypatch):
+    guide = README.parent / "docs" / "guides" / "hugging-face.md"
+    code = re.search(r"```python\n# fine-tune with Trainer and a variant\n(.*?)```", guide.read_text(), re.S).group(1)
     assert len(code.strip().splitlines()) <= 8
     monkeypatch.chdir(tmp_path)  # its output folder
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/guides/hugging-face.md", "exec"), namespace)
     history = namespace["trainer"].state.log_history
     assert any("aux/align" in entry and "attn_loss" in entry for entry in history)
 
