@@ -120,6 +120,51 @@ class _Model(Mapping):
 
 
 @dataclass(frozen=True, eq=False)
+class MetricSpec(_Model):
+    """One metric of a table: its name, whether higher is better (as its records say), and whether it is shown in
+    percent. A table's first is its primary metric, the one it is ranked by."""
+
+    name: str = ""
+    higher_is_better: bool = True
+    percent: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Cost(_Model):
+    """What a row's runs cost on one hardware class (means over its finished runs; GPU-hours over all of them);
+    `runs` counts its runs on that class, and is None for the cost shown in a board's table of one class."""
+
+    epochs: float | None = None
+    time_per_epoch_s: float | None = None
+    total_time_s: float | None = None
+    gpu_hours: float | None = None
+    peak_memory_mb: float | None = None
+    parameters: int | None = None
+    attention_paths: list[str] = dataclasses.field(default_factory=list)
+    runs: int | None = None
+
+    _OPTIONAL = frozenset({"runs"})
+
+
+@dataclass(frozen=True, eq=False)
+class Chance(_Model):
+    """A row's one-sided test against the task's trivial baseline: its p, the test's name, its p Holm-corrected over
+    the table's rows (None where a hand-made board left it out), and whether that leaves it at chance."""
+
+    p: float = 1.0
+    test: str = ""
+    at_chance: bool = True
+    p_holm: float | None = None
+
+    _OPTIONAL = frozenset({"p_holm"})
+
+    @property
+    def decisive_p(self) -> float:
+        """The p that decides `at_chance`: the corrected one, the row's own where none was stored."""
+        return self.p_holm if self.p_holm is not None else self.p
+
+
+@dataclass(frozen=True, eq=False)
 class MetricCell(_Model):
     """One row's values of one metric over its finished seeds: the values and their seeds, their summary
     (stats.summarize, the interval clipped to the metric's range), and the comparison with the table's baseline
@@ -178,15 +223,21 @@ class Row(_Model):
     missing: int = 0
     errors: list[str] = dataclasses.field(default_factory=list)
     metrics: dict[str, MetricCell] = dataclasses.field(default_factory=dict)
-    cost: dict[str, Any] | None = None
-    cost_by_class: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    cost: Cost | None = None
+    cost_by_class: dict[str, Cost] = dataclasses.field(default_factory=dict)
     history: dict[str, list] | None = None
     """The seeds' mean learning curves; None (absent) when no record has one."""
-    chance: dict[str, Any] | None = None
+    chance: Chance | None = None
     """The test against the task's trivial baseline: {"p", "test", "at_chance", "p_holm"}; None when not tested."""
 
     _OPTIONAL = frozenset({"history"})
-    _NESTED_MAPS = {"metrics": MetricCell}
+    _NESTED_MAPS = {"metrics": MetricCell, "cost_by_class": Cost}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Row:
+        row = super().from_dict(data)
+        return row.replace(cost=None if row.cost is None else Cost.from_dict(row.cost),
+                           chance=None if row.chance is None else Chance.from_dict(row.chance))
 
 
 @dataclass(frozen=True, eq=True)
@@ -197,7 +248,7 @@ class Table(_Model):
     versions: dict[str, Any] | None = None
     primary: str = ""
     higher_is_better: bool = True
-    metrics: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    metrics: list[MetricSpec] = dataclasses.field(default_factory=list)
     commits: list[str] = dataclasses.field(default_factory=list)
     finished_range: list[str | None] = dataclasses.field(default_factory=lambda: [None, None])
     baseline: str | None = None
@@ -214,6 +265,7 @@ class Table(_Model):
 
     _OPTIONAL = frozenset({"chance_untested", "mechanism", "attention_entropy"})
     _NESTED = {"rows": Row}
+    _NESTED_LISTS = {"metrics": MetricSpec}
 
 
 @dataclass(frozen=True, eq=True)

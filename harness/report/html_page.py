@@ -16,7 +16,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from harness.report.board import Board, Group, MetricCell, Table, as_board
+from harness.report.board import Board, Cost, Group, MetricCell, MetricSpec, Table, as_board
 from harness.report.format import format_duration, format_p, path_note, resolution_sentence
 from harness.report.sentences import (CLIPPED, board_finding, clipped_sentence, entropy_caption, entropy_cell, epoch_cap_sentence,
                                       finding_sentence, legend, mechanism_sentence, problem_lines, reproducibility_line,
@@ -197,11 +197,11 @@ _COST_COLUMNS = ("epochs", "time/epoch", "total time", "peak mem", "params")
 
 def _cost_cells(cost: dict[str, Any]) -> list[str]:
     return [
-        _cell(_e(_fixed(cost.get("epochs"), 0)), cost.get("epochs")),
-        _cell(_e(format_duration(cost.get("time_per_epoch_s")) + path_note(cost)), cost.get("time_per_epoch_s")),
-        _cell(_e(format_duration(cost.get("total_time_s"))), cost.get("total_time_s")),
-        _cell(_e(_unit(cost.get("peak_memory_mb"), "MB")), cost.get("peak_memory_mb")),
-        _cell(_e(f"{cost['parameters']:,}" if cost.get("parameters") else "—"), cost.get("parameters")),
+        _cell(_e(_fixed(cost.epochs, 0)), cost.epochs),
+        _cell(_e(format_duration(cost.time_per_epoch_s) + path_note(cost)), cost.time_per_epoch_s),
+        _cell(_e(format_duration(cost.total_time_s)), cost.total_time_s),
+        _cell(_e(_unit(cost.peak_memory_mb, "MB")), cost.peak_memory_mb),
+        _cell(_e(f"{cost.parameters:,}" if cost.parameters else "—"), cost.parameters),
     ]
 
 
@@ -211,9 +211,9 @@ def _costs_by_class(task: Table) -> str:
     body = []
     for row in task.rows:
         for label, cost in (row.cost_by_class or {}).items():
-            gpu_hours = cost.get("gpu_hours")
+            gpu_hours = cost.gpu_hours
             cells = [_cell(f"<code>{_e(row.variant)}</code>", row.variant, text=True), _cell(_e(label), label, text=True),
-                     _cell(str(cost["runs"]), cost["runs"]), *_cost_cells(cost),
+                     _cell(str(cost.runs), cost.runs), *_cost_cells(cost),
                      _cell(_e(_fixed(gpu_hours, 3)) if gpu_hours is not None else _NONE, gpu_hours)]
             body.append(f"<tr>{''.join(cells)}</tr>\n")
     return ("<p>Cost per hardware class (the ranking above uses every class; costs are never mixed across classes, nor lone runs with seed batches):</p>\n"
@@ -228,7 +228,7 @@ def _task(board: Board, task: Table, group_index: int, plot_ids) -> str:
     parts = [f"<h3 id=\"g{group_index}-{_e(_slug(task.task))}\">{_e(task.task)}</h3>\n"]
     if task.finding is not None:  # boards from before findings (a hand-made one, say) have none to state
         parts.append(f"<p class=\"finding\">{finding_sentence(task, _code)}</p>\n")
-    percent = [m["name"] for m in metrics if m.get("percent")]
+    percent = [m.name for m in metrics if m.percent]
     parts.append(f"<p>Ranked by <code>{_e(primary)}</code> ({arrow}); "
                  f"{'metrics ' + ', '.join(f'<code>{_e(n)}</code>' for n in percent) + ' in %; ' if percent else ''}"
                  f"commit(s) {_codes(task.commits)}; runs finished {_range(task.finished_range)}. "
@@ -237,22 +237,22 @@ def _task(board: Board, task: Table, group_index: int, plot_ids) -> str:
     if epoch_cap_sentence(task):
         parts.append(f"<p class=\"skipped\">{_e(epoch_cap_sentence(task))}</p>\n")
     header = [("#", False), ("variant", True)]
-    header += [(m["name"] + (" (%)" if m.get("percent") else ""), False) for m in metrics]
+    header += [(m.name + (" (%)" if m.percent else ""), False) for m in metrics]
     # Several hardware classes: the ranking holds every class, and cost goes to a table per class below it.
     several_classes = len(board.cost_classes if board.cost_classes is not None else board.hardware_classes or ()) > 1
     header += [("vs trivial (Holm p)", False), ("n", False), ("failed", False), ("pruned", False), ("missing", False)]
     header += [] if several_classes else [(name, False) for name in _COST_COLUMNS]
     body = []
     for row in task.rows:
-        cost = row.cost or {}
+        cost = row.cost or Cost()
         cells = [_cell(str(row.rank) if row.rank is not None else _NONE, row.rank),
                  _cell(f"<code>{_e(row.variant)}</code>", row.variant, text=True)]
-        cells += [_metric_cell(row.metrics.get(m["name"]), m, baseline) for m in metrics]
+        cells += [_metric_cell(row.metrics.get(m.name), m, baseline) for m in metrics]
         chance = row.chance
-        p_holm = chance.get("p_holm", chance["p"]) if chance else None
-        cells.append(_cell(_e(f"{'at chance' if chance['at_chance'] else 'above'} ({format_p(p_holm)})") if chance else _NONE,
+        p_holm = chance.decisive_p if chance else None
+        cells.append(_cell(_e(f"{'at chance' if chance.at_chance else 'above'} ({format_p(p_holm)})") if chance else _NONE,
                            p_holm,
-                           title=f"{CHANCE_TESTS[chance['test']]}, one-sided: p = {format_p(chance['p'])}, Holm-corrected over the "
+                           title=f"{CHANCE_TESTS[chance.test]}, one-sided: p = {format_p(chance.p)}, Holm-corrected over the "
                                  f"table's rows p = {format_p(p_holm)}" if chance else ""))
         cells += [
             _cell(f"{row.n}/{row.planned}", row.n),
@@ -262,14 +262,14 @@ def _task(board: Board, task: Table, group_index: int, plot_ids) -> str:
         ]
         cells += [] if several_classes else _cost_cells(cost)
         css = " class=\"baseline\"" if baseline is not None and row.variant == baseline else ""
-        css = css or (" class=\"chance\"" if chance and chance["at_chance"] else "")
+        css = css or (" class=\"chance\"" if chance and chance.at_chance else "")
         body.append(f"<tr{css}>{''.join(cells)}</tr>\n")
     trivial = task.trivial
     if trivial:
         cells = [_cell(_NONE, None), _cell("<em>trivial</em>", "~trivial", text=True, title=trivial["predictor"])]
         for m in metrics:
-            value = trivial["metrics"].get(m["name"])
-            scale, digits = (100.0, 1) if m.get("percent") else (1.0, 4)
+            value = trivial["metrics"].get(m.name)
+            scale, digits = (100.0, 1) if m.percent else (1.0, 4)
             cells.append(_cell(_e(_fixed(value * scale, digits)) if value is not None else "<span class=\"none\">undefined</span>", value))
         cells += [_cell(_NONE, None)] * (len(header) - len(cells))
         body.append(f"<tr class=\"trivial\">{''.join(cells)}</tr>\n")
@@ -326,21 +326,21 @@ def _entropy(task: Table) -> str:
 def _metric_cell(metric: MetricCell | None, spec: dict[str, Any], baseline: str | None) -> str:
     if not metric or metric.mean is None:
         return _cell(_NONE, None)
-    scale, digits = (100.0, 1) if spec.get("percent") else (1.0, 4)
+    scale, digits = (100.0, 1) if spec.percent else (1.0, 4)
     text = _e(_fixed(metric.mean * scale, digits))
     if metric.std is not None:
         text += f" ± {_e(_fixed(metric.std * scale, digits))}"
     title = ""
     versus = metric.vs_baseline
     if versus:
-        unit = " pts" if spec.get("percent") else ""
+        unit = " pts" if spec.percent else ""
         title = (f"vs {baseline}: diff {_signed(versus.diff * scale, digits)}{unit} over {versus.n_pairs} paired seeds, "
                  f"p = {format_p(versus.p)}, Holm p = {format_p(versus.p_holm)}")
         if versus.mark in MARKS:
             text += (f" <span class=\"mark {versus.mark}\" title=\"{_e(versus.mark)} than {_e(baseline or '')}: "
                      f"Holm p = {_e(format_p(versus.p_holm))}\">{MARKS[versus.mark]}</span>")
     if metric.ci_low is not None and metric.ci_high is not None:
-        clipped = (f"<span title=\"clipped to the values {_e(spec['name'])} can take\">{CLIPPED}</span>"
+        clipped = (f"<span title=\"clipped to the values {_e(spec.name)} can take\">{CLIPPED}</span>"
                    if metric.ci_clipped else "")
         text += f"<span class=\"ci\">[{_e(_fixed(metric.ci_low * scale, digits))}, {_e(_fixed(metric.ci_high * scale, digits))}]{clipped}</span>"
     return _cell(text, metric.mean, title=title)
@@ -374,13 +374,13 @@ def _table(header: list[tuple[str, bool]], rows: list[str], kind: str) -> str:
 
 
 def _plots(task: Table, alpha: float, plot_ids) -> str:
-    primary = next((m for m in task.metrics if m["name"] == task.primary), {"name": task.primary, "percent": False})
-    scale = 100.0 if primary.get("percent") else 1.0
+    primary = next((m for m in task.metrics if m["name"] == task.primary), MetricSpec(name=task.primary))
+    scale = 100.0 if primary.percent else 1.0
     points = [(row, row.metrics[task.primary]) for row in task.rows
               if row.metrics.get(task.primary, {}).get("mean") is not None]
     if not points:
         return "<p class=\"none\">No ok runs to plot.</p>\n"
-    unit = " (%)" if primary.get("percent") else ""
+    unit = " (%)" if primary.percent else ""
     label = f"{task.primary}{unit}"
     bounds = tuple(None if bound is None else bound * scale for bound in metric_range(task.primary))
     min_span = _min_span(task, [metric.mean * scale for _, metric in points], scale)
@@ -391,7 +391,7 @@ def _plots(task: Table, alpha: float, plot_ids) -> str:
     figures = [(bar, bar_axis, "x", f"{task.primary} per variant, mean with 95% CI (clipped to the metric's range); "
                 f"{MARKS['better']}/{MARKS['worse']}: Holm p &lt; {_e(_num(alpha))} vs {_e(task.baseline or 'baseline')}; "
                 f"{spans}.")]
-    timed = [(row, metric) for row, metric in points if (row.cost or {}).get("time_per_epoch_s")]
+    timed = [(row, metric) for row, metric in points if (row.cost or Cost()).time_per_epoch_s]
     if timed:
         cost, cost_axis = _cost_plot(timed, task, scale, label, min_span, bounds)
         figures.append((cost, cost_axis, "y", f"{task.primary} against time per epoch (log scale); {spans}."))
@@ -484,7 +484,7 @@ def _cost_plot(points, task: Table, scale: float, label: str, min_span: float,
         fig = Figure(figsize=(5.2, 3.8))
         ax = fig.add_subplot()
         for row, metric in points:
-            x = row.cost["time_per_epoch_s"] * 1000.0
+            x = row.cost.time_per_epoch_s * 1000.0
             y = metric.mean * scale
             is_baseline = row.variant == task.baseline
             ax.scatter([x], [y], s=28, color=BASELINE_COLOR if is_baseline else "#3b6ea5", zorder=3)

@@ -74,11 +74,11 @@ COST_HEADER = ["epochs", "time/epoch", "total time", "peak mem", "params"]
 
 def _cost_cells(cost: dict[str, Any]) -> list[str]:
     return [
-        f"{cost['epochs']:.0f}" if cost["epochs"] is not None else "—",
-        format_duration(cost["time_per_epoch_s"]) + path_note(cost),
-        format_duration(cost["total_time_s"]),
-        f"{cost['peak_memory_mb']:.0f} MB" if cost["peak_memory_mb"] else "—",
-        f"{cost['parameters']:,}" if cost["parameters"] else "—",
+        f"{cost.epochs:.0f}" if cost.epochs is not None else "—",
+        format_duration(cost.time_per_epoch_s) + path_note(cost),
+        format_duration(cost.total_time_s),
+        f"{cost.peak_memory_mb:.0f} MB" if cost.peak_memory_mb else "—",
+        f"{cost.parameters:,}" if cost.parameters else "—",
     ]
 
 
@@ -90,8 +90,8 @@ def _write_costs_by_class(out: io.StringIO, table: Table) -> None:
     out.write("| " + " | ".join(header) + " |\n|" + "|".join(["---", "---", *["---:"] * (len(header) - 2)]) + "|\n")
     for row in table.rows:
         for label, cost in row.cost_by_class.items():
-            gpu_hours = f"{cost['gpu_hours']:.3g}" if cost["gpu_hours"] is not None else "—"
-            out.write("| " + " | ".join([f"`{row.variant}`", label, str(cost["runs"]), *_cost_cells(cost), gpu_hours]) + " |\n")
+            gpu_hours = f"{cost.gpu_hours:.3g}" if cost.gpu_hours is not None else "—"
+            out.write("| " + " | ".join([f"`{row.variant}`", label, str(cost.runs), *_cost_cells(cost), gpu_hours]) + " |\n")
 
 
 def _write_task(out: io.StringIO, table: Table, several_classes: bool) -> None:
@@ -100,10 +100,10 @@ def _write_task(out: io.StringIO, table: Table, several_classes: bool) -> None:
     out.write(f"### {table.task}\n\n")
     if table.finding is not None:
         out.write(f"{finding_sentence(table)}\n\n")
-    arrow = "higher is better" if primary["higher_is_better"] else "lower is better"
-    percent = [f"`{m['name']}`" for m in metrics if m["percent"]]
-    lower = [f"`{m['name']}`" for m in metrics[1:] if not m["higher_is_better"]]
-    notes = [f"Ranked by `{primary['name']}` ({arrow})"]
+    arrow = "higher is better" if primary.higher_is_better else "lower is better"
+    percent = [f"`{m.name}`" for m in metrics if m.percent]
+    lower = [f"`{m.name}`" for m in metrics[1:] if not m.higher_is_better]
+    notes = [f"Ranked by `{primary.name}` ({arrow})"]
     if percent:
         notes.append(f"{', '.join(percent)} in %")
     if lower:
@@ -116,7 +116,7 @@ def _write_task(out: io.StringIO, table: Table, several_classes: bool) -> None:
     if epoch_cap_sentence(table):
         out.write(f"**{epoch_cap_sentence(table)}**\n\n")
 
-    header = ["#", "variant", *[f"`{m['name']}`" for m in metrics], f"Δ `{primary['name']}` (Holm p)", "vs trivial (Holm p)",
+    header = ["#", "variant", *[f"`{m.name}`" for m in metrics], f"Δ `{primary.name}` (Holm p)", "vs trivial (Holm p)",
               "n", "failed", "pruned", "missing", *([] if several_classes else COST_HEADER)]
     out.write("| " + " | ".join(header) + " |\n")
     out.write("|" + "|".join(["---:", "---", *["---:"] * (len(header) - 2)]) + "|\n")
@@ -125,7 +125,7 @@ def _write_task(out: io.StringIO, table: Table, several_classes: bool) -> None:
         cells = [
             str(row.rank) if row.rank is not None else "—",
             f"`{row.variant}`",
-            *[_metric_cell(row.metrics[m["name"]], m["percent"]) for m in metrics],
+            *[_metric_cell(row.metrics[m.name], m.percent) for m in metrics],
             _delta_cell(row, table, primary),
             _chance_cell(row.chance),
             f"{row.n}/{row.planned}",
@@ -138,10 +138,10 @@ def _write_task(out: io.StringIO, table: Table, several_classes: bool) -> None:
     trivial = table.trivial
     clipped = clipped_sentence(table)
     if trivial:
-        values = [_trivial_cell(trivial["metrics"].get(m["name"]), m["percent"]) for m in metrics]
+        values = [_trivial_cell(trivial["metrics"].get(m.name), m.percent) for m in metrics]
         out.write("| " + " | ".join(["—", "*trivial*", *values, *["—"] * (len(header) - 2 - len(values))]) + " |\n")
         out.write(f"\n*trivial*: {trivial['predictor']}." + (f" {trivial['note']}." if trivial["note"] else "")
-                  + (f" {untested_reason(primary['name'])}." if table.chance_untested else "") + "\n")
+                  + (f" {untested_reason(primary.name)}." if table.chance_untested else "") + "\n")
     if clipped:
         out.write(f"\n{clipped}\n")
     if several_classes:
@@ -197,18 +197,18 @@ def _metric_cell(cell: MetricCell, percent: bool) -> str:
 def _delta_cell(row: Row, table: Table, primary: dict[str, Any]) -> str:
     if row.variant == table.baseline:
         return "baseline"
-    comparison = row.metrics[primary["name"]]["vs_baseline"]
+    comparison = row.metrics[primary.name].vs_baseline
     if comparison is None:
         return "—"
     # One digit more than the cells: a difference smaller than their rounding must not read as "+0.0".
-    scale, digits = (100.0, 2) if primary["percent"] else (1.0, 5)
+    scale, digits = (100.0, 2) if primary.percent else (1.0, 5)
     return f"{comparison.diff * scale:+.{digits}f} ({format_p(comparison.p_holm)})"
 
 
 def _chance_cell(chance: dict[str, Any] | None) -> str:
     if chance is None:
         return "—"
-    return f"{'at chance' if chance['at_chance'] else 'above'} ({format_p(chance.get('p_holm', chance['p']))})"
+    return f"{'at chance' if chance.at_chance else 'above'} ({format_p(chance.decisive_p)})"
 
 
 def _trivial_cell(value: float | None, percent: bool) -> str:

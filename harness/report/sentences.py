@@ -207,12 +207,12 @@ def finding_sentence(table: Table | Mapping[str, Any], code: Callable[[str], str
                 "the fewest the board tests.")
     resolution = table.resolution or {}
     if resolution.get("difference") is not None:
-        scale, digits, unit = (100.0, 2, " points") if primary.get("percent") else (1.0, 4, "")
+        scale, digits, unit = (100.0, 2, " points") if primary.percent else (1.0, 4, "")
         detail = f" (Holm p < {ALPHA:g}; resolution {resolution['difference'] * scale:.{digits}f}{unit})"
     else:
         detail = f" (Holm p < {ALPHA:g})"
     first = found["marks"][0]
-    metric = code(primary["name"])
+    metric = code(primary.name)
     if first["better"] and first["worse"]:
         clauses = [f"{_names(first['better'], code)} {_are(first['better'])} significantly better than {baseline} in {metric}{detail}",
                    f"{_names(first['worse'], code)} {_are(first['worse'])} significantly worse"]
@@ -268,17 +268,17 @@ CLIPPED = "†"
 def clipped_sentence(table: Table | Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str | None:
     """The note under a table some of whose intervals were clipped: which metrics, to what range; None when none was."""
     table = Table.from_dict(table)
-    clipped = [m for m in table.metrics if any((row.metrics.get(m["name"]) or {}).get("ci_clipped") for row in table.rows)]
+    clipped = [m for m in table.metrics if any((row.metrics.get(m.name) or {}).get("ci_clipped") for row in table.rows)]
     if not clipped:
         return None
     ranges = []
     for m in clipped:
-        scale = 100.0 if m.get("percent") else 1.0
-        low, high = metric_range(m["name"])
+        scale = 100.0 if m.percent else 1.0
+        low, high = metric_range(m.name)
         if low is not None and high is not None:
-            ranges.append(f"{code(m['name'])} to [{low * scale:g}, {high * scale:g}]")
+            ranges.append(f"{code(m.name)} to [{low * scale:g}, {high * scale:g}]")
         else:
-            ranges.append(f"{code(m['name'])} to " + (f">= {low * scale:g}" if low is not None else f"<= {high * scale:g}"))
+            ranges.append(f"{code(m.name)} to " + (f">= {low * scale:g}" if low is not None else f"<= {high * scale:g}"))
     return (f"{CLIPPED}: this {CONFIDENCE:.0%} Student-t interval reaches past the values the metric can take and is clipped "
             f"({'; '.join(ranges)}); with so few seeds or so large a spread the interval says little beyond that.")
 
