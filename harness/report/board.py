@@ -83,6 +83,8 @@ class _Model(Mapping):
     """Fields holding a list of models, kept a list (it compares equal to the list of dicts it was)."""
     _NESTED_MAPS: dict[str, Any] = {}
     """Fields holding a name -> model mapping."""
+    _NESTED_ONE: dict[str, Any] = {}
+    """Fields holding one model (or None)."""
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._names() or (name in self._OPTIONAL and getattr(self, name) is None):
@@ -110,6 +112,9 @@ class _Model(Mapping):
         for name, kind in cls._NESTED_LISTS.items():
             if values.get(name) is not None:
                 values[name] = [kind.from_dict(part) for part in values[name]]
+        for name, kind in cls._NESTED_ONE.items():
+            if values.get(name) is not None:
+                values[name] = kind.from_dict(values[name])
         for name, kind in cls._NESTED_MAPS.items():
             if values.get(name) is not None:
                 values[name] = {key: kind.from_dict(part) for key, part in values[name].items()}
@@ -162,6 +167,45 @@ class Chance(_Model):
     def decisive_p(self) -> float:
         """The p that decides `at_chance`: the corrected one, the row's own where none was stored."""
         return self.p_holm if self.p_holm is not None else self.p
+
+
+@dataclass(frozen=True, eq=False)
+class Resolution(_Model):
+    """What a table resolves: the difference from the baseline its median paired spread and seed count detect with
+    the board's power (`difference`, None without a spread), and the rows that vary more than the rest (`wider`:
+    {"label", "spread", "difference"} each)."""
+
+    pairs: int = 0
+    spread: float | None = None
+    variants: int = 0
+    difference: float | None = None
+    wider: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+@dataclass(frozen=True, eq=False)
+class TableFinding(_Model):
+    """What a table's tests found, for the sentence it opens with: per metric the rows marked better and worse
+    (`marks`: {"metric", "better", "worse"} each, the primary first), how many rows were tested, the rows left
+    untested, and the rows at chance of those tested against the trivial baseline."""
+
+    baseline: str | None = None
+    tested: int = 0
+    untested: list[str] = dataclasses.field(default_factory=list)
+    marks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    at_chance: list[str] = dataclasses.field(default_factory=list)
+    chance_tested: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class GroupFinding(_Model):
+    """The board's opening finding: per variant the tasks whose primary metric is marked better / worse, and the
+    tasks that tested anything."""
+
+    baseline: str = BASELINE
+    tasks: int = 0
+    tested_tasks: list[str] = dataclasses.field(default_factory=list)
+    better: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    worse: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -255,8 +299,8 @@ class Table(_Model):
     trivial: dict[str, Any] | None = None
     chance_untested: bool | None = None
     """True when some single-seed row could not be tested against the trivial baseline; None (absent) otherwise."""
-    resolution: dict[str, Any] | None = None
-    finding: dict[str, Any] | None = None
+    resolution: Resolution | None = None
+    finding: TableFinding | None = None
     epoch_cap: dict[str, Any] | None = None
     rows: tuple[Row, ...] = ()
     tuning: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -266,6 +310,7 @@ class Table(_Model):
     _OPTIONAL = frozenset({"chance_untested", "mechanism", "attention_entropy"})
     _NESTED = {"rows": Row}
     _NESTED_LISTS = {"metrics": MetricSpec}
+    _NESTED_ONE = {"resolution": Resolution, "finding": TableFinding}
 
 
 @dataclass(frozen=True, eq=True)
@@ -286,10 +331,11 @@ class Group(_Model):
     finished_range: list[str | None] = dataclasses.field(default_factory=lambda: [None, None])
     tasks: tuple[Table, ...] = ()
     overall: list[OverallRow] = dataclasses.field(default_factory=list)
-    finding: dict[str, Any] | None = None
+    finding: GroupFinding | None = None
 
     _NESTED = {"tasks": Table}
     _NESTED_LISTS = {"overall": OverallRow}
+    _NESTED_ONE = {"finding": GroupFinding}
 
 
 @dataclass(frozen=True, eq=True)

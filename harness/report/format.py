@@ -21,16 +21,16 @@ def resolution_sentence(table, quote: Callable[[str], str] = str) -> str:
     table = Table.from_dict(table)
     resolution = table.resolution
     primary = table.metrics[0]
-    if resolution is None or resolution["difference"] is None:
+    if resolution is None or resolution.difference is None:
         return (f"Resolution: none (no variant has 2 seeds paired with {quote(table.baseline or 'softmax')}, "
                 "so there is no paired spread to judge a difference by).")
     scale, digits, unit = (100.0, 2, " points") if primary.percent else (1.0, 4, "")
-    variants = resolution["variants"]
+    variants = resolution.variants
     wider = "".join(f"; {quote(row['label'])} varies more (spread {row['spread'] * scale:.{digits}f}{unit}) and resolves "
-                    f"{row['difference'] * scale:.{digits}f}{unit}" for row in resolution.get("wider", ()) if row["difference"] is not None)
-    return (f"Resolution: with {resolution['pairs']} paired seeds, a difference from {quote(table.baseline)} of "
-            f"{resolution['difference'] * scale:.{digits}f}{unit} in {quote(primary.name)} is detected with 80% power "
-            f"(median paired spread {resolution['spread'] * scale:.{digits}f}{unit} over {variants} variant{'s' if variants != 1 else ''}{wider}); "
+                    f"{row['difference'] * scale:.{digits}f}{unit}" for row in resolution.wider or () if row["difference"] is not None)
+    return (f"Resolution: with {resolution.pairs} paired seeds, a difference from {quote(table.baseline)} of "
+            f"{resolution.difference * scale:.{digits}f}{unit} in {quote(primary.name)} is detected with 80% power "
+            f"(median paired spread {resolution.spread * scale:.{digits}f}{unit} over {variants} variant{'s' if variants != 1 else ''}{wider}); "
             "smaller differences are invisible here.")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Callable, Mapping
 
-from harness.report.board import Board, Table, as_board
+from harness.report.board import Board, GroupFinding, Table, as_board
 from harness.report.stats import ALPHA, BASELINE, CONFIDENCE, MIN_SEEDS_TO_RANK, metric_range
 from harness.timing import format_duration
 
@@ -199,19 +199,19 @@ def finding_sentence(table: Table | Mapping[str, Any], code: Callable[[str], str
     table = Table.from_dict(table)
     found = table.finding
     primary = table.metrics[0]
-    if not found or found["baseline"] is None:
+    if not found or found.baseline is None:
         return f"Nothing in this table is significant: it has no finished {code(BASELINE)} runs to compare with."
-    baseline = code(found["baseline"])
-    if not found["tested"]:
+    baseline = code(found.baseline)
+    if not found.tested:
         return (f"Nothing in this table is significant: no variant has {MIN_SEEDS_TO_RANK} seeds paired with {baseline}, "
                 "the fewest the board tests.")
-    resolution = table.resolution or {}
-    if resolution.get("difference") is not None:
+    resolution = table.resolution
+    if resolution is not None and resolution.difference is not None:
         scale, digits, unit = (100.0, 2, " points") if primary.percent else (1.0, 4, "")
-        detail = f" (Holm p < {ALPHA:g}; resolution {resolution['difference'] * scale:.{digits}f}{unit})"
+        detail = f" (Holm p < {ALPHA:g}; resolution {resolution.difference * scale:.{digits}f}{unit})"
     else:
         detail = f" (Holm p < {ALPHA:g})"
-    first = found["marks"][0]
+    first = found.marks[0]
     metric = code(primary.name)
     if first["better"] and first["worse"]:
         clauses = [f"{_names(first['better'], code)} {_are(first['better'])} significantly better than {baseline} in {metric}{detail}",
@@ -224,28 +224,29 @@ def finding_sentence(table: Table | Mapping[str, Any], code: Callable[[str], str
                    f"{_names(first['worse'], code)} {_are(first['worse'])} significantly worse"]
     else:
         clauses = [f"No variant is significantly better or worse than {baseline} in {metric}{detail}"]
-    for other in found["marks"][1:]:
+    for other in found.marks[1:]:
         parts = [f"{_names(other[kind], code)} {_are(other[kind])} significantly {kind}" for kind in ("better", "worse") if other[kind]]
         if parts:
             clauses.append(f"in {code(other['metric'])}: {', while '.join(parts)}")
-    if found["untested"]:
-        clauses.append(f"{_names(found['untested'], code)} {'has' if len(found['untested']) == 1 else 'have'} fewer than "
-                       f"{MIN_SEEDS_TO_RANK} seeds paired with it and {_are(found['untested'])} not tested")
-    if found["at_chance"]:
-        everyone = len(found["at_chance"]) == found["chance_tested"]
+    if found.untested:
+        clauses.append(f"{_names(found.untested, code)} {'has' if len(found.untested) == 1 else 'have'} fewer than "
+                       f"{MIN_SEEDS_TO_RANK} seeds paired with it and {_are(found.untested)} not tested")
+    if found.at_chance:
+        everyone = len(found.at_chance) == found.chance_tested
         clauses.append("no variant is significantly above the trivial baseline" if everyone else
-                       f"{_names(found['at_chance'], code)} {_are(found['at_chance'])} not significantly above the trivial baseline")
+                       f"{_names(found.at_chance, code)} {_are(found.at_chance)} not significantly above the trivial baseline")
     return "; ".join(clauses) + "."
 
 
-def overall_finding_sentence(finding: Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str:
+def overall_finding_sentence(finding: GroupFinding | Mapping[str, Any], code: Callable[[str], str] = _backticks) -> str:
     """The board's opening line (`board_finding`): each variant significantly better or worse than softmax on some
     task's primary metric, with those tasks."""
-    tasks = finding["tasks"]
-    if not finding["tested_tasks"]:
+    finding = GroupFinding.from_dict(finding)
+    tasks = finding.tasks
+    if not finding.tested_tasks:
         where = "its one task" if tasks == 1 else f"any of the {tasks} tasks"
         return (f"Nothing is significant on {where}: no table has a variant with {MIN_SEEDS_TO_RANK} seeds paired with "
-                f"{code(finding.get('baseline', BASELINE))}.")
+                f"{code(finding.baseline)}.")
 
     def listed(by_variant: Mapping[str, list[str]]) -> str:
         groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
@@ -255,9 +256,9 @@ def overall_finding_sentence(finding: Mapping[str, Any], code: Callable[[str], s
         return ", ".join(f"{_names(labels, code)} on {_names(list(on), code)}" for on, labels in ordered)
 
     scope = "On the task's primary metric" if tasks == 1 else f"Over the {tasks} tasks' primary metrics"
-    better = (f"significantly better than {code(BASELINE)}: {listed(finding['better'])}" if finding["better"]
+    better = (f"significantly better than {code(BASELINE)}: {listed(finding.better)}" if finding.better
               else f"no variant is significantly better than {code(BASELINE)} on any task")
-    worse = f"significantly worse: {listed(finding['worse'])}" if finding["worse"] else "none is significantly worse on any"
+    worse = f"significantly worse: {listed(finding.worse)}" if finding.worse else "none is significantly worse on any"
     return f"{scope}, {better}; {worse}."
 
 
