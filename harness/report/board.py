@@ -1,7 +1,12 @@
 """Plan + Records -> the leaderboard "board": per task, per variant, statistics over seeds.
 
-The board is a plain, JSON-serialisable dict (its shape is documented in `build_board`) from which the
-Markdown, CSV and HTML leaderboards are rendered, so that every rendering shows the same numbers. This module
+The board is a typed, immutable model built once by `build_board` (Board > Group > Table > Row > MetricCell, with
+MetricSpec, Cost, Chance, Resolution, TableFinding, OverallRow and GroupFinding: frozen dataclasses, as
+harness/results/record.py is for records), from which the Markdown, CSV and HTML leaderboards are rendered, so that
+every rendering shows the same numbers. Each part also reads like the dict boards were (`table["rows"]`), and
+`json.dumps(board, default=dict)` writes it; `as_board` reads that dict form back. Parts still plain dicts: a
+table's trivial baseline, tuning, epoch-cap counts, mechanism and entropy tables; the board's reproducibility, run
+time, hardware classes, row settings, problems and CSV rows; a row's learning curves. This module
 holds the numbers and marks only; what the boards say about them (findings, warnings, the legend) is
 harness/report/sentences.py, read by both renderers.
 Everything in it is in a deterministic order (no clock, no set order, ties broken by name): the same
