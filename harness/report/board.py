@@ -12,7 +12,7 @@ harness/report/sentences.py, read by both renderers.
 Everything in it is in a deterministic order (no clock, no set order, ties broken by name): the same
 records always give the same board.
 
-One ranking across executions (README, DESIGN notes: identity vs execution). A run key is the experiment, so
+One ranking across executions (docs/design/identity-and-execution.md). A run key is the experiment, so
 quality (metrics, Δ, tests, ranks, ▲ / ▼, resolution) uses every finished record of the suite whatever machine
 made it. Cost (time per epoch, total time, peak memory, GPU-hours) depends on the machine, so it is computed per
 *hardware class*, the record's hardware label (device, its count, and for CPUs the threads per run: threads
@@ -559,7 +559,7 @@ def _reproducibility(specs, executions: Mapping[str, Iterable[Record]]) -> dict[
             differs = differs or any(d != 0 for d in differences)
         row["differ"] += differs
     # Which rows differ, by name: on one CPU class a difference is a determinism bug; across classes it is the
-    # last-bit rounding of another CPU, which some variants' training amplifies into other epochs kept (README,
+    # last-bit rounding of another CPU, which some variants' training amplifies into other epochs kept (docs/design/identity-and-execution.md,
     # "Reproducibility across CPUs") and a reader should see which ones.
     differing = [{"variant": name, **row} for name, row in sorted(per_row.items()) if row["differ"]]
     return {"reproducibility": {"keys": len(keys), "executions": dict(sorted(copies_count.items())), "classes": dict(sorted(classes.items())),
@@ -1073,7 +1073,7 @@ def _cost(here: list[tuple[Any, Record]], ok: list[tuple[Any, Record]]) -> dict[
     totals = [float(r.fit_time_s or r.wall_time_s) for _, r in ok if r.fit_time_s or r.wall_time_s]
     memory = [float(r.peak_memory_mb) for _, r in ok if r.peak_memory_mb]
     parameters = [r.parameters for _, r in ok if r.parameters]
-    # which implementation the time and memory measured (issue 37): records list the attention paths their
+    # which implementation the time and memory measured: records list the attention paths their
     # kernels took (kernel.attention_paths); a record without the list ran every call eager, or predates the list
     paths = sorted({path for _, r in ok for path in (r.execution or {}).get("attention_paths", ())})
     # What the row cost on the accelerator, failed runs included: every run held its GPUs for its wall time.

@@ -89,8 +89,8 @@ def build_claims_board(claims: Mapping[str, Any], runs: str | Path | None, data_
 
 COST_PLACEHOLDER = re.compile(r"\{cost:([a-z0-9-]+)\}")
 """`{cost:<suite>}` in a claim's `not_here`: replaced by the measured time per run of that suite's committed records,
-where cost, not a missing file, is why the claim is not run here (issue 51: the page said "hours" where MiniLM on RTE
-took a median 23.9 minutes)."""
+where cost, not a missing file, is why the claim is not run here (a page that says "hours" where MiniLM on RTE
+took a median 23.9 minutes misleads)."""
 
 
 def _cost_suites(claims: Mapping[str, Any]) -> list[str]:
@@ -123,7 +123,7 @@ def _with_measured_costs(claims: Mapping[str, Any], plans, records) -> dict[str,
 def host_attention(plans, records, evidence) -> list[dict[str, Any]]:
     """Per suite and task the claims measure: softmax's evaluated attention entropy against the uniform
     distribution's over the same keys, per layer (the boards' table, board.attention_entropy, read from the same
-    executions the mechanism evidence comes from), where its records carry the uniform reference (runs since issue 51)."""
+    executions the mechanism evidence comes from), where its records carry the uniform reference (runs that measured it)."""
     from harness.report.board import attention_entropy
 
     found = []

@@ -649,7 +649,7 @@ def render_claims_html(board: dict[str, Any]) -> str:
     if mechanism_rule_text(board):
         out.write(f"<p>{_inline(mechanism_rule_text(board))}</p>\n")
     out.write("<p class=\"generated\">Generated from <code>harness/claims.yaml</code> and the run records; do not edit. "
-              "To add a claim, see the README, “Claims”.</p>\n")
+              "To add a claim, see docs/guides/reading-boards.md, “Adding a claim”.</p>\n")
 
     def claims_table(rows: list[dict[str, Any]]) -> str:
         body = []

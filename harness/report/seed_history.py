@@ -1,4 +1,4 @@
-"""A suite's declared seed history checked against its records' finish times (issue 51, item 4).
+"""A suite's declared seed history checked against its records' finish times.
 
 A suite that grows a task's seed count says when and why in `seed_history` (harness/plan/suite.py); the claims
 board then also judges on the first declared seeds. A reader can only trust that split if the growth happened when
