@@ -146,14 +146,20 @@ def test_a_plugin_s_variant_reads_its_gpu_cost(tmp_path, capsys):
     example = re.search(r"```python\n(# my_variant\.py\n.*?)```", readme, re.S).group(1)
     plugin = tmp_path / "my_variant.py"
     plugin.write_text(example)
+    from modules.attention.registry import ATTENTIONS
+
     before = set(list_attentions())
-    assert gpu_cost.main(["--plugin", str(plugin), "--lengths", "512", "--variants", "softmax"]) == 0
-    added = sorted(set(list_attentions()) - before)
-    assert added, "the plugin registered no variant"
-    capsys.readouterr()
-    assert gpu_cost.main(["--plugin", str(plugin), "--lengths", "512", "--variants", added[0]]) == 0
-    out = capsys.readouterr().out
-    assert f"| {added[0]} | " in out and "| softmax | sdpa | 6 | 0 |" in out
+    try:
+        assert gpu_cost.main(["--plugin", str(plugin), "--lengths", "512", "--variants", "softmax"]) == 0
+        added = sorted(set(list_attentions()) - before)
+        assert added, "the plugin registered no variant"
+        capsys.readouterr()
+        assert gpu_cost.main(["--plugin", str(plugin), "--lengths", "512", "--variants", added[0]]) == 0
+        out = capsys.readouterr().out
+        assert f"| {added[0]} | " in out and "| softmax | sdpa | 6 | 0 |" in out
+    finally:  # the plugin's variant must not outlive the test: later tests count the registered variants
+        for name in set(list_attentions()) - before:
+            ATTENTIONS.unregister(name)
 
 
 def test_an_unmeasured_validation_forward_on_cora_computes_no_diagnostic(monkeypatch):

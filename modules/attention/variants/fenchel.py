@@ -141,7 +141,8 @@ def bucket_table(num_buckets: int, max_distance: int, length: int, device: torch
             positions = torch.arange(size if keep else length, device=device)
             table = t5_relative_position_bucket(positions[None, :] - positions[:, None], num_buckets=num_buckets,
                                                 max_distance=max_distance)
-        if not keep:
+        # a fake tensor (the GPU cost page counts under FakeTensorMode) is never kept: a real forward would read it
+        if not keep or type(table) is not Tensor:
             return table
         _bucket_tables[key] = table
     _bucket_tables.move_to_end(key)
