@@ -85,6 +85,8 @@ def test_two_array_tasks_share_a_study_and_a_requeued_trial_is_retried(slurm, sh
     (retry,) = [t for t in finished if optuna.storages.RetryFailedTrialCallback.retried_trial_number(t) == killed.number]
     assert retry.params == failed.params and retry.user_attrs.get("defaults") == failed.user_attrs.get("defaults"), shown
     assert len({tuple(sorted(t.params.items())) for t in finished}) == BUDGET, shown  # each configuration trained once
-    assert f"trial {killed.number} was running in process" in logs[index], shown
-    assert "retried once with the same parameters" in logs[index], shown
+    # either task may find the killed trial's process gone and retry it (both share the study): the requeued one on
+    # its restart, or the other at its next trial, whichever asks first
+    noticed = [i for i in (0, 1) if f"trial {killed.number} was running in process" in logs[i]]
+    assert noticed and all("retried once with the same parameters" in logs[i] for i in noticed), shown
     assert (tmp_path / "runs" / "params" / "cora" / "fenchel.yaml").is_file()  # the last task to finish wrote the best
