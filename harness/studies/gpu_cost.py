@@ -426,17 +426,16 @@ def triton_launches_counted(counter: CostCounter) -> Iterator[bool]:
 def library_kernels_as_on_cuda(counter: CostCounter) -> Iterator[None]:
     """Where AdaSplash is installed, α-entmax's library form is built as on a GPU (entmax.py builds it only where it
     can run): the page then counts the path a GPU with the same packages takes."""
-    try:
-        from adasplash import adasplash_v1
-    except ImportError:
-        yield
-        return
     from modules.attention.variants import entmax
 
+    library = entmax.adasplash_library()
+    if library is None:
+        yield
+        return
     previous = entmax._adasplash_reference
     with triton_launches_counted(counter) as patched:
         if patched and previous is None:
-            entmax.use_adasplash_reference(adasplash_v1)
+            entmax.use_adasplash_reference(library)
         try:
             yield
         finally:

@@ -21,15 +21,10 @@ SITE = AttentionSite("text", "self", sequence=True)
 B, H, L, D = 2, 3, 10, 16
 
 
-def reference(q, k, v, alpha=1.5, is_causal=False, varlen=None, niter=10):
-    """AdaSplash's contract in plain torch: entmax_alpha(q k^T / sqrt(d)) v."""
-    assert not is_causal and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-    # AdaSplash asserts a power-of-two length unless it is given every sequence's length (entmax.py: and below 128)
-    length = q.shape[-2]
-    if varlen is None:
-        assert length >= 128 and length & (length - 1) == 0
-    else:
-        assert varlen.dtype == torch.int32 and varlen.tolist() == [length] * q.shape[0]
+def reference(q, k, v, alpha=1.5, niter=10):
+    """AdaSplash's contract in plain torch (the wrapper of modules/attention/adasplash_full_length.py, any length):
+    entmax_alpha(q k^T / sqrt(d)) v."""
+    assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     return entmax.entmax_bisect(scores.float(), alpha, dim=-1, n_iter=50).to(v.dtype) @ v
 
@@ -134,3 +129,20 @@ def test_adasplash_on_cuda_matches_eager_forward_and_backward(name):
     assert kernel.last_path == "adasplash"
     for a, b in zip([o1, *g1], [o0, *g0]):
         assert ((a - b).abs().max() / b.abs().max()).item() < 1e-4
+
+
+@pytest.mark.parametrize("length", [40, 128, 160])
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+def test_the_adasplash_path_reads_nothing_on_the_host_at_any_length(name, length):
+    """The cost page's count on real tensors, the library's Triton launches counted (not run): two kernels forward, three
+    backward, and no host read, also where the lengths go to the kernels (40 and 160: under 128, not a power of two)."""
+    pytest.importorskip("adasplash")
+    pytest.importorskip("triton")
+    from harness.studies import gpu_cost
+
+    counter, _, path = gpu_cost.count_step(name, length, 2, fake=False, heads=2)
+    assert path == "adasplash"
+    assert not counter.syncs, dict(counter.syncs)
+    triton = {kernel: n for kernel, n in counter.by_kernel.items() if kernel.startswith("triton ")}
+    assert triton == {"triton _get_tau": 1, "triton _get_output": 1, "triton _bwd_preprocess": 1,
+                      "triton _bwd_kv_kernel": 1, "triton _bwd_q_kernel": 1}

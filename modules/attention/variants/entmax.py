@@ -28,8 +28,10 @@ AdaSplash (Gonçalves et al. 2025, arXiv 2502.12082; PyPI `adasplash`), which fi
 Halley-bisection inside a FlashAttention-style Triton kernel and never forms the L × L weights. It runs only
 where its contract fits: no mask (it takes right-padding lengths and a causal flag, not an arbitrary boolean
 mask, and deciding that a mask is plain right padding would cost a host read per call), queries and keys of
-one length (any length: `run` passes AdaSplash the lengths where its unmasked kernels would not do), v shaped as
-q, a head dimension of 16 to 256, no attention dropout. The learned-α `entmax` keeps
+one length (any length: the lengths go to its kernels, on the device, where its unmasked tiles would not do), v
+shaped as q, a head dimension of 16 to 256, no attention dropout. It runs AdaSplash's kernels without block mask
+(`modules/attention/adasplash_full_length.py`): the block-mask version lists the blocks it computes with `nonzero`,
+a host wait twice a call; without it every key block is scored (no block skipping), and nothing is read on the host. The learned-α `entmax` keeps
 the package's `entmax_bisect`: AdaSplash returns no gradient for α, which `entmax` trains.
 """
 
@@ -65,18 +67,26 @@ _adasplash_reference = None
 
 
 def adasplash_kernel():
-    """AdaSplash's non-causal block-mask attention, (q, k, v, alpha, is_causal, varlen, niter) -> output, or
-    None where it cannot run: not installed, or no CUDA (its Triton kernels need a GPU). A test may set a
-    reference function (`use_adasplash_reference`) to exercise the path on CPU."""
+    """AdaSplash's non-causal attention without block mask, (q, k, v, alpha, niter) -> output, or None where it cannot
+    run: not installed, or no CUDA (its Triton kernels need a GPU). A test may set a reference function
+    (`use_adasplash_reference`) to exercise the path on CPU."""
     if _adasplash_reference is not None:
         return _adasplash_reference
     if not torch.cuda.is_available():
         return None
+    return adasplash_library()
+
+
+def adasplash_library():
+    """The library form itself wherever AdaSplash (and Triton) is installed, GPU or not (the Triton interpreter and the
+    GPU cost page's launch count run it on CPU): `adasplash_full_length.full_length_adasplash`, or None."""
     try:
-        from adasplash import adasplash_v1
+        import adasplash.adasplash_no_block_mask  # noqa: F401 - the kernels it launches
     except ImportError:
         return None
-    return adasplash_v1
+    from ..adasplash_full_length import full_length_adasplash
+
+    return full_length_adasplash
 
 
 def use_adasplash_reference(function) -> None:
@@ -340,15 +350,10 @@ class EntmaxAttention(AttentionKernel):
             # not on autocast's lists: cast as SDPA would be, else bf16 autocast would run it in fp32
             dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else v.dtype
             scaled_q = q if rescale == 1.0 else q * rescale
-            # Without lengths AdaSplash asserts a power-of-two length, and at 64 keys its unmasked kernels corrupted
-            # memory under the Triton interpreter (128 and 256 ran clean). Every sequence's full length, passed as
-            # its `varlen`, masks the tiles, at one host read per call (the kernel reads the longest): so only
-            # lengths under 128 or not a power of two pass it.
-            length = q.shape[-2]
-            unmasked = length >= 128 and length & (length - 1) == 0
-            lengths = None if unmasked else torch.full((q.shape[0],), length, dtype=torch.int32, device=q.device)
+            # every sequence has the full length: the wrapper passes it to the kernels on the device where their
+            # unmasked tiles would not do (below 128 or off a power of two), and reads nothing on the host
             return library(scaled_q.to(dtype).contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous(),
-                           alpha=alpha, is_causal=False, varlen=lengths, niter=ADASPLASH_STEPS.get(alpha, 20))
+                           alpha=alpha, niter=ADASPLASH_STEPS.get(alpha, 20))
 
         return FusedAttention(None, None, scale, library=LibraryForm("adasplash", run, fits=lambda v: v.shape == q.shape))
 
@@ -393,21 +398,11 @@ class EntmaxAttention(AttentionKernel):
         return unpad(out)
 
 
-ADASPLASH_SYNCS_WHY = ("on the CUDA path it runs through AdaSplash (adasplash_v1), whose own block mask is read on the "
-                       "host: the library calls `nonzero` on it (twice, compute_bidxs_and_cubcounts) to list the "
-                       "blocks it computes; the eager form and the library's other calls read nothing")
-"""Why sparsemax and entmax15 read the host where they take AdaSplash (`host_syncs_why`)."""
-
-
 @register_attention("entmax15", alpha=1.5, learn_alpha=False)
 class Entmax15Attention(EntmaxAttention):
     """1.5-entmax: Tsallis α = 1.5, sparse attention between softmax and sparsemax (Peters et al. 2019)."""
-
-    host_syncs_why = ADASPLASH_SYNCS_WHY
 
 
 @register_attention("sparsemax", alpha=2.0, learn_alpha=False)
 class SparsemaxAttention(EntmaxAttention):
     """Sparsemax: the Euclidean projection of the scores onto the simplex (Martins & Astudillo 2016)."""
-
-    host_syncs_why = ADASPLASH_SYNCS_WHY
