@@ -9,6 +9,7 @@ run picks."""
 
 from __future__ import annotations
 
+import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -105,7 +106,8 @@ def query_block_rows(kernel: "AttentionKernel", groups: Groups, q: Tensor, k: Te
     """Queries per block for a call that forms the weights but need not return them, or None (one piece):
     only for a kernel that declares itself `row_separable`, on dense groups, and on CUDA when one [B, H, Lq, Lk]
     float32 tensor would pass `budget_mb` (default WEIGHTS_BUDGET_MB, or BLOCK_BUDGET_ENV), or wherever
-    `query_blocks` forces it."""
+    `query_blocks` forces it. A kernel may set `block_weights_vs_q` (a float): then on CUDA its blocks are sized by
+    q instead, one block's float32 weights at most that many times q's elements (no budget given)."""
     if not getattr(kernel, "row_separable", False) or not isinstance(groups, DenseGroups):
         return None
     num_queries = q.shape[-2]
@@ -113,8 +115,15 @@ def query_block_rows(kernel: "AttentionKernel", groups: Groups, q: Tensor, k: Te
         return _forced_block_rows if _forced_block_rows < num_queries else None
     if not takes_cuda_path(q):
         return None
-    budget = float(budget_mb if budget_mb is not None else os.environ.get(BLOCK_BUDGET_ENV, WEIGHTS_BUDGET_MB)) * 2**20
     row_bytes = 4 * q.shape[0] * q.shape[1] * k.shape[-2]
+    relative = getattr(kernel, "block_weights_vs_q", None)
+    if relative is not None and budget_mb is None:
+        # a kernel whose block keeps many weight-sized temporaries: one block's [B, H, rows, Lk] float32 tensor at most
+        # `relative` times q's elements at float32, so that its blocks stay a fixed share of the call's own tensors at
+        # every length and batch (a budget in MiB would let them grow to many times q's size at short lengths)
+        rows = int(relative * 4 * math.prod(q.shape) // row_bytes)
+        return max(16, rows) if max(16, rows) < num_queries else None
+    budget = float(budget_mb if budget_mb is not None else os.environ.get(BLOCK_BUDGET_ENV, WEIGHTS_BUDGET_MB)) * 2**20
     if row_bytes * num_queries <= budget:
         return None
     return max(16, int(budget // row_bytes))
