@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...device_policy import host_reads_are_cheap
-from ..groups import Groups
+from ...device_policy import host_reads_are_cheap, takes_cuda_path
+from ..groups import DenseGroups, Groups
 from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, FusedAttention, HeadShape, MechanismDiagnostic,
                       point_sets, qk_diagnostics, standard_diagnostics)
 from ..registry import register_attention
@@ -66,6 +66,34 @@ class GradientReversal(torch.autograd.Function):
 
 def reverse_gradient(x: Tensor) -> Tensor:
     return GradientReversal.apply(x)
+
+
+class SampledRows(torch.autograd.Function):
+    """x itself, for the fused kernel, and its rows `index` along dim -2, for the regulariser; the rows' gradient is
+    added into the fused kernel's gradient of x in place. index_select's own backward writes a zero tensor of x's size,
+    scatters the rows' gradient into it, and autograd then adds that to the fused kernel's gradient: two passes over
+    a full-size gradient for max_points rows of L. The sum is the same (each sampled row gets kernel + regulariser,
+    the indices being distinct), so results equal the index_select form's."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(index)
+        ctx.shape = x.shape
+        return x.view_as(x), x.index_select(-2, index)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor | None, grad_rows: Tensor | None) -> tuple[Tensor | None, None]:
+        (index,) = ctx.saved_tensors
+        if grad_rows is None:
+            return grad, None
+        if grad is None:
+            return grad_rows.new_zeros(ctx.shape).index_add_(-2, index, grad_rows), None
+        # In place only into a gradient no graph records (create_graph) and with no element aliased to another (an
+        # expanded gradient): the fused kernel's gradient is a fresh tensor that nothing else reads.
+        if torch.is_grad_enabled() or torch._debug_has_internal_overlap(grad) != 0:
+            return grad.index_add(-2, index, grad_rows), None
+        return grad.index_add_(-2, index, grad_rows), None
 
 
 class Highway(nn.Module):
@@ -360,23 +388,49 @@ class AlignmentAttention(AttentionKernel):
 
     def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention:
         # The weights are exactly softmax's, so the output can come from the fused kernel; only the
-        # regulariser, which needs q and k alone, is computed here.
-        return FusedAttention(q, k, scale, aux_losses=self.aux_losses(q, k, groups), diagnostics=self.mechanism_diagnostics(q, k, groups))
+        # regulariser, which needs q and k alone, is computed here. On the CUDA path the fused kernel reads q and k
+        # through `SampledRows`, so that the regulariser's gradient lands in the kernel's in place.
+        aux_losses = {}
+        if self.regularised:
+            shared = takes_cuda_path(q) and isinstance(groups, DenseGroups)
+            clouds, q, k = self._sample(q, k, groups, shared_gradients=shared)
+            aux_losses = {"align": self.alignment_loss(clouds)}
+        return FusedAttention(q, k, scale, aux_losses=aux_losses, diagnostics=self.mechanism_diagnostics(q, k, groups))
 
     def point_clouds(self, q: Tensor, k: Tensor, groups: Groups) -> PointClouds:
         """Queries and keys as per-(sample, head) point clouds, padding excluded, capped at max_points."""
-        q, k, q_valid, k_valid = groups.query_and_key_sets(q, k)
-        lq, lk = q.shape[-2], k.shape[-2]
-        q_index = _subsample_index(lq, self.config.max_points, self.training, q.device, self.noise_generator)
+        return self._sample(q, k, groups)[0]
+
+    def _sample(self, q: Tensor, k: Tensor, groups: Groups, shared_gradients: bool = False) -> tuple[PointClouds, Tensor, Tensor]:
+        """`point_clouds`, and q and k for the fused kernel: themselves, or with `shared_gradients` (dense groups only,
+        whose clouds are [B*H, L, d]: each (sample, head) one cloud) read through `SampledRows`, which samples the rows
+        of q itself (no reshape between the fused kernel's gradient and the in-place add) so that the subsample's
+        gradient is added into the fused kernel's in place."""
+        if shared_gradients:
+            # Zero-width queries and keys: the validity masks of q's and k's clouds, without their points.
+            _, _, q_valid, k_valid = groups.query_and_key_sets(q[..., :0], k[..., :0])
+            sets_q, sets_k = q.flatten(0, 1), k.flatten(0, 1)
+        else:
+            sets_q, sets_k, q_valid, k_valid = groups.query_and_key_sets(q, k)
+        lq, lk = sets_q.shape[-2], sets_k.shape[-2]
+        q_index = _subsample_index(lq, self.config.max_points, self.training, sets_q.device, self.noise_generator)
         # Self-attention: token i is query i and key i, so both clouds keep the same tokens.
-        k_index = q_index if lk == lq else _subsample_index(lk, self.config.max_points, self.training, k.device, self.noise_generator)
+        k_index = q_index if lk == lq else _subsample_index(lk, self.config.max_points, self.training, sets_k.device, self.noise_generator)
         if q_index is not None:
-            q = q.index_select(-2, q_index)
+            if shared_gradients:
+                q, rows = SampledRows.apply(q, q_index)
+                sets_q = rows.flatten(0, 1)
+            else:
+                sets_q = sets_q.index_select(-2, q_index)
             q_valid = None if q_valid is None else q_valid.index_select(-1, q_index)
         if k_index is not None:
-            k = k.index_select(-2, k_index)
+            if shared_gradients:
+                k, rows = SampledRows.apply(k, k_index)
+                sets_k = rows.flatten(0, 1)
+            else:
+                sets_k = sets_k.index_select(-2, k_index)
             k_valid = None if k_valid is None else k_valid.index_select(-1, k_index)
-        return PointClouds(q, k, q_valid, k_valid)
+        return PointClouds(sets_q, sets_k, q_valid, k_valid), q, k
 
     def alignment_loss(self, clouds: PointClouds) -> Tensor:
         raise NotImplementedError
