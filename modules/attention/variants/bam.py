@@ -59,12 +59,13 @@ from annotated_types import Ge, Gt
 import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from ...device_policy import takes_cuda_path
 from ..groups import DenseGroups, Groups
 from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, AttentionSite, FusedAttention, HeadShape, LibraryForm,
                       MechanismDiagnostic,
-                      block_pairs, full_precision, mechanism_diagnostics_on, query_block_rows,
+                      full_precision, mechanism_diagnostics_on, query_block_rows, replaying,
                       standard_diagnostics)
 from ..registry import register_attention
 
@@ -313,12 +314,16 @@ _fused_on_cpu = False
 _EVALUATION_DRAW_SEED = 0xBA3
 """Seed of the draw `sample_tv` measures at evaluation (a fixed stream apart from the run's)."""
 
-FUSED_KL_BLOCK_MB = 128
-"""Query blocks of the fused path's KL hold at most this many MiB per [B, H, rows, Lk] float32 tensor. Smaller
-than the eager blocks' budget (kernel.py WEIGHTS_BUDGET_MB) because here only the KL's elementwise passes run in
-blocks, not the output, so a block costs a few kernel launches; the KL keeps about five such tensors alive at
-once. Not yet measured on a GPU; on this CPU blocks of 128 queries made the fused call faster than one block
-(B = 4, H = 12, L = 512: 232 against 382 ms; leaderboards/studies/fused-bam-cpu.md)."""
+FUSED_BLOCK_SIZE = 1.0
+"""The fused path's query blocks (noise, noisy SDPA, clean logsumexp) hold at most this many times q's elements in
+one [B, H, rows, Lk] tensor (rows = FUSED_BLOCK_SIZE * Lq * d / Lk, at least 16): 64 rows a block for d = 64
+self-attention at any length. The extra memory of a block (its noise, and its logits while the logsumexp and
+`sample_tv` are formed: about four such tensors at once) then grows as the call's own q, k, v, not as L x L, which
+keeps the CUDA path's peak within 1.5 x SDPA's (the GPU cost page, L = 512 and 2048). Blocks cost launches: a
+larger value trades memory for fewer of them."""
+FUSED_WHOLE_MB = 64
+"""A fused call whose [B, H, Lq, Lk] float32 tensor is at most this many MiB runs as one block: blocks would spare
+little memory there and cost launches (and one block draws the eager path's noise)."""
 
 
 @contextmanager
@@ -334,40 +339,217 @@ def fused_on_cpu(enabled: bool = True) -> Iterator[None]:
         _fused_on_cpu = previous
 
 
-class _NoiseReplay:
-    """A noise stream's state, kept so that a later draw repeats the draws made from it: the kernel's own generator
-    when it has one, else torch's global generator on the device (what `draw_noise` draws from). `run(draw)` sets the
-    state, draws, and puts the stream back where it was, so that later draws are not repeated."""
+class _RowLogSumExp(torch.autograd.Function):
+    """lse_i = logsumexp over query i's valid keys j of scale * <q_i, k_j>: what the closed-form KL needs of the
+    mean weights (log w_ij = scale * <q_i, k_j> - lse_i). Forward: one block of `rows` queries at a time, the block's
+    logits freed before the next (nothing of the logits' size is kept). Backward: d lse_i / d q_i = scale * sum_j w_ij
+    k_j and d lse_i / d k_j = scale * w_ij q_i, i.e. one SDPA call with the keys as values (its output, for dq) and
+    its backward for the values' gradient with g_i * scale * q_i as the output's gradient (P^T (g q), for dk): the
+    L x L weights are never formed. A query without a valid key gets lse 0 (it enters no KL sum)."""
 
-    def __init__(self, generator: torch.Generator | None, device: torch.device):
-        self.generator, self.device = generator, device
-        if generator is not None:
-            self.state = generator.get_state()
-        elif device.type == "cuda":
-            self.state = torch.cuda.get_rng_state(device)
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, key_mask: Tensor | None, scale: float, rows: int) -> Tensor:
+        pieces = []
+        for start in range(0, q.shape[-2], rows):
+            logits = torch.matmul(q[..., start:start + rows, :] * scale, k.transpose(-1, -2))
+            if key_mask is not None:
+                logits.masked_fill_(~key_mask, float("-inf"))
+            pieces.append(logits.logsumexp(-1))
+            del logits
+        lse = torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
+        if key_mask is not None:
+            lse = lse.masked_fill(lse == float("-inf"), 0.0)
+        ctx.save_for_backward(q, k)
+        ctx.key_mask, ctx.scale = key_mask, scale
+        return lse
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q, k = ctx.saved_tensors
+        mask = ctx.key_mask
+        if mask is not None:
+            # a sample without any valid key (its rows' grad is 0) attends to every key: no 0/0 in SDPA's softmax
+            mask = mask | ~mask.any(-1, keepdim=True)
+        g = (grad * ctx.scale).unsqueeze(-1)
+        with torch.enable_grad():
+            values = k.detach().requires_grad_()
+            out = F.scaled_dot_product_attention(q.detach(), k.detach(), values, attn_mask=mask, scale=ctx.scale)
+            (dk,) = torch.autograd.grad(out, values, g * q)
+        dq = g * out.detach()
+        return dq, dk, None, None, None
+
+
+class _PairSums:
+    """Sums over the valid (query, key) pairs of valid queries of the terms BAM's KL closed forms are linear in, for
+    the mean weights w = softmax(scale q k^T) within each query's valid keys, from the rows' logsumexp `lse`, without
+    forming w. With the keys centred on their mean over each sample's valid keys (kc_j = k_j - kbar, 0 on masked keys)
+    and a_i = lse_i - scale <q_i, kbar>, log w_ij = scale <q_i, kc_j> - a_i; over a query's n valid keys it sums to
+    -n a_i and its square to scale^2 q_i^T (kc^T kc) q_i + n a_i^2, so neither sum cancels large terms."""
+
+    def __init__(self, q: Tensor, k: Tensor, lse: Tensor, groups: DenseGroups, scale: float):
+        self.q, self.scale, self.shape = q, scale, lse.shape
+        mask = groups.mask  # per key: [B|1, 1|H, 1, Lk]
+        self.keys = None if mask is None else mask.to(q.dtype)
+        if self.keys is None:
+            self.n: Tensor | float = float(k.shape[-2])
+            key_mean = k.mean(-2, keepdim=True)
+            self.centred = k - key_mean
         else:
-            self.state = torch.get_rng_state()
+            self.n = self.keys.sum(-1)  # [B|1, 1|H, 1]
+            key_mean = torch.matmul(self.keys, k) / self.n.clamp_min(1).unsqueeze(-1)
+            self.centred = (k - key_mean) * self.keys.transpose(-1, -2)
+        self.a = lse - scale * torch.matmul(q, key_mean.transpose(-1, -2)).squeeze(-1)
+        rows = groups.valid_queries  # [B|1, 1|H, Lq] or None (every query is valid and has keys)
+        self.rows = None if rows is None else rows.to(q.dtype)
 
-    def _get(self) -> Tensor:
-        if self.generator is not None:
-            return self.generator.get_state()
-        return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else torch.get_rng_state()
+    def over_rows(self, x: Tensor | float) -> Tensor:
+        """Sum over the valid queries of a per-query term x (broadcastable to [B, H, Lq])."""
+        x = torch.as_tensor(x, dtype=self.a.dtype, device=self.a.device)
+        if self.rows is not None:
+            x = x * self.rows
+        return x.expand(self.shape).sum()
 
-    def _set(self, state: Tensor) -> None:
-        if self.generator is not None:
-            self.generator.set_state(state)
-        elif self.device.type == "cuda":
-            torch.cuda.set_rng_state(state, self.device)
-        else:
-            torch.set_rng_state(state)
+    @property
+    def pairs(self) -> Tensor:
+        """The valid pairs (at least 1), as `Groups.count_pairs`."""
+        return self.over_rows(self.n).clamp_min(1)
 
-    def run(self, draw):
-        now = self._get()
-        self._set(self.state)
-        try:
-            return draw()
-        finally:
-            self._set(now)
+    @property
+    def queries(self) -> Tensor:
+        """The valid queries: the sum of the mean weights over the valid pairs (each row sums to 1)."""
+        return self.over_rows(1.0)
+
+    def log_weights(self) -> Tensor:
+        """Sum of log w_ij."""
+        return self.over_rows(-self.n * self.a)
+
+    def squared_log_weights(self) -> Tensor:
+        """Sum of (log w_ij)^2."""
+        moments = torch.matmul(self.centred.transpose(-1, -2), self.centred)  # [B, H, d, d]
+        spread = (torch.matmul(self.q, moments) * self.q).sum(-1) * self.scale**2
+        return self.over_rows(spread + self.n * self.a.square())
+
+    def _on_keys(self, c: Tensor) -> Tensor:
+        return c if self.keys is None else c * self.keys
+
+    def weighted_log_weights(self, c: Tensor) -> Tensor:
+        """Sum of c_j log w_ij for a per-key c [B, H, 1, Lk]."""
+        c = self._on_keys(c)
+        direction = torch.matmul(c, self.centred)  # [B, H, 1, d]
+        return self.over_rows(self.scale * torch.matmul(self.q, direction.transpose(-1, -2)).squeeze(-1)
+                              - self.a * c.sum(-1))
+
+    def per_key(self, x: Tensor) -> Tensor:
+        """Sum of x_j for a per-key x [B, H, 1, Lk]."""
+        return self.over_rows(self._on_keys(x).sum(-1))
+
+
+class _NoisyBlocks:
+    """The fused path's noisy SDPA (`BayesianAttention.fused_attention`) one query block at a time: each block draws
+    its [B, H, rows, Lk] noise (`log_noise`) and hands it to SDPA as the logits bias. `run(v)` checkpoints each block:
+    the backward redraws the block's noise from the stream's state before its draw (`replaying` for the kernel's own
+    generator, checkpoint's RNG preservation for torch's), so no noise is kept. Where `diagnostics` is given,
+    `sample_tv` is measured in each block's forward, from the block's mean weights (its logits and `lse`) and the
+    noise SDPA gets."""
+
+    def __init__(self, kernel: "BayesianAttention", q: Tensor, k: Tensor, groups: DenseGroups, scale: float, rows: int,
+                 lse: Tensor, diagnostics: dict[str, Tensor] | None):
+        self.kernel, self.q, self.k, self.groups, self.scale, self.lse = kernel, q, k, groups, scale, lse
+        self.blocks = [slice(start, min(start + rows, q.shape[-2])) for start in range(0, q.shape[-2], rows)]
+        self.diagnostics = diagnostics
+        self.spread: list[Tensor] = []
+        self.counted: list[Tensor] = []
+        self.precise_dtype = torch.promote_types(q.dtype, torch.float32)
+
+    def mean_weights(self, q_block: Tensor, part: DenseGroups, block: slice) -> Tensor:
+        """The block's mean weights (precise dtype, no gradient): 0 on masked keys and in rows without keys."""
+        with torch.no_grad(), full_precision(q_block, self.k) as (q_, k_):
+            mean = torch.matmul(q_ * self.scale, k_.transpose(-1, -2))
+            if part.mask is not None:
+                mean.masked_fill_(~part.mask, float("-inf"))
+            return mean.sub_(self.lse[..., block].unsqueeze(-1)).exp_()
+
+    def noise(self, q_block: Tensor, part: DenseGroups, block: slice) -> Tensor:
+        q, k = self.q, self.k
+        if "draw_noise" in vars(self.kernel):
+            # noise held by a check as a function of the weights it perturbs (contract.held_noise): drawn from them,
+            # formed as the eager path forms them, bit for bit
+            with torch.no_grad(), full_precision(q_block, k) as (q_, k_):
+                like = part.softmax_and_log(self.kernel.score(q_, k_, part, scale=self.scale))[0]
+        else:  # from the stream: only the shape, dtype and device count
+            like = torch.zeros((), dtype=self.precise_dtype, device=q.device).expand(
+                *q.shape[:-2], block.stop - block.start, k.shape[-2])
+        return self.kernel.log_noise(like)
+
+    def measure(self, q_block: Tensor, part: DenseGroups, block: slice, noise: Tensor) -> None:
+        """Add the block's sum of |sample - mean| over its valid pairs and its valid queries: with P the mean weights
+        and e = exp(noise), the sample is P e / Z (Z = sum_j P_j e_j), so |sample - mean| = P |e - Z| / Z."""
+        with torch.no_grad():
+            mean = self.mean_weights(q_block, part, block)
+            spread = noise.exp().unsqueeze(-1)
+            total = torch.matmul(mean.unsqueeze(-2), spread).squeeze(-1)  # Z [B, H, rows, 1]
+            spread = torch.matmul(mean.unsqueeze(-2), spread.squeeze(-1).sub_(total).abs_().unsqueeze(-1)).squeeze(-1)
+            per_query = (spread / total.clamp_min(torch.finfo(total.dtype).tiny)).squeeze(-1)
+            valid = part.valid_queries
+            shape = per_query.shape
+            if valid is None:
+                self.spread.append(per_query.sum())
+                self.counted.append(per_query.new_tensor(float(math.prod(shape))))
+            else:
+                self.spread.append((per_query * valid).sum())
+                self.counted.append(valid.expand(shape).sum().to(per_query.dtype))
+
+    def finish(self) -> None:
+        if self.diagnostics is not None and self.spread:
+            spread, counted = torch.stack(self.spread).sum(), torch.stack(self.counted).sum()
+            self.diagnostics["sample_tv"] = (0.5 * spread / counted.clamp_min(1)).detach()
+            self.spread, self.counted = [], []
+
+    def _block(self, part: DenseGroups, block: slice) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+        calls = 0
+
+        def attend(q_block: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            nonlocal calls
+            calls += 1
+            noise = self.noise(q_block, part, block)
+            if calls == 1 and self.diagnostics is not None:  # the forward's, not the backward's recomputation
+                self.measure(q_block, part, block, noise)
+            return part.fused_attention(q_block, k, v, bias=noise, scale=self.scale, dropout_p=0.0)
+
+        return attend
+
+    def run(self, v: Tensor) -> Tensor:
+        q, k = self.q, self.k
+        keep = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        outputs = []
+        for block in self.blocks:
+            attend = self._block(self.groups.query_rows(block), block)
+            q_block = q[..., block, :]
+            if keep:
+                outputs.append(torch.utils.checkpoint.checkpoint(
+                    replaying(attend, self.kernel.noise_generator), q_block, k, v, use_reentrant=False,
+                    preserve_rng_state=True))
+            else:
+                outputs.append(attend(q_block, k, v))
+        self.finish()
+        return torch.cat(outputs, dim=-2) if len(outputs) > 1 else outputs[0]
+
+    def whole_bias(self) -> Tensor:
+        """The noise of every block in one bias (the autocast dtype under autocast, as SDPA casts its mask), for SDPA
+        with attention dropout, which keeps it for its backward."""
+        q, k = self.q, self.k
+        device = q.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+        bias = q.new_empty((*q.shape[:-1], k.shape[-2]), dtype=dtype)
+        with torch.no_grad():
+            for block in self.blocks:
+                part = self.groups.query_rows(block)
+                noise = self.noise(q[..., block, :], part, block)
+                if self.diagnostics is not None:
+                    self.measure(q[..., block, :], part, block, noise)
+                bias[..., block, :].copy_(noise)
+        self.finish()
+        return bias
 
 
 class KeyPrior(nn.Module):
@@ -490,19 +672,24 @@ class BayesianAttention(AttentionKernel):
             self._call_dropout = 0.0
 
     def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
-        """On CUDA (or under `fused_on_cpu`), dense groups whose mask is per key: the output through SDPA, with the
-        sampled weights' noise as its logits bias (`log_noise`), and the KL from the mean weights formed one block
-        of queries at a time, each checkpointed (recomputed in the backward), so that at most one block of them
-        exists at once. The KL and the noise equal the eager path's (the same draw from the same stream when the
-        call is one block); the sampled weights are never formed but for `sample_tv`, in the same blocks, when
-        mechanism diagnostics are on. Without attention dropout the noise is not kept for the backward (SDPA would save
-        it, an L x L tensor per head and sample): the SDPA call is recomputed in the backward from the noise redrawn
-        from the generator's state before the forward's draw (`_replayed_sdpa`), as SDPA's own dropout regenerates
-        its mask. None (the eager path): on CPU, where this path is not what records were
-        made with (CPU results stay as they were), at evaluation with `mc_samples` > 1 (an average of several
-        softmaxes is not one), and where the mask is per query (causal): the prior and the KL's key sums assume
-        every query of a sample sees the same keys.
-        Measured nowhere yet on a GPU: `make gpu-perf` checks it against eager (forward, gradients) and times it."""
+        """On CUDA (or under `fused_on_cpu`), dense groups whose mask is per key: the output through SDPA with the
+        sampled weights' noise as its logits bias (`log_noise`), and the KL in closed form from per-query and per-key
+        sums (`_closed_kl`), so that no L x L tensor is kept and at most one query block's exists at once.
+        - Noise: without attention dropout, SDPA runs one block of queries at a time (`_noisy_blocks`), each block
+          drawing its own [B, H, rows, Lk] noise and checkpointed: the backward redraws it from the stream's state
+          before the block's draw, as SDPA's own dropout regenerates its mask, and leaves the stream where it was.
+          With attention dropout SDPA draws its mask too, so the whole noise bias is drawn (block by block) and SDPA
+          keeps it. One block draws what the eager path draws (the same stream, in the same order); several draw
+          block by block (another order of the stream).
+        - KL: the closed forms are linear in sums over the valid pairs of log w_ij, (log w_ij)^2 and per-key terms,
+          and log w_ij = scale <q_i, k_j> - lse_i: each sum needs the rows' logsumexp (`_RowLogSumExp`, whose
+          backward is an SDPA call) and O(L d^2) moments of the keys. Equal to the eager path's sums up to rounding.
+        - `sample_tv` (training, mechanism diagnostics on): measured in each noisy block's forward from the block's
+          logits and the noise SDPA gets, into the returned diagnostics, which are complete once the output is.
+        None (the eager path): on CPU, where this path is not what records were made with (CPU results stay as
+        they were), at evaluation with `mc_samples` > 1 (an average of several softmaxes is not one), and where the
+        mask is per query (causal): the prior and the key moments assume every query of a sample sees the same keys.
+        Checked against eager on a GPU by `make gpu-perf`."""
         if not isinstance(groups, DenseGroups) or not (takes_cuda_path(q) or _fused_on_cpu):
             return None
         if groups.mask is not None and groups.mask.shape[-2] > 1:
@@ -510,96 +697,34 @@ class BayesianAttention(AttentionKernel):
         draws = self.draws()
         if draws > 1:
             return None
-        num_queries = q.shape[-2]
-        rows = query_block_rows(self, groups, q, k, budget_mb=FUSED_KL_BLOCK_MB) or num_queries
-        diagnose = bool(draws) and mechanism_diagnostics_on()
-        device = q.device.type
-        # the noise as SDPA will read it: in the autocast dtype under autocast (SDPA casts its mask so), kept once
-        bias_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
-        # the noise stream's state before this call's draw, from which the backward redraws it
-        # (only for noise drawn from the stream: noise set to be a function of the weights it perturbs, as the
-        # checks' held noise is, would not be redrawn alike from zeros; there SDPA keeps the bias as before)
-        replay = (_NoiseReplay(self.noise_generator, q.device)
-                  if draws and self._call_dropout == 0.0 and "draw_noise" not in vars(self) else None)
+        rows = self._fused_rows(groups, q, k)
+        key_mask = groups.mask
         with full_precision(q, k) as (precise_q, precise_k):
-            prior = self.prior_over_keys(precise_k, groups) if self.key_prior is not None else ()
-            # filled block by block (a cat of the blocks would hold the noise twice)
-            bias = q.new_empty((*q.shape[:-1], k.shape[-2]), dtype=bias_dtype) if draws else None
-            kls, pairs, spread, counted = [], [], 0.0, 0.0
-            for start in range(0, num_queries, rows):
-                block = slice(start, min(start + rows, num_queries))
-                part = groups.query_rows(block)
-                target = bias[..., block, :] if draws else None
-                kl, block_spread, block_counted = torch.utils.checkpoint.checkpoint(
-                    self._fused_block(part, scale, target, diagnose),
-                    precise_q[..., block, :], precise_k, *prior, use_reentrant=False, preserve_rng_state=True)
-                kls.append(kl)
-                pairs.append(block_pairs(part, precise_q[..., block, :], k))
-                spread, counted = spread + block_spread, counted + block_counted
-            weights = torch.stack(pairs)
-            kl = (torch.stack(kls) * weights).sum() / weights.sum().clamp_min(1)
-        diagnostics = {"sample_tv": (0.5 * spread / counted.clamp_min(1)).detach()} if diagnose else {}
-        if replay is not None:
-            precise_dtype = torch.promote_types(q.dtype, torch.float32)
-            redraw = lambda: self._noise_bias(q, k, rows, bias_dtype, precise_dtype)  # noqa: E731
-            run = self._replayed_sdpa(q, k, groups, scale, bias, replay, redraw)
+            prior = self.prior_over_keys(precise_k, groups) if self.key_prior is not None else None
+            lse = _RowLogSumExp.apply(precise_q, precise_k, key_mask, scale, rows)
+            kl = self._closed_kl(precise_q, precise_k, lse, prior, groups, scale)
+        if not draws:
+            return FusedAttention(q, k, scale, None, aux_losses={"kl": kl})
+        diagnostics: dict[str, Tensor] = {}
+        blocks = _NoisyBlocks(self, q, k, groups, scale, rows, lse.detach(),
+                              diagnostics if mechanism_diagnostics_on() else None)
+        if self._call_dropout == 0.0:
             return FusedAttention(q, k, scale, None, aux_losses={"kl": kl}, diagnostics=diagnostics,
-                                  library=LibraryForm("sdpa", run))
-        return FusedAttention(q, k, scale, bias, aux_losses={"kl": kl}, diagnostics=diagnostics)
+                                  library=LibraryForm("sdpa", blocks.run))
+        return FusedAttention(q, k, scale, blocks.whole_bias(), aux_losses={"kl": kl}, diagnostics=diagnostics)
 
-    def _noise_bias(self, q: Tensor, k: Tensor, rows: int, bias_dtype: torch.dtype, precise_dtype: torch.dtype) -> Tensor:
-        """The fused path's noise bias drawn as `_fused_block` draws it: block by block of `rows` queries, each in the
-        precise dtype, so that the same stream state gives the same bias bit for bit."""
-        num_queries = q.shape[-2]
-        bias = q.new_empty((*q.shape[:-1], k.shape[-2]), dtype=bias_dtype)
-        like = q.new_zeros((), dtype=precise_dtype)
-        with torch.no_grad():
-            for start in range(0, num_queries, rows):
-                block = slice(start, min(start + rows, num_queries))
-                bias[..., block, :].copy_(self.log_noise(like.expand(*q.shape[:-2], block.stop - block.start, k.shape[-2])))
-        return bias
+    def _fused_rows(self, groups: Groups, q: Tensor, k: Tensor) -> int:
+        """Queries per block of the fused path (FUSED_BLOCK_SIZE; `query_blocks` forces it in tests)."""
+        pairs_mb = 4 * q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2] / 2**20
+        budget_mb = FUSED_BLOCK_SIZE * 4 * q.shape[0] * q.shape[1] * q.shape[-2] * q.shape[-1] / 2**20
+        if pairs_mb <= FUSED_WHOLE_MB:
+            budget_mb = FUSED_WHOLE_MB  # one block unless `query_blocks` forces them
+        return query_block_rows(self, groups, q, k, budget_mb=budget_mb) or q.shape[-2]
 
-    @staticmethod
-    def _replayed_sdpa(q: Tensor, k: Tensor, groups: Groups, scale: float, bias: Tensor, replay: "_NoiseReplay",
-                       redraw) -> "Callable[[Tensor], Tensor]":
-        """`run(v)`: SDPA with the noise `bias`, checkpointed (only q, k and v are kept for the backward): the forward
-        uses `bias` and lets it go; the backward's recomputation redraws it (`redraw`) from the stream state `replay`
-        holds, and leaves the stream where it was."""
-        held = [bias]
-
-        def attend(q_: Tensor, k_: Tensor, v_: Tensor) -> Tensor:
-            noise = held.pop() if held else replay.run(redraw)
-            return groups.fused_attention(q_, k_, v_, bias=noise, scale=scale, dropout_p=0.0)
-
-        def run(v: Tensor) -> Tensor:
-            if not torch.is_grad_enabled() or not any(t.requires_grad for t in (q, k, v)):
-                return attend(q, k, v)
-            return torch.utils.checkpoint.checkpoint(attend, q, k, v, use_reentrant=False, preserve_rng_state=False)
-
-        return run
-
-    def _fused_block(self, part: Groups, scale: float, target: Tensor | None, diagnose: bool):
-        """One query block of `fused_attention`: (its mean KL, the sums behind `sample_tv`); in training it writes
-        its noise into `target` (its rows of the bias). Checkpointed: the backward's recomputation neither draws
-        (the stream stays where the forward left it) nor writes (SDPA saved the bias for its own backward)."""
-        calls = 0
-
-        def call(q: Tensor, k: Tensor, *prior: Tensor):
-            nonlocal calls
-            calls += 1
-            mean, log_mean = part.softmax_and_log(self.score(q, k, part, scale=scale))
-            kl = self.mean_kl(mean, log_mean, tuple(prior) or None, part)
-            spread, counted = mean.new_zeros(()), mean.new_zeros(())
-            if target is not None and calls == 1:
-                with torch.no_grad():
-                    noise = self.log_noise(mean)
-                    if diagnose:
-                        sample = part.normalize(mean * noise.exp(), zero_on_masked=True)
-                        spread = part.sum_over_pairs((sample - mean).abs(), mean)
-                        counted = part.sum_over_pairs(mean, mean)
-                    target.copy_(noise)
-            return kl, spread, counted
-        return call
+    def _closed_kl(self, q: Tensor, k: Tensor, lse: Tensor, prior: tuple[Tensor, Tensor] | None, groups: DenseGroups,
+                   scale: float) -> Tensor:
+        """`mean_kl` of the weights softmax(scale q k^T) without forming them (`_PairSums`)."""
+        raise NotImplementedError
 
     def _evaluated_sample_tv(self, mean: Tensor, groups: Groups) -> Tensor:
         """`sample_tv` where evaluation uses the mean weights: the distance one training draw would move them at these
@@ -658,6 +783,24 @@ class WeibullAttention(BayesianAttention):
         uniform = self.draw_noise(mean, "uniform")
         return uniform.clamp_min(torch.finfo(mean.dtype).tiny).log_().neg_().log_().div_(self.config.k)
 
+    def _closed_kl(self, q, k, lse, prior, groups, scale):
+        c = self.config
+        sums = _PairSums(q, k, lse, groups, scale)
+        pairs = sums.pairs
+        log_gamma_k = math.lgamma(1.0 + 1.0 / c.k)
+        sum_lam = sums.queries * math.exp(-log_gamma_k)
+        if prior is None:
+            sum_log_lam = sums.log_weights() - log_gamma_k * pairs
+            total = weibull_gamma_kl_sum(
+                c.k, c.beta, pairs, c.alpha * pairs, c.alpha * sum_log_lam, sum_lam, math.lgamma(c.alpha) * pairs
+            )
+            return total / pairs
+        alpha = (c.beta * prior[0]).clamp_min(torch.finfo(prior[0].dtype).eps)
+        sum_alpha = sums.per_key(alpha)
+        sum_alpha_log_lam = sums.weighted_log_weights(alpha) - log_gamma_k * sum_alpha
+        total = weibull_gamma_kl_sum(c.k, c.beta, pairs, sum_alpha, sum_alpha_log_lam, sum_lam, sums.per_key(torch.lgamma(alpha)))
+        return total / pairs
+
     def mean_kl(self, mean, log_mean, prior, groups):
         c = self.config
         pairs = groups.count_pairs(mean)
@@ -695,6 +838,21 @@ class LognormalAttention(BayesianAttention):
     def log_noise(self, mean: Tensor) -> Tensor:
         # S = mean * exp(sigma * eps - sigma^2 / 2): the constant cancels in the normalisation
         return self.draw_noise(mean, "normal").mul_(self.config.sigma)
+
+    def _closed_kl(self, q, k, lse, prior, groups, scale):
+        c = self.config
+        sums = _PairSums(q, k, lse, groups, scale)
+        pairs = sums.pairs
+        shift = 0.5 * c.sigma**2
+        sum_sq_log, sum_log = sums.squared_log_weights(), sums.log_weights()
+        if prior is None:
+            mu0 = c.prior_mu
+            gap = sum_sq_log - 2.0 * (shift + mu0) * sum_log + pairs * (shift + mu0) ** 2
+        else:
+            log_pi = prior[1]
+            gap = (sum_sq_log - 2.0 * shift * sum_log - 2.0 * sums.weighted_log_weights(log_pi)
+                   + sums.per_key((log_pi + shift).square()))
+        return lognormal_kl_sum(c.sigma, c.prior_sigma, pairs, gap.clamp_min(0.0)) / pairs
 
     def mean_kl(self, mean, log_mean, prior, groups):
         c = self.config
