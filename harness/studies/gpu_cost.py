@@ -424,22 +424,26 @@ def triton_launches_counted(counter: CostCounter) -> Iterator[bool]:
 
 @contextmanager
 def library_kernels_as_on_cuda(counter: CostCounter) -> Iterator[None]:
-    """Where AdaSplash is installed, α-entmax's library form is built as on a GPU (entmax.py builds it only where it
-    can run): the page then counts the path a GPU with the same packages takes."""
+    """Where AdaSplash and Triton are installed, α-entmax's library forms (AdaSplash for a fixed α, our Triton kernel for
+    the learned one) are built as on a GPU (entmax.py builds them only where they can run): the page then counts the
+    path a GPU with the same packages takes."""
     from modules.attention.variants import entmax
 
-    library = entmax.adasplash_library()
-    if library is None:
+    library, learned = entmax.adasplash_library(), entmax.learned_alpha_library()
+    if library is None and learned is None:
         yield
         return
-    previous = entmax._adasplash_reference
+    previous, previous_learned = entmax._adasplash_reference, entmax._triton_entmax_reference
     with triton_launches_counted(counter) as patched:
-        if patched and previous is None:
+        if patched and previous is None and library is not None:
             entmax.use_adasplash_reference(library)
+        if patched and previous_learned is None and learned is not None:
+            entmax.use_learned_alpha_reference(learned)
         try:
             yield
         finally:
             entmax.use_adasplash_reference(previous)
+            entmax.use_learned_alpha_reference(previous_learned)
 
 
 # ---- one variant's forward+backward ---------------------------------------------------------------------------------

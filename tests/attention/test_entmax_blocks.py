@@ -1,6 +1,6 @@
-"""The learned-α entmax on the CUDA path: it has no fused form there, so its eager call runs in query blocks sized by q
-(`block_weights_vs_q`, read by `query_block_rows`), each recomputed in the backward, which keeps its peak within 1.5x
-SDPA's on the GPU cost page's count. Counts only (fake tensors): nothing is timed. The CPU path is untouched."""
+"""The learned-α entmax on the CUDA path where its fused kernel cannot run (a mask, no Triton): its eager call runs in
+query blocks sized by q (`block_weights_vs_q`, read by `query_block_rows`), each recomputed in the backward, which
+keeps its peak within 1.5x SDPA's on the GPU cost page's count. Counts only (fake tensors): nothing is timed. The CPU path is untouched."""
 
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ def test_learned_alpha_blocks_are_sized_by_q_and_fixed_alpha_keeps_the_budget():
 
 
 @pytest.mark.parametrize("length", [512, 2048])
-def test_learned_alpha_peak_stays_within_one_and_a_half_sdpa_and_reads_nothing(length):
+def test_learned_alpha_peak_stays_within_one_and_a_half_sdpa_and_reads_nothing(length, monkeypatch):
+    """Where its fused kernel cannot run (no Triton here, as for a masked call): the blocked path."""
+    from modules.attention.variants import entmax as entmax_variant
+
+    monkeypatch.setattr(entmax_variant, "learned_alpha_library", lambda: None)
     softmax, _, _ = gpu_cost.count_step("softmax", length, 2)
     entmax, _, path = gpu_cost.count_step("entmax", length, 2)
     assert path == "blocked"

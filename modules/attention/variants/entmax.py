@@ -31,8 +31,11 @@ mask, and deciding that a mask is plain right padding would cost a host read per
 one length (any length: the lengths go to its kernels, on the device, where its unmasked tiles would not do), v
 shaped as q, a head dimension of 16 to 256, no attention dropout. It runs AdaSplash's kernels without block mask
 (`modules/attention/adasplash_full_length.py`): the block-mask version lists the blocks it computes with `nonzero`,
-a host wait twice a call; without it every key block is scored (no block skipping), and nothing is read on the host. The learned-α `entmax` keeps
-the package's `entmax_bisect`: AdaSplash returns no gradient for α, which `entmax` trains.
+a host wait twice a call; without it every key block is scored (no block skipping), and nothing is read on the host.
+
+AdaSplash takes one α for the call and returns no gradient for it, which the learned-α `entmax` trains: on CUDA,
+under the same contract, `entmax` runs our own Triton kernel (modules/attention/triton_entmax.py: AdaSplash's design
+with α per head and dα), and elsewhere (a mask) the package's `entmax_bisect` in query blocks (`block_weights_vs_q`).
 """
 
 from __future__ import annotations
@@ -93,6 +96,37 @@ def use_adasplash_reference(function) -> None:
     """Tests only: stand `function` in for AdaSplash (also on CPU); None restores the library."""
     global _adasplash_reference
     _adasplash_reference = function
+
+
+_triton_entmax_reference = None
+
+LEARNED_ALPHA_HEAD_DIMS = (1, 256)
+"""Head dimensions the learned-α kernel tiles (it pads d to a power of two from 16, masked)."""
+
+
+def learned_alpha_kernel():
+    """The fused learned-α entmax attention (modules/attention/triton_entmax.py), (q, k, v, alpha [H], scale) ->
+    output with gradients for q, k, v and α, or None where it cannot run: no Triton, or no CUDA. A test (or the GPU
+    cost page's count) may set a reference function (`use_learned_alpha_reference`) to take the path on CPU."""
+    if _triton_entmax_reference is not None:
+        return _triton_entmax_reference
+    if not torch.cuda.is_available():
+        return None
+    return learned_alpha_library()
+
+
+def learned_alpha_library():
+    """The Triton kernel itself wherever Triton is installed, GPU or not (the Triton interpreter and the cost page's
+    launch count run it on CPU), or None."""
+    from .. import triton_entmax
+
+    return triton_entmax.learned_alpha_entmax_attention if triton_entmax.triton is not None else None
+
+
+def use_learned_alpha_reference(function) -> None:
+    """Tests only: stand `function` in for the learned-α kernel (also on CPU); None restores it."""
+    global _triton_entmax_reference
+    _triton_entmax_reference = function
 
 
 NEWTON_STEP_CAP = 100
@@ -337,8 +371,11 @@ class EntmaxAttention(AttentionKernel):
         return AttentionResult(weights, diagnostics=diagnostics)
 
     def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
-        """AdaSplash where its contract fits (module docstring); None (the eager path) elsewhere."""
-        if self.alpha_logit is not None or not isinstance(groups, DenseGroups):
+        """AdaSplash where its contract fits (module docstring), the learned-α kernel for `entmax`; None (the eager
+        path) elsewhere."""
+        if self.alpha_logit is not None:
+            return self._learned_alpha_fused(q, k, groups, scale=scale)
+        if not isinstance(groups, DenseGroups):
             return None
         if groups.mask is not None or groups.query_valid is not None:
             return None
@@ -365,6 +402,32 @@ class EntmaxAttention(AttentionKernel):
                            alpha=alpha, niter=ADASPLASH_STEPS.get(alpha, 20))
 
         return FusedAttention(None, None, scale, library=LibraryForm("adasplash", run, fits=lambda v: v.shape == q.shape))
+
+    def _learned_alpha_fused(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
+        """The learned-α kernel (modules/attention/triton_entmax.py) on the CUDA path: dense groups without a mask,
+        queries and keys of one length, a head dimension up to 256, v shaped as q, no attention dropout."""
+        if not isinstance(groups, DenseGroups) or groups.mask is not None or groups.query_valid is not None:
+            return None
+        if q.shape != k.shape or not LEARNED_ALPHA_HEAD_DIMS[0] <= q.shape[-1] <= LEARNED_ALPHA_HEAD_DIMS[1]:
+            return None
+        if not (takes_cuda_path(q) or _triton_entmax_reference is not None):
+            return None
+        kernel = learned_alpha_kernel()
+        if kernel is None:
+            return None
+        alpha = self.alpha()
+        diagnostics = {}
+        if not self.training or self.measures("alpha"):
+            diagnostics["alpha"] = alpha.detach().mean()
+
+        def run(v: Tensor) -> Tensor:
+            device = q.device.type
+            # not on autocast's lists: cast as SDPA would be (the kernel forms the scores in float32 whatever it is given)
+            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else v.dtype
+            return kernel(q.to(dtype), k.to(dtype), v.to(dtype), alpha, scale)
+
+        return FusedAttention(None, None, scale, diagnostics=diagnostics,
+                              library=LibraryForm("triton-entmax", run, fits=lambda v: v.shape == q.shape))
 
     def _partial_sort_size(self, num_keys: int) -> int | None:
         """The package's `k`: sort only the top k scores (it retries with 2k for rows whose support fills
