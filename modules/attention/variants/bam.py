@@ -314,13 +314,14 @@ _fused_on_cpu = False
 _EVALUATION_DRAW_SEED = 0xBA3
 """Seed of the draw `sample_tv` measures at evaluation (a fixed stream apart from the run's)."""
 
-FUSED_BLOCK_SIZE = 1.0
+FUSED_BLOCK_SIZE = 2.0
 """The fused path's query blocks (noise, noisy SDPA, clean logsumexp) hold at most this many times q's elements in
-one [B, H, rows, Lk] tensor (rows = FUSED_BLOCK_SIZE * Lq * d / Lk, at least 16): 64 rows a block for d = 64
+one [B, H, rows, Lk] tensor (rows = FUSED_BLOCK_SIZE * Lq * d / Lk, at least 16): 128 rows a block for d = 64
 self-attention at any length. The extra memory of a block (its noise, and its logits while the logsumexp and
-`sample_tv` are formed: about four such tensors at once) then grows as the call's own q, k, v, not as L x L, which
-keeps the CUDA path's peak within 1.5 x SDPA's (the GPU cost page, L = 512 and 2048). Blocks cost launches: a
-larger value trades memory for fewer of them."""
+`sample_tv` are formed: two or three such tensors at once) then grows as the call's own q, k, v, not as L x L.
+Counted on the GPU cost page (B = 32, H = 12, d = 64, L = 512 and 2048): peak live 1.45 x SDPA's at 2, 1.8 x at 4.
+Each block also reads k and v and adds its share of their gradients (three k-sized passes each way): fewer,
+larger blocks touch fewer bytes (at L = 2048, 1 -> 2 -> 4 took bam-weibull's count from 205 to 173 to 157 GB)."""
 FUSED_WHOLE_MB = 64
 """A fused call whose [B, H, Lq, Lk] float32 tensor is at most this many MiB runs as one block: blocks would spare
 little memory there and cost launches (and one block draws the eager path's noise)."""
@@ -393,14 +394,28 @@ class _PairSums:
         if self.keys is None:
             self.n: Tensor | float = float(k.shape[-2])
             key_mean = k.mean(-2, keepdim=True)
-            self.centred = k - key_mean
         else:
             self.n = self.keys.sum(-1)  # [B|1, 1|H, 1]
             key_mean = torch.matmul(self.keys, k) / self.n.clamp_min(1).unsqueeze(-1)
-            self.centred = (k - key_mean) * self.keys.transpose(-1, -2)
+        self.k, self.key_mean = k, key_mean
         self.a = lse - scale * torch.matmul(q, key_mean.transpose(-1, -2)).squeeze(-1)
         rows = groups.valid_queries  # [B|1, 1|H, Lq] or None (every query is valid and has keys)
         self.rows = None if rows is None else rows.to(q.dtype)
+
+    def _times_centred(self, left: Tensor | None) -> Tensor:
+        """left @ kc ([B, H, 1, Lk] @ [B, H, Lk, d]), or kc^T kc where left is None; checkpointed, so that the
+        backward recomputes kc rather than keeping a tensor of k's size."""
+
+        def product(k: Tensor, key_mean: Tensor, *left_: Tensor) -> Tensor:
+            centred = k - key_mean
+            if self.keys is not None:
+                centred = centred * self.keys.transpose(-1, -2)
+            return torch.matmul(left_[0] if left_ else centred.transpose(-1, -2), centred)
+
+        inputs = (self.k, self.key_mean) if left is None else (self.k, self.key_mean, left)
+        if not torch.is_grad_enabled() or not any(t.requires_grad for t in inputs):
+            return product(*inputs)
+        return torch.utils.checkpoint.checkpoint(product, *inputs, use_reentrant=False)
 
     def over_rows(self, x: Tensor | float) -> Tensor:
         """Sum over the valid queries of a per-query term x (broadcastable to [B, H, Lq])."""
@@ -425,9 +440,11 @@ class _PairSums:
 
     def squared_log_weights(self) -> Tensor:
         """Sum of (log w_ij)^2."""
-        moments = torch.matmul(self.centred.transpose(-1, -2), self.centred)  # [B, H, d, d]
-        spread = (torch.matmul(self.q, moments) * self.q).sum(-1) * self.scale**2
-        return self.over_rows(spread + self.n * self.a.square())
+        # sum_i q_i^T M q_i over valid queries as <M, Q^T diag(rows) Q>: d x d products, nothing of q's size formed
+        moments = self._times_centred(None)  # [B, H, d, d]
+        weighted_q = self.q if self.rows is None else self.q * self.rows.unsqueeze(-1)
+        spread = (moments * torch.matmul(weighted_q.transpose(-1, -2), self.q)).sum() * self.scale**2
+        return spread + self.over_rows(self.n * self.a.square())
 
     def _on_keys(self, c: Tensor) -> Tensor:
         return c if self.keys is None else c * self.keys
@@ -435,7 +452,7 @@ class _PairSums:
     def weighted_log_weights(self, c: Tensor) -> Tensor:
         """Sum of c_j log w_ij for a per-key c [B, H, 1, Lk]."""
         c = self._on_keys(c)
-        direction = torch.matmul(c, self.centred)  # [B, H, 1, d]
+        direction = self._times_centred(c)  # [B, H, 1, d]
         return self.over_rows(self.scale * torch.matmul(self.q, direction.transpose(-1, -2)).squeeze(-1)
                               - self.a * c.sum(-1))
 
@@ -780,8 +797,14 @@ class WeibullAttention(BayesianAttention):
 
     def log_noise(self, mean: Tensor) -> Tensor:
         # S = mean * E^(1/k) / Gamma(1 + 1/k): the constant cancels in the normalisation
+        # log(E) / k with E = -log U as two xlogy passes (the constant factor inside each, one pass each); the clamp
+        # keeps log finite. In place only on a fresh draw (a check's held noise may be a tensor it keeps).
         uniform = self.draw_noise(mean, "uniform")
-        return uniform.clamp_min(torch.finfo(mean.dtype).tiny).log_().neg_().log_().div_(self.config.k)
+        tiny = torch.finfo(mean.dtype).tiny
+        uniform = uniform.clamp_min(tiny) if "draw_noise" in vars(self) else uniform.clamp_min_(tiny)
+        exp1 = torch.special.xlogy(-1.0, uniform)
+        del uniform  # two [.., Lq, Lk] tensors at a time, not three
+        return torch.special.xlogy(1.0 / self.config.k, exp1)
 
     def _closed_kl(self, q, k, lse, prior, groups, scale):
         c = self.config
@@ -837,7 +860,11 @@ class LognormalAttention(BayesianAttention):
 
     def log_noise(self, mean: Tensor) -> Tensor:
         # S = mean * exp(sigma * eps - sigma^2 / 2): the constant cancels in the normalisation
-        return self.draw_noise(mean, "normal").mul_(self.config.sigma)
+        if "draw_noise" in vars(self):  # a check's held noise
+            return self.draw_noise(mean, "normal") * self.config.sigma
+        # one pass: torch.normal scales the standard draw as it writes it (the same numbers as randn * sigma)
+        return torch.normal(0.0, self.config.sigma, mean.shape, generator=self.noise_generator, dtype=mean.dtype,
+                            device=mean.device)
 
     def _closed_kl(self, q, k, lse, prior, groups, scale):
         c = self.config
