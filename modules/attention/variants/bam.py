@@ -797,11 +797,16 @@ class WeibullAttention(BayesianAttention):
 
     def log_noise(self, mean: Tensor) -> Tensor:
         # S = mean * E^(1/k) / Gamma(1 + 1/k): the constant cancels in the normalisation
-        # log(E) / k with E = -log U as two xlogy passes (the constant factor inside each, one pass each); the clamp
-        # keeps log finite. In place only on a fresh draw (a check's held noise may be a tensor it keeps).
-        uniform = self.draw_noise(mean, "uniform")
+        # log(E) / k with E = -log U as two xlogy passes (the constant factor inside each, one pass each); U at
+        # least tiny keeps log finite
         tiny = torch.finfo(mean.dtype).tiny
-        uniform = uniform.clamp_min(tiny) if "draw_noise" in vars(self) else uniform.clamp_min_(tiny)
+        if "draw_noise" in vars(self):  # a check's held noise
+            uniform = self.draw_noise(mean, "uniform").clamp_min(tiny)
+        else:
+            # uniform_ on [tiny, 1) writes what rand then clamp_min(tiny) would (1 - tiny rounds to 1, and
+            # x + tiny to x for every nonzero draw), from the same stream, in one pass
+            uniform = torch.empty(mean.shape, dtype=mean.dtype, device=mean.device).uniform_(
+                tiny, 1.0, generator=self.noise_generator)
         exp1 = torch.special.xlogy(-1.0, uniform)
         del uniform  # two [.., Lq, Lk] tensors at a time, not three
         return torch.special.xlogy(1.0 / self.config.k, exp1)
