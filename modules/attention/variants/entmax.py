@@ -317,8 +317,9 @@ class EntmaxAttention(AttentionKernel):
     (α-1) z²/2, i.e. ~1e-4 for the contract test's logits."""
     softmax_limit_atol = 1e-3
     row_separable = True
-    """Each query's τ comes from its own row; the diagnostics are means over queries. Where AdaSplash cannot run
-    (learned α, a mask) a call on CUDA materialises the weights one block of queries at a time."""
+    """Each query's τ comes from its own row; the diagnostics are means over queries. Where no fused kernel runs (a
+    mask) a call on CUDA materialises the weights one block of queries at a time."""
+
     @property
     def block_weights_vs_q(self) -> float | None:
         """With a learned α, on CUDA, query blocks (`query_block_rows`) of at most half q's elements in one
