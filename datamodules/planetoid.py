@@ -8,7 +8,6 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader
 from torch_geometric.data import Data
 from torch_geometric.datasets import Planetoid
 from torch_geometric.transforms import NormalizeFeatures
@@ -155,8 +154,21 @@ def drop_stale_cache(name: str, cached_raw: Path) -> None:
         shutil.rmtree(cached_raw.parent / "processed", ignore_errors=True)
 
 
-def _single_graph(batch: list[Data]) -> Data:
-    return batch[0]
+class WholeGraph:
+    """The graph as the one batch of every epoch, iterated by Lightning as it iterates a DataLoader. Not a
+    DataLoader: its iterator draws a seed from the global generator and reads it on the host each time an epoch
+    starts it (twice an epoch, training and validation), for workers and a sampler that a one-graph loader has
+    none of. Not a list either, which Lightning takes for a collection of loaders. Under DDP every rank gets the
+    whole graph, as the DistributedSampler's repeat gave it (`NodeClassificationModule._own_share`)."""
+
+    def __init__(self, graph: Data):
+        self.graph = graph
+
+    def __iter__(self):
+        yield self.graph
+
+    def __len__(self) -> int:
+        return 1
 
 
 class PlanetoidDataModule(L.LightningDataModule):
@@ -191,15 +203,15 @@ class PlanetoidDataModule(L.LightningDataModule):
         self.setup()
         return int(self.graph.y.max()) + 1
 
-    def _loader(self) -> DataLoader:
+    def _loader(self) -> WholeGraph:
         self.setup()
-        return DataLoader([self.graph], batch_size=1, collate_fn=_single_graph)
+        return WholeGraph(self.graph)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> WholeGraph:
         return self._loader()
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> WholeGraph:
         return self._loader()
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> WholeGraph:
         return self._loader()

@@ -6,14 +6,13 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics import MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from datamodules.evaluation import distributed_kwargs
 
 from ..hosts.gat import GAT, graph_groups
 from .attention_terms import (DivergenceWatch, diagnosed_validation, diagnostics, measured_if, mechanism_logs, schedule_point,
                               trace_aux_loss)
+from .class_scores import class_scores, confusion_counts
 from .example_mean import ExampleMean
 from .optimization import graph_adam, parameter_groups
 
@@ -34,11 +33,7 @@ class NodeClassificationModule(L.LightningModule):
         self._divergence = DivergenceWatch()
         self.model = model
         self.lr, self.weight_decay = lr, weight_decay
-        metrics = MetricCollection(
-            {"acc": MulticlassAccuracy(num_classes, average="micro"), "macro_f1": MulticlassF1Score(num_classes, average="macro")}
-        )
-        self.val_metrics = metrics.clone(prefix="val/")
-        self.test_metrics = metrics.clone(prefix="test/")
+        self.num_classes = num_classes
         self.val_loss = ExampleMean()
         self._groups = None
         self._mask_nodes: dict[str, Tensor] = {}
@@ -71,7 +66,7 @@ class NodeClassificationModule(L.LightningModule):
             self._mask_nodes[split] = mask.nonzero().squeeze(1)
         return self._mask_nodes[split]
 
-    def _evaluate(self, graph, split: str, metrics):
+    def _evaluate(self, graph, split: str):
         # the test pass always measures: its values are the mechanism at the evaluated weights, which the rules read
         measured = split == "test" or diagnosed_validation(self.current_epoch)
         if split == "val":
@@ -79,17 +74,27 @@ class NodeClassificationModule(L.LightningModule):
         with measured_if(measured):
             logits, trace = self._forward(graph)
             nodes = self._own_share(self._nodes(split, getattr(graph, f"{split}_mask")))
-            loss = F.cross_entropy(logits[nodes], graph.y[nodes])
+            scored, target = logits[nodes], graph.y[nodes]
+            loss = F.cross_entropy(scored, target)
             logs = mechanism_logs(trace, loss, *schedule_point(self, split))
-        metrics.update(logits[nodes], graph.y[nodes])
+        counts = self._summed_over_ranks(confusion_counts(scored, target, self.num_classes))
         if split == "val":
             self.val_loss.update(loss, len(nodes))
             self.log("val/loss", self.val_loss)
         else:  # tests run on one process (harness/run/distributed.py)
             self.log(f"{split}/loss", loss, batch_size=len(nodes), sync_dist=True)
         self.log_dict({f"{split}/{k}": v for k, v in logs.items()}, batch_size=1)
-        self.log_dict(metrics, batch_size=len(nodes))
+        # One batch a pass (the whole graph), so the pass's value is this batch's: "sum" adds it to 0 and nothing
+        # else, where a mean would multiply and divide it by the batch size (not bit-exact in float32).
+        self.log_dict({f"{split}/{k}": v for k, v in class_scores(counts).items()}, batch_size=1, reduce_fx="sum")
         return trace
+
+    def _summed_over_ranks(self, counts: Tensor) -> Tensor:
+        """A confusion table over every rank's nodes (`_own_share`): the scores are those of the whole split."""
+        trainer = getattr(self, "_trainer", None)
+        if trainer is None or trainer.world_size == 1:
+            return counts
+        return trainer.strategy.reduce(counts, reduce_op="sum")
 
     def _own_share(self, nodes: Tensor) -> Tensor:
         """The nodes of a split that this process scores. The graph is one batch, so under DDP every rank gets it (the
@@ -109,10 +114,10 @@ class NodeClassificationModule(L.LightningModule):
         self._divergence.epoch_end(self)
 
     def validation_step(self, graph, batch_idx):
-        self._evaluate(graph, "val", self.val_metrics)
+        self._evaluate(graph, "val")
 
     def test_step(self, graph, batch_idx):
-        trace = self._evaluate(graph, "test", self.test_metrics)
+        trace = self._evaluate(graph, "test")
         self.log_dict({f"test/{k}": v for k, v in diagnostics(trace).items()}, batch_size=1)
 
     def configure_optimizers(self):

@@ -1,0 +1,41 @@
+"""A node-classification split's accuracy and macro-F1 from one confusion table, nothing read on the host.
+
+torchmetrics' MulticlassF1Score counts its confusion matrix with a bincount, whose output size is the largest
+index (a GPU run waits for the device to learn it), and masks absent classes out of the macro mean by boolean
+indexing (another wait); with its accuracy it also spends about 90 ops an epoch on a 7-class graph. Here the table
+has a fixed size, so a GPU never stops for it, and the scores are torchmetrics' own float operations on the same
+counts: the same values bit for bit (tests/modules/test_class_scores.py compares them on random predictions, with
+classes absent from a split)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def confusion_counts(logits: Tensor, target: Tensor, num_classes: int) -> Tensor:
+    """[C, C] int64 counts of (true class, predicted class), the prediction being the argmax of `logits` [n, C]."""
+    cells = target * num_classes + logits.argmax(dim=1)
+    counts = torch.zeros(num_classes * num_classes, dtype=torch.long, device=logits.device)
+    return counts.scatter_add_(0, cells, torch.ones_like(cells)).view(num_classes, num_classes)
+
+
+def class_scores(counts: Tensor) -> dict[str, Tensor]:
+    """{"acc": micro accuracy, "macro_f1": F1 averaged over the classes present} of a confusion table [C, C],
+    as torchmetrics' MulticlassAccuracy(average="micro") and MulticlassF1Score(average="macro") compute them:
+
+    - accuracy: correct / examples in float32, 0 without examples;
+    - class c's F1: 2·tp / (2·tp + fp + fn) in float32, where 2·tp + fp + fn is the column plus the row sum of c,
+      0 where that is 0 (a class neither true nor predicted);
+    - the macro mean: each class's F1 divided by the number of classes present, then summed (torchmetrics divides
+      before it sums), a class present when 2·tp + fp + fn > 0, i.e. tp + fp + fn > 0.
+
+    Every count is an integer below 2^24, exact in float32, so the quotients are torchmetrics' to the bit; the
+    zero guards clamp a zero denominator to 1 under a zero numerator instead of selecting, which gives the same 0."""
+    tp = counts.diagonal()
+    spread = counts.sum(0) + counts.sum(1)  # 2·tp + fp + fn per class
+    f1 = (2 * tp) / spread.clamp(min=1)
+    present = (spread != 0).sum(-1, keepdim=True)
+    macro_f1 = (f1 / present.clamp(min=1)).sum(-1)
+    accuracy = tp.sum() / counts.sum().clamp(min=1)
+    return {"acc": accuracy, "macro_f1": macro_f1}
