@@ -40,7 +40,9 @@ used: α is its learned replacement. All terms constant within a query's group (
 Fast path: with β = 0 and no adaptation, dense groups with need_weights=False run through SDPA (see
 `fused_attention`);
 forward+backward at B=8, H=8, L=256, d=64 measured ~1.05x softmax with prior="magnitude" and ~1.3-1.45x with
-the learned coupling, whose per-key bias makes SDPA work on head dim 65 (a float mask costs the same).
+the learned coupling, whose per-key bias makes SDPA work on head dim 65 (a float mask costs the same); on the CUDA
+path, padded to 72 for the flash kernel, q', k' and their gradients are built by one autograd Function
+(`_PaddedMixtureForm`).
 Dropout (in `forward`) applies to the final weights only, not to the EM / adaptation E-steps.
 """
 
@@ -72,6 +74,93 @@ from ..kernel import (
     standard_diagnostics,
 )
 from ..registry import register_attention
+
+class _PaddedMixtureForm(torch.autograd.Function):
+    """The fused form on the CUDA path in one pass each way: q' = [q, 1, 0…] and k' = [αξ, t, 0…] of head width W,
+    with t the per-key terms c_h ‖ξ‖² + e (c_h = (ρ-1) α_h/2, e the offset term or none), centred over each head's
+    keys where `centred` (see `_fused_key_terms`). Forward: one concatenation for q', one norm and one multiply into
+    k' (its other columns filled in place). Backward: dq = dq'[:d], a view; dα from the trace of dk'[:d]ᵀ ξ; dk =
+    α dk'[:d] + 2 ∂t/∂‖ξ‖² ξ in two ops. Composed from autograd ops instead, the same form took a multiply, a
+    concatenation and the padding of each tensor, and as many again in the backward (muls, narrow copies, adds).
+    Equal to the composed form up to float rounding, with its roundings under autocast: α applied to ξ in float32
+    and rounded once into k' (on the queries' side, α's bf16 gradient was 2.7x eager bf16's error from fp32 against
+    2.2x here, geometric mean of 30 draws)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, alpha: Tensor, coef: Tensor | None, extra: Tensor | None,
+                centred: bool, width: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)
+        dim = q.shape[-1]
+        precise = torch.promote_types(k.dtype, torch.float32)
+        ones = torch.ones((), dtype=dtype, device=q.device).expand(*q.shape[:-1], 1)
+        zeros = torch.zeros((), dtype=dtype, device=q.device).expand(*q.shape[:-1], width - dim - 1)
+        q_prime = torch.cat([q.to(dtype), ones, zeros], dim=-1)
+        terms = torch.zeros((), dtype=precise, device=k.device)
+        sq_norm = None
+        if coef is not None:
+            sq_norm = torch.linalg.vector_norm(k, dim=-1, dtype=precise).square()
+            terms = per_head(coef, sq_norm).to(precise) * sq_norm
+        if extra is not None:
+            terms = terms + extra
+        finite = None
+        if centred:
+            # padded keys may hold anything; none of them may move the centre to inf or nan
+            finite = terms.isfinite()
+            terms = terms - terms.nan_to_num(0.0, 0.0, 0.0).mean(-1, keepdim=True)
+        k_prime = k.new_empty((*k.shape[:-1], width), dtype=dtype)
+        # α applied in k's precision (float32 under autocast) and rounded once into k', as the composed form's cast
+        torch.mul(k, per_head(alpha, k), out=k_prime[..., :dim])
+        k_prime[..., dim].copy_(terms.to(dtype).expand(k.shape[:-1]))
+        k_prime[..., dim + 1:].zero_()
+        ctx.save_for_backward(k, alpha, coef, sq_norm, finite)
+        ctx.dim, ctx.has_extra = dim, extra is not None
+        return q_prime, k_prime
+
+    @staticmethod
+    def backward(ctx, grad_q: Tensor | None, grad_k: Tensor | None):
+        k, alpha, coef, sq_norm, finite = ctx.saved_tensors
+        dim = ctx.dim
+        dq = dk = dalpha = dcoef = dextra = None
+        if grad_q is not None and ctx.needs_input_grad[0]:
+            dq = grad_q[..., :dim]
+        if grad_k is None:
+            return dq, dk, dalpha, dcoef, dextra, None, None, None
+        grad_rows = grad_k[..., :dim]
+        if ctx.needs_input_grad[2]:
+            # Σ_j dk'_j[:d] · ξ_j per (sample, head): the trace of dk'[:d]ᵀ ξ [d x d], on ξ itself (in its precision)
+            traced = torch.matmul(grad_rows.to(k.dtype).transpose(-1, -2), k).diagonal(dim1=-2, dim2=-1)
+            dalpha = traced.sum(-1, dtype=alpha.dtype).sum(0)
+        precise = torch.promote_types(grad_k.dtype, torch.float32)
+        grad_terms = grad_k[..., dim].to(precise)
+        if finite is not None:
+            grad_terms = grad_terms - finite * grad_terms.mean(-1, keepdim=True)
+        if ctx.has_extra and ctx.needs_input_grad[4]:
+            dextra = grad_terms
+        if coef is not None and ctx.needs_input_grad[3]:
+            dcoef = (grad_terms * sq_norm).sum((0, 2)).to(coef.dtype)
+        if ctx.needs_input_grad[1]:
+            dk = grad_rows * per_head(alpha, grad_rows)
+            if coef is not None:
+                # ∂(c ‖ξ‖²)/∂ξ = 2c ξ
+                slope = (2 * per_head(coef, grad_terms).to(precise) * grad_terms).to(dk.dtype).unsqueeze(-1)
+                dk = torch.addcmul(dk, k, slope)
+        return dq, dk, dalpha, dcoef, dextra, None, None, None
+
+
+class _ZeroColumns(torch.autograd.Function):
+    """x with zero columns appended to width W; its gradient is the incoming one's first columns, a view (F.pad's
+    backward copies them out)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, width: int) -> Tensor:
+        ctx.dim = x.shape[-1]
+        zeros = torch.zeros((), dtype=x.dtype, device=x.device).expand(*x.shape[:-1], width - x.shape[-1])
+        return torch.cat([x, zeros], dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad[..., : ctx.dim], None
+
 
 PRIORS = ("learned", "magnitude", "uniform")
 FUSED_WIDTH_MULTIPLE = 8
@@ -318,7 +407,7 @@ class GaussianMixtureAttention(AttentionKernel):
             return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
         self._padded_width = width
         try:
-            out, result = super().forward(q, k, F.pad(v, (0, width - v.shape[-1])), groups, scale=scale,
+            out, result = super().forward(q, k, _ZeroColumns.apply(v, width), groups, scale=scale,
                                           dropout_p=dropout_p, need_weights=False)
         finally:
             self._padded_width = None
@@ -327,11 +416,13 @@ class GaussianMixtureAttention(AttentionKernel):
     _padded_width: int | None = None
 
     def _fused_width(self, q: Tensor, v: Tensor, groups: Groups) -> int | None:
-        """The head width the fused form pads q', k' and v to on the CUDA path, or None (no padding). q' = [αq, 1] and
-        k' = [ξ, key terms] are one column wider than v: SDPA's flash kernels (CUDA's and the CPU's) need one head
-        width for q, k and v, CUDA's a multiple of 8, so a 64-wide head (65 with the column) ran SDPA's math path,
-        which forms the weights. Zero columns change no dot product. Off the CUDA path nothing is padded, so CPU
-        results stay as they were, bit for bit."""
+        """The head width the fused form pads q', k' and v to on the CUDA path, or None (no padding). q' and k' (the
+        CPU's [αq, 1] and [ξ, key terms]; the CUDA path's [q, 1, 0…] and [αξ, key terms, 0…], `_PaddedMixtureForm`)
+        are one column wider than v: SDPA's flash kernels (CUDA's and the CPU's) need one head width for q, k and v,
+        CUDA's a multiple of 8, so a 64-wide head (65 with the column) ran SDPA's math path, which forms the weights.
+        Zero columns change no dot product. Off the CUDA path nothing is padded, so CPU results stay as they were,
+        bit for bit. (CUDA's memory-efficient kernel takes a v narrower than q and k, which would spare v's padding
+        and the output's slice, a full-size pass each way, but it runs slower than flash.)"""
         if not takes_cuda_path(q) or not groups.has_fused_attention or flex_wanted():
             return None
         if self._runs_value_em() or self._adapting() or not self._has_key_terms():
@@ -351,15 +442,13 @@ class GaussianMixtureAttention(AttentionKernel):
         with zero columns to the width `forward` padded v to."""
         if self._runs_value_em() or self._adapting():
             return None
-        key_terms = self._fused_key_terms(k)
-        flex = self._flex_form(q, k, key_terms)
-        zeros = (self._padded_width or 0) - q.shape[-1] - 1
-        if key_terms is not None and zeros > 0:
-            # padded (the CUDA path): α on the keys' side, where the key terms already keep k for the backward, so
-            # that the backward keeps no scaled copy of q (α<q, ξ> = <q, αξ>, equal to float rounding)
-            scaled_q = torch.cat([q, q.new_ones(q.shape[:-1]).unsqueeze(-1), q.new_zeros((*q.shape[:-1], zeros))], dim=-1)
-            k = torch.cat([k * per_head(self.alpha, k), key_terms.unsqueeze(-1), k.new_zeros((*k.shape[:-1], zeros))], dim=-1)
+        flex = None
+        if self._padded_width is not None and self._has_key_terms():
+            # the CUDA path (`_fused_width`), where FlexAttention is not wanted
+            scaled_q, k = self._padded_form(q, k, self._padded_width)
         else:
+            key_terms = self._fused_key_terms(k)
+            flex = self._flex_form(q, k, key_terms)
             scaled_q = q * per_head(self.alpha, q)
             if key_terms is not None:
                 scaled_q = torch.cat([scaled_q, scaled_q.new_ones(scaled_q.shape[:-1]).unsqueeze(-1)], dim=-1)
@@ -367,6 +456,20 @@ class GaussianMixtureAttention(AttentionKernel):
         # α is a parameter read, as the eager path reports it
         diagnostics = {"alpha": self.alpha.detach().mean()} if not self.training or self.measures("alpha") else {}
         return FusedAttention(scaled_q, k, scale=1.0, flex=flex, diagnostics=diagnostics)
+
+    def _padded_form(self, q: Tensor, k: Tensor, width: int) -> tuple[Tensor, Tensor]:
+        """q' = [αq, 1, 0…] and k' = [ξ, key terms, 0…] of head width `width` (`_PaddedMixtureForm`): the key terms
+        of `_fused_key_terms`, α on the queries' side, in the dtype SDPA will run in (autocast's where it is on)."""
+        rho = self._rho()
+        coef = None
+        if not (isinstance(rho, float) and rho == 1.0):
+            coef = self.alpha * (rho - 1) / 2
+        extra = self._offset_term(k) if self.offset is not None else None
+        device = k.device.type
+        autocast = torch.is_autocast_enabled(device)
+        dtype = torch.get_autocast_dtype(device) if autocast else torch.promote_types(q.dtype, k.dtype)
+        reduced = k.dtype in (torch.bfloat16, torch.float16) or dtype in (torch.bfloat16, torch.float16)
+        return _PaddedMixtureForm.apply(q, k, self.alpha, coef, extra, reduced, width, dtype)
 
     def _fused_key_terms(self, xi: Tensor) -> Tensor | None:
         """`_key_terms` for a fused kernel. Under bf16 or fp16 they are centred over each head's keys: a constant per

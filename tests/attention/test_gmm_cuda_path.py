@@ -1,0 +1,122 @@
+"""gmm's fused form on the CUDA path (`_PaddedMixtureForm`, `_ZeroColumns`): its hand-written backward against autograd
+(gradcheck, and a composed form under bf16), and what it spares, counted with a dispatch mode. That the whole CUDA path
+equals the CPU path is tests/attention/test_cuda_path.py's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from modules.attention import AttentionSite, DenseGroups, build_attention
+from modules.attention.variants.gmm import _PaddedMixtureForm, _ZeroColumns
+from modules.device_policy import behave_as_cuda
+
+B, H, L, D = 2, 3, 5, 4
+
+
+def form_inputs(dtype=torch.float64, *, coef: bool, extra: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, H, L, D, generator=g, dtype=dtype).requires_grad_() for _ in range(2))
+    alpha = (0.5 + torch.rand(H, generator=g, dtype=dtype)).requires_grad_()
+    c = torch.randn(H, generator=g, dtype=dtype).requires_grad_() if coef else None
+    e = torch.randn(B, H, L, generator=g, dtype=dtype).requires_grad_() if extra else None
+    return q, k, alpha, c, e
+
+
+@pytest.mark.parametrize("coef", [True, False])
+@pytest.mark.parametrize("extra", [True, False])
+@pytest.mark.parametrize("centred", [True, False])
+@pytest.mark.parametrize("width", [D + 1, D + 4])
+def test_padded_form_backward_is_autograds(coef, extra, centred, width):
+    if not coef and not extra:
+        pytest.skip("no key terms: the padded form is not built")
+    q, k, alpha, c, e = form_inputs(coef=coef, extra=extra)
+
+    def form(q, k, alpha, c, e):
+        return _PaddedMixtureForm.apply(q, k, alpha, c, e, centred, width, torch.float64)
+
+    inputs = tuple(t for t in (q, k, alpha, c, e))
+    assert torch.autograd.gradcheck(form, inputs)
+
+
+def composed(q, k, alpha, c, e, centred, width, dtype):
+    """The same q', k' from autograd ops (the CUDA path's form before `_PaddedMixtureForm`)."""
+    terms = torch.zeros((), dtype=torch.float32)
+    if c is not None:
+        sq = k.float().square().sum(-1)
+        terms = c.view(1, -1, 1).float() * sq
+    if e is not None:
+        terms = terms + e
+    if centred:
+        terms = terms - terms.nan_to_num(0.0, 0.0, 0.0).mean(-1, keepdim=True)
+    terms = terms.expand(k.shape[:-1])
+    zeros = k.new_zeros((*k.shape[:-1], width - k.shape[-1] - 1))
+    q_prime = torch.cat([q, torch.ones_like(q[..., :1]), zeros], -1).to(dtype)
+    k_prime = torch.cat([k * alpha.view(1, -1, 1, 1), terms.unsqueeze(-1).to(k.dtype), zeros], -1).to(dtype)
+    return q_prime, k_prime
+
+
+def test_padded_form_in_bfloat16_rounds_as_the_composed_form():
+    """Built in bf16 from float32 inputs (autocast's case), q' and k' are the composed form's, bit for bit (α applied
+    in float32, one rounding), and so are the gradients they pass back, to a few bf16 roundings."""
+    q, k, alpha, c, e = form_inputs(torch.float32, coef=True, extra=True, seed=1)
+    g = torch.Generator().manual_seed(2)
+    upstream = [torch.randn(B, H, L, D + 4, generator=g).bfloat16() for _ in range(2)]
+    results = []
+    for build in (lambda *a: _PaddedMixtureForm.apply(*a, True, D + 4, torch.bfloat16),
+                  lambda *a: composed(*a, True, D + 4, torch.bfloat16)):
+        outs = build(q, k, alpha, c, e)
+        grads = torch.autograd.grad(outs, (q, k, alpha, c, e), upstream)
+        results.append((outs, grads))
+    (outs, grads), (outs0, grads0) = results
+    for o, o0 in zip(outs, outs0):
+        assert o.dtype == torch.bfloat16 and torch.equal(o, o0)
+    for name, grad, grad0 in zip(("q", "k", "alpha", "coef", "extra"), grads, grads0):
+        torch.testing.assert_close(grad, grad0, rtol=2e-2, atol=2e-2, msg=name)
+
+
+def test_zero_columns_pass_the_gradients_first_columns_back_as_a_view():
+    v = torch.randn(B, H, L, D, dtype=torch.float64, requires_grad=True)
+    padded = _ZeroColumns.apply(v, D + 4)
+    assert padded.shape[-1] == D + 4 and torch.equal(padded[..., :D], v) and not padded[..., D:].any()
+    assert torch.autograd.gradcheck(lambda x: _ZeroColumns.apply(x, D + 4), (v,))
+
+
+class FullSizeWrites(TorchDispatchMode):
+    """The ATen kernels whose output is a full-size tensor [B, H, L, >= d] (q's or a padded q's), by name."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim, self.names = dim, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        view = func.is_view or func.__name__.startswith(("detach", "new_empty", "empty"))
+        if not view and isinstance(out, torch.Tensor) and out.dim() == 4 and out.shape[-1] >= self.dim:
+            self.names.append(func.__name__)
+        return out
+
+
+def test_cuda_paths_form_writes_each_padded_tensor_once_and_each_gradient_once():
+    """Forward: q', k' and v' written once each (a concatenation, a multiply into k', a concatenation), no separate
+    scaled copy of ξ; backward: dk in two ops (α dk'[:d], then the length term added), dq and dv as views of SDPA's
+    gradients (no narrow copies), the output's gradient padded once: where the composed form wrote (and padded,
+    sliced, added) some fifteen full-size tensors."""
+    torch.manual_seed(0)
+    kernel = build_attention({"name": "gmm"}, num_heads=3, head_dim=16,
+                             site=AttentionSite("text", "self", sequence=True)).double().train()
+    q, k, v = (torch.randn(2, 3, 24, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    forward, backward = FullSizeWrites(16), FullSizeWrites(16)
+    with behave_as_cuda():
+        with forward:
+            out, _ = kernel(q, k, v, DenseGroups(), need_weights=False)
+        upstream = torch.randn_like(out)
+        with backward:
+            out.backward(upstream)
+    assert kernel.last_path == "sdpa"
+    assert sorted(forward.names) == sorted(["cat.default", "mul.out", "cat.default"])
+    # Aside: the leaves' own copies (AccumulateGrad's, as every variant's), and the copy the trace's matmul makes of
+    # dk'[:d] on this CPU, whose flash kernel returns its gradients in [B, L, H, d] layout (CUDA's return k''s).
+    kernels = [n for n in backward.names if n not in ("copy_.default", "clone.default", "_unsafe_view.default")]
+    assert sorted(kernels) == sorted(["slice_backward.default", "mul.Tensor", "addcmul.default"])
