@@ -321,7 +321,8 @@ self-attention at any length. The extra memory of a block (its noise, and its lo
 `sample_tv` are formed: two or three such tensors at once) then grows as the call's own q, k, v, not as L x L.
 Counted on the GPU cost page (B = 32, H = 12, d = 64, L = 512 and 2048): peak live 1.45 x SDPA's at 2, 1.8 x at 4.
 Each block also reads k and v and adds its share of their gradients (three k-sized passes each way): fewer,
-larger blocks touch fewer bytes (at L = 2048, 1 -> 2 -> 4 took bam-weibull's count from 205 to 173 to 157 GB)."""
+larger blocks touch fewer bytes (at L = 2048, with the former noise passes, 1 -> 2 -> 4 took bam-weibull's count
+from 205 to 173 to 157 GB)."""
 FUSED_WHOLE_MB = 64
 """A fused call whose [B, H, Lq, Lk] float32 tensor is at most this many MiB runs as one block: blocks would spare
 little memory there and cost launches (and one block draws the eager path's noise)."""
@@ -372,7 +373,8 @@ class _RowLogSumExp(torch.autograd.Function):
             # a sample without any valid key (its rows' grad is 0) attends to every key: no 0/0 in SDPA's softmax
             mask = mask | ~mask.any(-1, keepdim=True)
         g = (grad * ctx.scale).unsqueeze(-1)
-        with torch.enable_grad():
+        # in the forward's precision (a backward called under autocast would otherwise run SDPA in its dtype)
+        with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):
             values = k.detach().requires_grad_()
             out = F.scaled_dot_product_attention(q.detach(), k.detach(), values, attn_mask=mask, scale=ctx.scale)
             (dk,) = torch.autograd.grad(out, values, g * q)
