@@ -541,9 +541,11 @@ class _NoisyBlocks:
         q, k = self.q, self.k
         keep = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         outputs = []
-        for block in self.blocks:
+        # one split, not a slice per block: its backward joins the blocks' dq in one pass, where each slice's would
+        # write a q-sized gradient to be added up
+        pieces = q.split([block.stop - block.start for block in self.blocks], dim=-2)
+        for block, q_block in zip(self.blocks, pieces):
             attend = self._block(self.groups.query_rows(block), block)
-            q_block = q[..., block, :]
             if keep:
                 outputs.append(torch.utils.checkpoint.checkpoint(
                     replaying(attend, self.kernel.noise_generator), q_block, k, v, use_reentrant=False,
