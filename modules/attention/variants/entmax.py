@@ -100,8 +100,10 @@ def use_adasplash_reference(function) -> None:
 
 _triton_entmax_reference = None
 
-LEARNED_ALPHA_HEAD_DIMS = (1, 256)
-"""Head dimensions the learned-α kernel tiles (it pads d to a power of two from 16, masked)."""
+LEARNED_ALPHA_HEAD_DIMS = (1, 128)
+"""Head dimensions the learned-α kernel takes (it pads d to a power of two from 16, masked). Up to 128: compiled for
+sm_90, its backward's tiles at d = 256 took 164-230 KB of shared memory (bf16-float32 inputs), past what many cards
+have; at 128, 82 KB (triton_entmax.NUM_STAGES)."""
 
 
 def learned_alpha_kernel():
@@ -406,7 +408,7 @@ class EntmaxAttention(AttentionKernel):
 
     def _learned_alpha_fused(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
         """The learned-α kernel (modules/attention/triton_entmax.py) on the CUDA path: dense groups without a mask,
-        queries and keys of one length, a head dimension up to 256, v shaped as q, no attention dropout."""
+        queries and keys of one length, a head dimension up to 128, v shaped as q, no attention dropout."""
         if not isinstance(groups, DenseGroups) or groups.mask is not None or groups.query_valid is not None:
             return None
         if q.shape != k.shape or not LEARNED_ALPHA_HEAD_DIMS[0] <= q.shape[-1] <= LEARNED_ALPHA_HEAD_DIMS[1]:
