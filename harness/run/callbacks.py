@@ -38,8 +38,9 @@ _validation_reads: "weakref.WeakKeyDictionary[L.Trainer, tuple]" = weakref.WeakK
 def _validation_scalars(trainer: L.Trainer) -> dict[str, float]:
     """The validation pass's scalar metrics as floats, read from the device once per pass for every callback that
     asks (KeepBestAndStop and History each asked: two transfers of the same values), together with History's
-    sums of the epoch's training values (its own transfer at the epoch's end otherwise): one transfer per device
-    and dtype per epoch instead of three."""
+    sums of the epoch's training values (its own transfer at the epoch's end otherwise) and, where the module
+    leaves it to this read, its divergence check's loss (its own read before validation otherwise): one transfer
+    per device and dtype per epoch instead of four."""
     metrics = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/") and v.numel() == 1}
     point = (trainer.current_epoch, trainer.global_step)
     cached = _validation_reads.get(trainer)
@@ -49,7 +50,14 @@ def _validation_scalars(trainer: L.Trainer) -> dict[str, float]:
         return dict(cached[2])
     history = next((c for c in trainer.callbacks if isinstance(c, History)), None)
     sums = history.pending_sums() if history is not None else {}
-    read = host_floats({**{("train", k): v for k, v in sums.items()}, **metrics})
+    # the training losses' divergence check, where the module leaves it to this read: checked before any value
+    # reaches a callback, so a diverged epoch stops with the error the check before validation raised
+    watch = getattr(trainer.lightning_module, "divergence_watch", None)
+    pending = watch.take() if watch is not None and watch.read_with_validation else None
+    divergence = {("divergence", "loss"): pending} if pending is not None else {}
+    read = host_floats({**{("train", k): v for k, v in sums.items()}, **metrics, **divergence})
+    if pending is not None:
+        watch.check_read(read[("divergence", "loss")], pending, trainer.lightning_module)
     if history is not None:
         history.take_sums({k: read[("train", k)] for k in sums})
     values = {k: read[k] for k in metrics}

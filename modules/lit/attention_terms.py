@@ -9,9 +9,10 @@ hands back a trace: the (kernel, AttentionResult) of each attention call in the 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -168,15 +169,23 @@ class ValidationMechanism:
 
 
 def check_finite(loss: Tensor, epoch: int) -> None:
-    diverged = not bool(torch.isfinite(loss))
+    _stop_if_diverged(not bool(torch.isfinite(loss)), loss.item, loss.device, epoch)
+
+
+def check_finite_read(value: float, epoch: int, device: torch.device) -> None:
+    """check_finite of a loss already read on the host (`value`, as `loss.item()` gives it) by a caller's own transfer."""
+    _stop_if_diverged(not math.isfinite(value), lambda: value, device, epoch)
+
+
+def _stop_if_diverged(diverged: bool, value: Callable[[], float], device: torch.device, epoch: int) -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         # Data-parallel ranks stop together: one rank raising alone would leave the others waiting in the
         # gradient all-reduce forever.
-        flag = torch.tensor(float(diverged), device=loss.device)
+        flag = torch.tensor(float(diverged), device=device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         diverged = bool(flag)
     if diverged:
-        raise DivergedError(f"training loss became non-finite ({loss.item()} on this process) at epoch {epoch}; the run diverged")
+        raise DivergedError(f"training loss became non-finite ({value()} on this process) at epoch {epoch}; the run diverged")
 
 
 class DivergenceWatch:
@@ -191,8 +200,13 @@ class DivergenceWatch:
     diverged run still fails within its epoch. Ranks check at the same steps and epochs: they run the same number
     of batches."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_with_validation: bool = False) -> None:
         self._unchecked: Tensor | None = None
+        self.read_with_validation = read_with_validation
+        """Whether the check before an epoch's validation is left to the validation's own read: the harness reads
+        the pass's logged values in one transfer (harness/run/callbacks._validation_scalars), which then carries
+        the pending loss too (`take`, `check_read`) and raises before any callback uses a value, in the same epoch
+        with the same error. Where nothing takes it (a Trainer without those callbacks), the epoch's end checks."""
 
     def update(self, loss: Tensor, module, batch_idx: int) -> None:
         loss = loss.detach()
@@ -205,10 +219,25 @@ class DivergenceWatch:
         """The training epoch's one read: the losses of its steps since the last check (none left: no read)."""
         self.check(module)
 
+    def before_validation(self, module) -> None:
+        """The check before the epoch's validation pass, unless that pass's read takes it (`read_with_validation`)."""
+        if not self.read_with_validation:
+            self.check(module)
+
     def check(self, module) -> None:
         unchecked, self._unchecked = self._unchecked, None
         if unchecked is not None:
             check_finite(unchecked, module.current_epoch)
+
+    def take(self) -> Tensor | None:
+        """The losses not yet checked (the first non-finite one, else the latest), for a caller to read in its own
+        transfer and hand to `check_read`; None when nothing is pending."""
+        unchecked, self._unchecked = self._unchecked, None
+        return unchecked
+
+    def check_read(self, value: float, taken: Tensor, module) -> None:
+        """The check of what `take` returned (`taken`), read on the host as `value`."""
+        check_finite_read(value, module.current_epoch, taken.device)
 
 
 def _check_due(trainer, batch_idx: int) -> bool:

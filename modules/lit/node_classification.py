@@ -30,7 +30,7 @@ class NodeClassificationModule(L.LightningModule):
 
     def __init__(self, model: GAT, num_classes: int, *, lr: float, weight_decay: float):
         super().__init__()
-        self._divergence = DivergenceWatch()
+        self._divergence = DivergenceWatch(read_with_validation=True)
         self.model = model
         self.lr, self.weight_decay = lr, weight_decay
         self.num_classes = num_classes
@@ -105,16 +105,28 @@ class NodeClassificationModule(L.LightningModule):
             return nodes
         return nodes[kwargs["rank"] :: kwargs["num_replicas"]]
 
+    @property
+    def divergence_watch(self) -> DivergenceWatch:
+        """The training losses' divergence check, which the harness's read of the validation values takes into
+        its transfer (DivergenceWatch.read_with_validation)."""
+        return self._divergence
+
     def on_validation_start(self):
-        # the training epoch's divergence check, before its validation (DivergenceWatch: not in a training step;
-        # nothing to read outside a fit)
-        self._divergence.epoch_end(self)
+        # the training epoch's divergence check, before its validation or in the validation's read
+        # (DivergenceWatch: not in a training step; nothing to read outside a fit)
+        self._divergence.before_validation(self)
 
     def on_train_epoch_end(self):
         self._divergence.epoch_end(self)
 
     def validation_step(self, graph, batch_idx):
-        self._evaluate(graph, "val")
+        try:
+            self._evaluate(graph, "val")
+        except Exception:
+            # a diverged epoch's weights can make a kernel fail (a solver that does not converge on NaN): the
+            # divergence, not the kernel's error, is what ended the run, as when it was checked before this pass
+            self._divergence.check(self)
+            raise
 
     def test_step(self, graph, batch_idx):
         trace = self._evaluate(graph, "test")
