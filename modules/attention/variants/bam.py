@@ -479,14 +479,21 @@ class _NoisyBlocks:
         self.spread: list[Tensor] = []
         self.counted: list[Tensor] = []
         self.precise_dtype = torch.promote_types(q.dtype, torch.float32)
+        self.keys_and_ones: Tensor | None = None  # [k, 1], for `mean_weights`, made at its first call
 
     def mean_weights(self, q_block: Tensor, part: DenseGroups, block: slice) -> Tensor:
-        """The block's mean weights (precise dtype, no gradient): 0 on masked keys and in rows without keys."""
-        with torch.no_grad(), full_precision(q_block, self.k) as (q_, k_):
-            mean = torch.matmul(q_ * self.scale, k_.transpose(-1, -2))
+        """The block's mean weights (precise dtype, no gradient): 0 on masked keys and in rows without keys. The
+        logits less the row's logsumexp come out of one product, [scale q_i, -lse_i] . [k_j, 1] (a pass fewer over
+        the block than subtracting afterwards)."""
+        with torch.no_grad(), full_precision(q_block) as (q_,):
+            if self.keys_and_ones is None:
+                with full_precision(self.k) as (k_,):
+                    self.keys_and_ones = torch.cat([k_, k_.new_ones(()).expand(*k_.shape[:-1], 1)], dim=-1)
+            rows = torch.cat([q_ * self.scale, -self.lse[..., block].unsqueeze(-1).to(q_.dtype)], dim=-1)
+            mean = torch.matmul(rows, self.keys_and_ones.transpose(-1, -2))
             if part.mask is not None:
                 mean.masked_fill_(~part.mask, float("-inf"))
-            return mean.sub_(self.lse[..., block].unsqueeze(-1)).exp_()
+            return mean.exp_()
 
     def noise(self, q_block: Tensor, part: DenseGroups, block: slice) -> Tensor:
         q, k = self.q, self.k
@@ -519,6 +526,7 @@ class _NoisyBlocks:
                 self.counted.append(valid.expand(shape).sum().to(per_query.dtype))
 
     def finish(self) -> None:
+        self.keys_and_ones = None  # not kept through the backward (its recomputation measures nothing)
         if self.diagnostics is not None and self.spread:
             spread, counted = torch.stack(self.spread).sum(), torch.stack(self.counted).sum()
             self.diagnostics["sample_tv"] = (0.5 * spread / counted.clamp_min(1)).detach()
