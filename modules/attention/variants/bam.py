@@ -382,6 +382,21 @@ class _RowLogSumExp(torch.autograd.Function):
         return dq, dk, None, None, None
 
 
+class _Gram(torch.autograd.Function):
+    """x^T x over the second-to-last dimension, whose backward is one product x (G + G^T) (autograd's would take
+    one for each factor and add them)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return torch.matmul(x.transpose(-1, -2), x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        return torch.matmul(x, grad + grad.transpose(-1, -2))
+
+
 class _PairSums:
     """Sums over the valid (query, key) pairs of valid queries of the terms BAM's KL closed forms are linear in, for
     the mean weights w = softmax(scale q k^T) within each query's valid keys, from the rows' logsumexp `lse`, without
@@ -412,7 +427,7 @@ class _PairSums:
             centred = k - key_mean
             if self.keys is not None:
                 centred = centred * self.keys.transpose(-1, -2)
-            return torch.matmul(left_[0] if left_ else centred.transpose(-1, -2), centred)
+            return torch.matmul(left_[0], centred) if left_ else _Gram.apply(centred)
 
         inputs = (self.k, self.key_mean) if left is None else (self.k, self.key_mean, left)
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in inputs):
@@ -444,8 +459,9 @@ class _PairSums:
         """Sum of (log w_ij)^2."""
         # sum_i q_i^T M q_i over valid queries as <M, Q^T diag(rows) Q>: d x d products, nothing of q's size formed
         moments = self._times_centred(None)  # [B, H, d, d]
-        weighted_q = self.q if self.rows is None else self.q * self.rows.unsqueeze(-1)
-        spread = (moments * torch.matmul(weighted_q.transpose(-1, -2), self.q)).sum() * self.scale**2
+        # rows are 0 or 1, so (q rows)^T (q rows) = Q^T diag(rows) Q
+        valid_q = self.q if self.rows is None else self.q * self.rows.unsqueeze(-1)
+        spread = (moments * _Gram.apply(valid_q)).sum() * self.scale**2
         return spread + self.over_rows(self.n * self.a.square())
 
     def _on_keys(self, c: Tensor) -> Tensor:
