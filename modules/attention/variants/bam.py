@@ -720,7 +720,7 @@ class BayesianAttention(AttentionKernel):
         """On CUDA (or under `fused_on_cpu`), dense groups whose mask is per key: the output through SDPA with the
         sampled weights' noise as its logits bias (`log_noise`), and the KL in closed form from per-query and per-key
         sums (`_closed_kl`), so that no L x L tensor is kept and at most one query block's exists at once.
-        - Noise: without attention dropout, SDPA runs one block of queries at a time (`_noisy_blocks`), each block
+        - Noise: without attention dropout, SDPA runs one block of queries at a time (`_NoisyBlocks`), each block
           drawing its own [B, H, rows, Lk] noise and checkpointed: the backward redraws it from the stream's state
           before the block's draw, as SDPA's own dropout regenerates its mask, and leaves the stream where it was.
           With attention dropout SDPA draws its mask too, so the whole noise bias is drawn (block by block) and SDPA
@@ -734,7 +734,10 @@ class BayesianAttention(AttentionKernel):
         None (the eager path): on CPU, where this path is not what records were made with (CPU results stay as
         they were), at evaluation with `mc_samples` > 1 (an average of several softmaxes is not one), and where the
         mask is per query (causal): the prior and the key moments assume every query of a sample sees the same keys.
-        Checked against eager on a GPU by `make gpu-perf`."""
+        What stays L x L: the noise, written twice (the forward's draw, the backward's redraw) and read by SDPA three
+        times (forward, its recomputation, backward), as any additive bias is; a kernel drawing the noise inside
+        (FlexAttention's score_mod with a counter-based generator) would spare all of it.
+        Not yet run on a GPU: `make gpu-perf` checks it against eager (forward, gradients) and times it."""
         if not isinstance(groups, DenseGroups) or not (takes_cuda_path(q) or _fused_on_cpu):
             return None
         if groups.mask is not None and groups.mask.shape[-2] > 1:
