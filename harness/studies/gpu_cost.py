@@ -490,8 +490,14 @@ def count_step(name: str, length: int, batch: int, *, fake: bool = True, heads: 
     counter = CostCounter(where=where)
     saved: dict[int, int] = {}
 
+    in_backward = False
+
     def pack(t):
-        if counter.paused:  # a stand-in's own recomputation in the backward: not what the call keeps
+        # What the forward keeps: not a stand-in's own recomputation, nor what a recomputation in the backward
+        # (checkpointed blocks, a replayed call) saves for its own backward. Those storages are made while the
+        # forward's are being freed, so the allocator may reuse an address already counted, and the count would
+        # change from run to run.
+        if counter.paused or in_backward:
             return t
         try:
             saved.setdefault(StorageWeakRef(t.untyped_storage()).cdata, storage_bytes(t))
@@ -511,6 +517,7 @@ def count_step(name: str, length: int, batch: int, *, fake: bool = True, heads: 
                 # the output's gradient from upstream, and the aux losses' own: no loss graph of the page's own
                 aux = [a for a in result.aux_losses.values() if a.requires_grad]
                 upstream = torch.ones_like(out)
+                in_backward = True
                 torch.autograd.backward([out, *aux], [upstream, *(torch.ones_like(a) for a in aux)])
                 del out, result, aux, upstream
                 counter._release()
