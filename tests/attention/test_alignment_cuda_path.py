@@ -107,3 +107,26 @@ def test_unsubsampled_clouds_take_the_plain_path():
         cuda = call(kernel, q, k, v, groups)
     for key in cpu[2]:
         torch.testing.assert_close(cuda[2][key], cpu[2][key], rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_projection_s_layout_is_sampled_without_a_copy(name):
+    """q and k as a projection leaves them ([B, L, H, d] storage, viewed [B, H, L, d]) do not flatten to clouds as views:
+    the CPU path copies them whole to sample their rows, the CUDA path samples their rows directly, with the same
+    results."""
+    torch.manual_seed(0)
+    kernel = build_attention({"name": name, "max_points": POINTS}, num_heads=HEADS, head_dim=DIM, site=SITE).double()
+    q, k, v, groups = inputs(False)
+    q, k = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k))
+    assert not q.is_contiguous()
+    cpu_writes, cuda_writes = FullSizeOps(), FullSizeOps()
+    for count, as_cuda in ((cpu_writes, False), (cuda_writes, True)):
+        kernel.noise_generator = torch.Generator().manual_seed(5)
+        with behave_as_cuda(as_cuda), count:
+            kernel(q, k, v, groups, need_weights=False)
+    assert cpu_writes.names.count("clone.default") == 2 and "clone.default" not in cuda_writes.names
+    cpu = call(kernel, q, k, v, groups)
+    with behave_as_cuda():
+        cuda = call(kernel, q, k, v, groups)
+    for key in cpu[2]:
+        torch.testing.assert_close(cuda[2][key], cpu[2][key], rtol=0, atol=0, msg=key)

@@ -414,9 +414,11 @@ class AlignmentAttention(AttentionKernel):
         of q itself (no reshape between the fused kernel's gradient and the in-place add) so that the subsample's
         gradient is added into the fused kernel's in place."""
         if shared_gradients:
-            # Zero-width queries and keys: the validity masks of q's and k's clouds, without their points.
+            # Zero-width queries and keys: the validity masks of q's and k's clouds, without their points (whose
+            # layout, [B*H, L, d], is q's own flattened: a copy where q's layout does not flatten, made only below,
+            # where a cloud is read whole).
             _, _, q_valid, k_valid = groups.query_and_key_sets(q[..., :0], k[..., :0])
-            sets_q, sets_k = q.flatten(0, 1), k.flatten(0, 1)
+            sets_q, sets_k = q, k
         else:
             sets_q, sets_k, q_valid, k_valid = groups.query_and_key_sets(q, k)
         lq, lk = sets_q.shape[-2], sets_k.shape[-2]
@@ -430,6 +432,8 @@ class AlignmentAttention(AttentionKernel):
             else:
                 sets_q = sets_q.index_select(-2, q_index)
             q_valid = None if q_valid is None else q_valid.index_select(-1, q_index)
+        elif shared_gradients:
+            sets_q = q.flatten(0, 1)
         if k_index is not None:
             if shared_gradients:
                 k, rows = SampledRows.apply(k, k_index)
@@ -437,6 +441,8 @@ class AlignmentAttention(AttentionKernel):
             else:
                 sets_k = sets_k.index_select(-2, k_index)
             k_valid = None if k_valid is None else k_valid.index_select(-1, k_index)
+        elif shared_gradients:
+            sets_k = k.flatten(0, 1)
         return PointClouds(sets_q, sets_k, q_valid, k_valid), q, k
 
     def alignment_loss(self, clouds: PointClouds) -> Tensor:
