@@ -59,12 +59,14 @@ def call(kernel, q, k, v, groups, count: FullSizeOps | None = None):
     return out.detach(), result.aux_losses["align"].detach(), grads, kernel.last_path
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name, config", [(name, {}) for name in NAMES] + [("align-gan", {"detach_queries": False}),
+                                                                          ("align-ot", {"cost": "sqeuclidean"})])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("training", [True, False])
-def test_cuda_path_equals_the_cpu_path_exactly(name, padded, training):
+def test_cuda_path_equals_the_cpu_path_exactly(name, config, padded, training):
     torch.manual_seed(0)
-    kernel = build_attention({"name": name, "max_points": POINTS}, num_heads=HEADS, head_dim=DIM, site=SITE).double()
+    kernel = build_attention({"name": name, "max_points": POINTS, **config}, num_heads=HEADS, head_dim=DIM,
+                             site=SITE).double()
     kernel.train(training)
     q, k, v, groups = inputs(padded)
     cpu = call(kernel, q, k, v, groups)
