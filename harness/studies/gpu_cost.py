@@ -9,7 +9,9 @@ by a dispatch mode below autograd (`CostCounter`):
   Triton launch (AdaSplash's kernels), with its tensor arguments' bytes;
 - host syncs: every op that must read the device on the host (`.item()`, `bool(t)`, nonzero, boolean indexing,
   ...: the list of tests/modules/host_syncs.py), with the line that asked for it;
-- bytes touched: the sum over kernels of their input and output tensors' bytes (a broadcast dimension counts once);
+- bytes touched: the sum over kernels of their input and output tensors' bytes (a broadcast dimension counts once;
+  a tensor a kernel only writes, or whose shape alone it reads, counts as written only; a gather reads what it
+  returns, a scatter into a tensor reads and writes where its source lands: `op_bytes`);
 - peak live bytes: storages are tracked from the op that creates them to their release, the inputs included;
 - bytes saved for backward (torch.autograd.graph.saved_tensors_hooks, each storage once), against FlashAttention's
   ideal: q, k, v, out and the logsumexp;
@@ -21,7 +23,8 @@ too, so a materialising variant's bytes are if anything under-counted. Ratios ar
 SDPA is counted as CUDA runs it, not as the CPU does: FlashAttention where there is no mask and the head dimension
 is a multiple of 8 (at most 256), the memory-efficient kernel where a bias is added, the math path (the weights
 materialised, each op counted) otherwise (gmm's head dimension 65). A fused backend counts one launch each way,
-with what it reads and writes, and saves q, k, v, the bias, out and the logsumexp.
+with what it reads and writes, and saves q, k, v, the bias, out and the logsumexp; its gradients come back in
+q, k and v's layout, as CUDA's allocate them (the CPU's flash backward returns another, which autograd would copy).
 
 Without allocating: the tensors are fake (FakeTensorMode) wherever the variant's code allows; a variant whose code
 reads values (a data-dependent loop or output size) is counted on real tensors at B = 1, H = 1, its bytes, peak,
@@ -127,6 +130,63 @@ def touched_bytes(t: torch.Tensor) -> int:
         if s != 0:
             size *= int(n)
     return size * element_bytes(t.dtype)
+
+
+SELF_NOT_READ = {
+    "aten::copy_", "aten::fill_", "aten::zero_", "aten::uniform_", "aten::normal_", "aten::exponential_",
+    "aten::bernoulli_", "aten::random_", "aten::log_normal_", "aten::geometric_", "aten::cauchy_",
+    "aten::new_zeros", "aten::new_ones", "aten::new_full", "aten::zeros_like", "aten::ones_like", "aten::full_like",
+    "aten::rand_like", "aten::randn_like", "aten::randint_like",
+}
+"""Ops that only write `self` (an in-place fill, a copy into it) or read only its shape and dtype (a new tensor like it):
+`self` is counted as written (where it is the output), never as read."""
+
+GATHERS = {"aten::index_select", "aten::gather", "aten::index", "aten::embedding", "aten::take"}
+"""Ops that read only the elements they return from `self`: `self` counts as many bytes as the output, not its whole."""
+
+SCATTERS_INTO_SELF = {
+    "aten::index_add_": "source", "aten::index_copy_": "source", "aten::scatter_": "src",
+    "aten::scatter_add_": "src", "aten::scatter_reduce_": "src", "aten::index_put_": "values",
+}
+"""In-place ops that read and write only the elements of `self` that their source lands on: `self` counts as the
+source's bytes read and written, not its whole twice."""
+
+
+def _arguments(func, args, kwargs) -> Iterator[tuple[Any, Any]]:
+    """(schema argument, value) of each argument given to an ATen op."""
+    for index, argument in enumerate(func._schema.arguments):
+        if index < len(args):
+            yield argument, args[index]
+        elif argument.name in kwargs:
+            yield argument, kwargs[argument.name]
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+
+
+def op_bytes(func, args, kwargs, out) -> int:
+    """Bytes an ATen kernel moves: its outputs written, its tensor inputs read (`touched_bytes` each), except that an
+    out= argument and the `self` of SELF_NOT_READ are only written, a gather reads from `self` what it returns, and a
+    scatter into `self` reads and writes only where its source lands."""
+    name = func._schema.name
+    outputs = _tensors(out)
+    scatter_source = SCATTERS_INTO_SELF.get(name)
+    if scatter_source is not None:
+        given = dict((argument.name, value) for argument, value in _arguments(func, args, kwargs))
+        moved = sum(touched_bytes(t) for t in _tensors(given.get(scatter_source)))
+        others = sum(touched_bytes(t) for argument, value in _arguments(func, args, kwargs) if argument.name != "self"
+                     for t in _tensors(value))
+        return others + 2 * moved
+    total = sum(touched_bytes(t) for t in outputs)
+    for argument, value in _arguments(func, args, kwargs):
+        if argument.is_out or (argument.name == "self" and name in SELF_NOT_READ):
+            continue
+        if argument.name == "self" and name in GATHERS:
+            total += sum(touched_bytes(t) for t in outputs[:1])
+            continue
+        total += sum(touched_bytes(t) for t in _tensors(value))
+    return total
 
 
 def storage_bytes(t: torch.Tensor) -> int:
@@ -246,11 +306,9 @@ class CostCounter(TorchDispatchMode):
         else:
             out = func(*args, **kwargs)
         if kernel:
-            inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-            outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
             self.kernels += 1
             self.by_kernel[func._schema.name] += 1
-            self.bytes += sum(touched_bytes(t) for t in inputs + outputs)
+            self.bytes += op_bytes(func, args, kwargs, out)
             self.flops += _flops(func, args, kwargs, out)
         if self.storage:
             self._release()
@@ -277,13 +335,15 @@ def _flops(func, args, kwargs, out) -> int:
 
 # ---- SDPA as CUDA runs it -------------------------------------------------------------------------------------
 
-def cuda_sdpa_backend(q: torch.Tensor, attn_mask: torch.Tensor | None, dropout_p: float = 0.0) -> str:
-    """The backend CUDA's SDPA picks for a bf16 call on an H100 (sm90): 'flash' without a mask, 'efficient' with one
-    (a bias), 'math' where the head dimension is not a multiple of 8 or passes 256 (the fused kernels' tiles)."""
-    dim = q.shape[-1]
-    if dim % 8 or dim > 256:
+def cuda_sdpa_backend(q: torch.Tensor, attn_mask: torch.Tensor | None, dropout_p: float = 0.0,
+                      v: torch.Tensor | None = None) -> str:
+    """The backend CUDA's SDPA picks for a bf16 call on an H100 (sm90): 'flash' without a mask where q, k and v have one
+    head width, 'efficient' with a mask (a bias) or a v of another width, 'math' where a head width is not a multiple
+    of 8 or passes 256 (the fused kernels' tiles; torch's sdp_utils checks)."""
+    dims = {q.shape[-1], q.shape[-1] if v is None else v.shape[-1]}
+    if any(dim % 8 or dim > 256 for dim in dims):
         return "math"
-    return "flash" if attn_mask is None else "efficient"
+    return "flash" if attn_mask is None and len(dims) == 1 else "efficient"
 
 
 class _FusedSDPA(torch.autograd.Function):
@@ -314,6 +374,10 @@ class _FusedSDPA(torch.autograd.Function):
             recomputed = _ORIGINAL_SDPA(*inputs[:3], attn_mask=inputs[3] if needs_mask else mask, scale=ctx.scale,
                                         is_causal=ctx.is_causal)
             grads = torch.autograd.grad(recomputed, inputs, grad)
+            # laid out as their inputs, as CUDA's fused backwards allocate them (empty_like of q, k, v): the CPU's
+            # flash backward returns [B, L, H, d]-strided gradients, which autograd would copy into a contiguous
+            # leaf's layout, a copy a GPU run does not make
+            grads = tuple(g if g.stride() == t.stride() else torch.empty_like(t).copy_(g) for g, t in zip(grads, inputs))
         counter.track(*grads)
         counter.launch(f"sdpa {ctx.backend} backward", [q, k, v, mask, out, lse, grad], list(grads), int(2.5 * ctx.flops))
         return (*grads[:3], grads[3] if needs_mask else None, None, None, None, None)
@@ -331,7 +395,7 @@ def routed_sdpa(counter: CostCounter) -> Callable:
     through ATen's math implementation, each op counted."""
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        backend = cuda_sdpa_backend(query, attn_mask, dropout_p)
+        backend = cuda_sdpa_backend(query, attn_mask, dropout_p, value)
         counter.sdpa_backends[backend] += 1
         if backend == "math":
             return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)[0]
@@ -996,7 +1060,11 @@ def page_text(counts: dict[tuple[str, int], Count], cora: dict | None, measured:
               "gradient from upstream, the aux losses' own). Bytes at bf16's 2 bytes a floating element. Kernels: ATen ops that "
               "launch work, fused SDPA as one launch each way, Triton launches. Saved × flash: bytes kept for the backward over "
               "FlashAttention's q, k, v, out and logsumexp. Counted 'real ×N': on real tensors at B = H = 1 (the variant's code "
-              "reads values, which fake tensors cannot give), its bytes, peak, saved bytes and FLOPs × N = B·H.", ""]
+              "reads values, which fake tensors cannot give), its bytes, peak, saved bytes and FLOPs × N = B·H. A kernel's bytes "
+              "are what it reads and writes once each (a tensor only written, or only its shape read, counts once; a gather "
+              "reads what it returns; a scatter reads and writes where its source lands); a Triton kernel counts its tensor "
+              "arguments once, so that a kernel that passes over its inputs several times (AdaSplash's and the learned-α "
+              "kernel's τ searches) is counted at its floor. Fused SDPA's gradients come back in q, k and v's layout, as on CUDA.", ""]
     for length, batch in DENSE:
         rows = [r for (name, L), r in counts.items() if L == length]
         if rows:
