@@ -20,7 +20,7 @@ def test_learned_alpha_blocks_are_sized_by_q_and_fixed_alpha_keeps_the_budget():
     learned, fixed = gpu_cost._build("entmax"), gpu_cost._build("entmax15")
     for length in (512, 2048, 8192):
         q = OnCuda((32, 12, length, 64))
-        assert query_block_rows(learned, DenseGroups(), q, q) == 32  # half of q's elements: 32 rows at d = 64
+        assert query_block_rows(learned, DenseGroups(), q, q) == 16  # a quarter of q's elements: 16 rows at d = 64
     assert query_block_rows(fixed, DenseGroups(), OnCuda((32, 12, 512, 64)), OnCuda((32, 12, 512, 64))) is None
     assert query_block_rows(learned, DenseGroups(), OnCuda((2, 2, 16, 64)), OnCuda((2, 2, 16, 64))) is None  # one piece
     q = OnCuda((32, 12, 512, 64))

@@ -324,13 +324,13 @@ class EntmaxAttention(AttentionKernel):
 
     @property
     def block_weights_vs_q(self) -> float | None:
-        """With a learned α, on CUDA, query blocks (`query_block_rows`) of at most half q's elements in one
-        [B, H, rows, Lk] tensor: 32 queries at d = 64 in self-attention. The bisection and its backward keep about nine
-        weight-sized tensors of the block alive, so the blocks add about 4.5x q's size to the call's own tensors (q,
-        k, v, out, their gradients: SDPA's peak is about nine q's), within 1.5x SDPA's peak at every length (GPU cost
-        page). Each block is recomputed in the backward (checkpointing). A fixed α keeps the budget in MiB: its
+        """With a learned α, on CUDA, query blocks (`query_block_rows`) of at most a quarter of q's elements in one
+        [B, H, rows, Lk] tensor: 16 queries at d = 64 in self-attention. The bisection and its backward keep about nine
+        weight-sized tensors of the block alive, so the blocks add about 2.3x q's size to the call's own tensors (q,
+        k, v, out, their gradients: SDPA's peak is about eight q's), within 1.5x SDPA's peak at every length (GPU cost
+        page; at half q's elements, 32 queries, it was 1.56x). Each block is recomputed in the backward (checkpointing). A fixed α keeps the budget in MiB: its
         unmasked calls take AdaSplash, and its sort-based map keeps fewer temporaries."""
-        return 0.5 if self.alpha_logit is not None else None
+        return 0.25 if self.alpha_logit is not None else None
 
     def __init__(self, config: EntmaxConfig, shape: HeadShape):
         super().__init__(config, shape)
