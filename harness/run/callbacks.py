@@ -100,7 +100,7 @@ class KeepBestAndStop(Callback):
         if decision.save:
             self.best_value, self.best_epoch, self.best_metrics = logged[self.monitor], trainer.current_epoch, logged
             self.best_step = max(trainer.global_step - 1, 0)
-            self._state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+            self._state = {k: v.clone() for k, v in pl_module.state_dict().items()}  # state_dict's tensors are detached
         # As EarlyStopping: data-parallel ranks see the same synced metrics, and any rank's stop stops all.
         if trainer.strategy.reduce_boolean_decision(decision.stop, all=False):
             trainer.should_stop = True

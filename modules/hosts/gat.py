@@ -104,11 +104,27 @@ def attention_weights(kernel: nn.Module, h: Tensor, att_src: Tensor, att_dst: Te
     # queries with keys two distinct point clouds.
     queries, keys = h * att_dst, h * att_src
     logits = F.leaky_relu(groups.per_key(keys.sum(-1)) + groups.per_query(queries.sum(-1)), negative_slope)
+    return normalized(kernel, logits, groups, queries, keys, trace, generator)
+
+
+def normalized(kernel: nn.Module, logits: Tensor, groups: SegmentGroups, queries: Tensor, keys: Tensor, trace: Trace | None,
+               generator: torch.Generator | None) -> Tensor:
+    """`kernel`'s edge weights [E, H] from one run's edge logits, its noise drawn from `generator`; the call's
+    (kernel, result) goes to `trace`."""
     kernel.noise_generator = generator
     result = kernel.normalize(logits, groups, q=queries, k=keys)
     if trace is not None:
         trace.append((kernel, result))
     return result.weights
+
+
+def mean_of_heads(out: Tensor, dim: int) -> Tensor:
+    """The heads' mean of a non-concatenating layer. GAT's output layer has one head, whose mean is that head
+    itself (a sum of one value divided by 1, exact in floating point): a view of it then, no kernel, and none in
+    the backward pass either."""
+    if out.shape[dim] == 1:
+        return out.squeeze(dim)
+    return out.mean(dim=dim)
 
 
 class GATLayer(nn.Module):
@@ -146,7 +162,7 @@ class GATLayer(nn.Module):
         weights = attention_weights(self.kernel, h, self.att_src, self.att_dst, groups, self.negative_slope, trace, generator)
         weights = dropout(weights, self.attn_dropout, self.training, generator)
         out = groups.aggregate(weights, h)
-        out = out.reshape(-1, self.heads * self.out_dim) if self.concat else out.mean(dim=1)
+        out = out.reshape(-1, self.heads * self.out_dim) if self.concat else mean_of_heads(out, dim=1)
         return out + self.bias
 
 

@@ -12,15 +12,16 @@ body, which a stacked tensor moves. What the batch still saves on CPU is the per
 process, one data load, one loop and one validation pass for S seeds (measured: leaderboards/studies/seed-batch-cora/README.md).
 
 On a GPU, `SeedBatchedGAT`: the host parameters stacked along a new first axis, so the host maths runs once for
-all seeds (the first layer's sparse product as one block-diagonal product, the second as `bmm`, the aggregation
-with the seeds folded into the head axis), which is where a GPU's gain comes from: per-seed launches are what a
-Cora step is made of there. Its seeds equal their lone runs to float tolerance, not bit for bit (tested on CPU).
+all seeds (the first layer's sparse product as one block-diagonal product, the second as `bmm`, GAT's queries,
+keys and edge logits, the attention dropout's product, the aggregation with the seeds folded into the head axis),
+which is where a GPU's gain comes from: per-seed launches are what a Cora step is made of there. Its seeds equal
+their lone runs to float tolerance, not bit for bit (tested on CPU).
 
-In both, from each seed's h to its edge weights the lone layer's own code runs per seed (gat.attention_weights:
-queries, keys, edge logits, the seed's own kernel module), so a variant's file never sees the seed axis, and
-each seed draws its dropout masks and its kernel's noise from its own generator in the lone run's order (input
-dropout, kernel noise, attention dropout, per layer): seed s's masks are its lone run's whatever other seeds
-share the batch.
+In both, each seed's edge weights come from its own kernel module called on that seed's logits, queries and keys
+alone (the lone layer's own call, gat.normalized), so a variant's file never sees the seed axis, and each seed
+draws its dropout masks and its kernel's noise from its own generator in the lone run's order (input dropout,
+kernel noise, attention dropout, per layer): seed s's masks are its lone run's whatever other seeds share the
+batch. On CPU everything from each seed's h to its weights is the lone run's code (gat.attention_weights).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch import Tensor, nn
 
 from ..attention import SegmentGroups
 from ..device_policy import takes_cuda_path
-from .gat import GAT, attention_weights, dropout, dropout_mask
+from .gat import GAT, dropout_mask, mean_of_heads, normalized
 
 HOST_PARAMETERS = ("weight", "att_src", "att_dst", "bias")
 """A GATLayer's own parameters; its kernel's stay in the kernel module."""
@@ -80,29 +81,28 @@ class SeedBatchedGAT(nn.Module):
                 h = torch.bmm(seed_dropout(x, self.dropout, self.training, gens), p["weight"])
             h = h.view(self.seeds, -1, heads, out_dim)  # [S, N, H, D]
             num_nodes = h.shape[1]
-            # unbind, not indexing per seed: an indexed slice's backward writes a zero tensor of the whole
-            # batch per seed (S^2 work), unbind's stacks once.
-            seed_h = h.unbind(0)
-            per_seed = zip(self.kernels[i], seed_h, p["att_src"].unbind(0), p["att_dst"].unbind(0))
-            weights = [
-                dropout(attention_weights(kernel, hs, att_src, att_dst, groups, slope, traces[s] if traces is not None else None, gens[s]),
-                        attn_dropout, self.training, gens[s])
-                for s, (kernel, hs, att_src, att_dst) in enumerate(per_seed)]
-            out = self._aggregate(groups, weights, seed_h)
+            # GAT's queries, keys and edge logits of every seed at once ([S, N, H, D] by the seeds' [S, 1, H, D]
+            # vectors; the logits [S, E, H], the edges on the second axis); then each seed's own kernel module on its
+            # own slices. unbind, not indexing per seed: an indexed slice's backward writes a zero tensor of the
+            # whole batch per seed (S^2 work), unbind's stacks once.
+            queries, keys = h * p["att_dst"], h * p["att_src"]
+            logits = F.leaky_relu(keys.sum(-1).index_select(1, groups.src) + queries.sum(-1).index_select(1, groups.dst), slope)
+            per_seed = zip(self.kernels[i], logits.unbind(0), queries.unbind(0), keys.unbind(0))
+            weights = torch.stack([normalized(kernel, seed_logits, groups, q, k, traces[s] if traces is not None else None, gens[s])
+                                   for s, (kernel, seed_logits, q, k) in enumerate(per_seed)])
+            out = self._aggregate(groups, seed_dropout(weights, attn_dropout, self.training, gens), h)
             out = out.view(num_nodes, self.seeds, heads, out_dim).transpose(0, 1)
-            out = out.reshape(self.seeds, num_nodes, heads * out_dim) if concat else out.mean(dim=2)
+            out = out.reshape(self.seeds, num_nodes, heads * out_dim) if concat else mean_of_heads(out, dim=2)
             x = out + p["bias"].unsqueeze(1)
             if i < len(self.shapes) - 1:
                 x = F.elu(x)
         return x
 
     @staticmethod
-    def _aggregate(groups: SegmentGroups, weights: Sequence[Tensor], seed_h: Sequence[Tensor]) -> Tensor:
-        """Seeds' weighted sums [N, c·H, D], the seeds folded into the head axis. Stacked from the per-seed views,
-        not permuted from h: each seed's h then has the lone run's three consumers (queries, keys, aggregation),
-        so its gradient is summed in the lone run's order."""
-        folded_h = torch.stack(list(seed_h), dim=1).flatten(1, 2)
-        return groups.aggregate(torch.stack(list(weights), dim=1).flatten(1, 2), folded_h)
+    def _aggregate(groups: SegmentGroups, weights: Tensor, h: Tensor) -> Tensor:
+        """Seeds' weighted sums [N, S·H, D] of the weights [S, E, H] and features h [S, N, H, D], the seeds folded
+        into the head axis: one aggregation for every seed."""
+        return groups.aggregate(weights.transpose(0, 1).flatten(1, 2), h.transpose(0, 1).flatten(1, 2))
 
     def _first_product(self, x: Tensor, weight: Tensor, gens: Sequence[torch.Generator | None]) -> Tensor:
         """Every seed's (dropped-out) sparse features times its own weight, as one block-diagonal sparse
@@ -131,6 +131,15 @@ class SeedBatchedGAT(nn.Module):
 
     def host_snapshot(self, s: int) -> list[Tensor]:
         return [p[s].detach().clone() for p in self.host]
+
+    def host_snapshots(self, positions: Sequence[int]) -> list[list[Tensor]]:
+        """`host_snapshot` of each seed in `positions`: one gather per stacked parameter for them all, each seed's
+        tensors views of it (a copy per seed and parameter was most of a seed batch's epoch-end ops)."""
+        if not positions:
+            return []
+        index = torch.tensor(list(positions), device=self.host[0].device)
+        rows = [p.detach().index_select(0, index).unbind(0) for p in self.host]
+        return [[row[j] for row in rows] for j in range(len(positions))]
 
     def keep(self, seeds: Sequence[int]) -> dict[int, tuple[nn.Parameter, Tensor | None]]:
         """Drop every seed not in `seeds` (stopped or failed: compute is not spent on them, and nothing can
@@ -185,6 +194,9 @@ class LockstepGATs(nn.Module):
 
     def host_snapshot(self, s: int) -> list[Tensor]:
         return [getattr(layer, name).detach().clone() for layer in self.models[s].layers for name in HOST_PARAMETERS]
+
+    def host_snapshots(self, positions: Sequence[int]) -> list[list[Tensor]]:
+        return [self.host_snapshot(s) for s in positions]
 
     def keep(self, seeds: Sequence[int]) -> dict[int, tuple[nn.Parameter, Tensor | None]]:
         """Drop the models not in `seeds`; the kept ones carry their parameters (and so their optimiser state) whole."""

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..device_policy import takes_cuda_path
 from ..hosts.gat import graph_groups
 from ..hosts.gat_seed_batch import seed_batch_host
 from .attention_terms import diagnosed_validation, measured_if, mechanism_logs, trace_aux_loss
@@ -89,7 +90,8 @@ def _seed_state(host: nn.Module, optimizer: torch.optim.Optimizer, position: int
         "kernels": [{k: v.detach().clone() for k, v in layer[position].state_dict().items()} for layer in host.kernels],
         "optimizer": optim,
         "rule": rule.state_dict(),
-        "best": None if best is None else {"host": list(best[0]), "kernels": list(best[1])},
+        # copies: a kept snapshot may be a view into the gather of every seed saved with it (`host_snapshots`)
+        "best": None if best is None else {"host": [t.clone() for t in best[0]], "kernels": list(best[1])},
         "epochs": outcome.epochs, "best_epoch": outcome.best_epoch, "best_metrics": dict(outcome.best_metrics),
         "history": [dict(row) for row in outcome.history], "fit_time_s": outcome.fit_time_s,
         "batch_epoch_s": list(outcome.batch_epoch_s),
@@ -146,6 +148,20 @@ def _as_logged(losses: Tensor, count: int) -> Tensor:
     MeanMetric per seed read its NaN check on the host twice, 2S syncs an epoch."""
     total = losses.detach().float() * count
     return total / torch.full_like(total, float(count))
+
+
+def seeds_cross_entropy(logits: Tensor, nodes: Tensor, target: Tensor, scored: Tensor | None = None) -> Sequence[Tensor]:
+    """Each seed's cross-entropy over `nodes` (logits [S, N, C], `scored` = logits[:, nodes] where the caller has
+    it). On CPU each seed's own `F.cross_entropy`, its lone run's call on its lone run's shapes: a mean over [S, n]
+    at once rounds differently, and GAT's rule, which counts ties as reaching the best, would then keep other
+    epochs than the lone run. On the CUDA path, whose stacked host already equals the lone runs to float tolerance
+    only (gat_seed_batch.py), one for all seeds: per-seed launches are what a GPU's Cora epoch is made of."""
+    if not takes_cuda_path(logits):
+        if scored is not None:
+            return [F.cross_entropy(seed_scored, target) for seed_scored in scored]
+        return [F.cross_entropy(logits[position][nodes], target) for position in range(logits.shape[0])]
+    scored = logits[:, nodes] if scored is None else scored
+    return F.cross_entropy(scored.transpose(1, 2), target.expand(scored.shape[0], -1), reduction="none").mean(1).unbind(0)
 
 
 class _Batch(nn.Module):
@@ -217,8 +233,9 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
         traces: list[list] = [[] for _ in active]
         logits = batch.model(graph.x, groups, traces, [generators[s] for s in active])
         losses, rows = [], []
+        task_losses = seeds_cross_entropy(logits, train_nodes, y_train)
         for position, s in enumerate(active):
-            task_loss = F.cross_entropy(logits[position][train_nodes], y_train)
+            task_loss = task_losses[position]
             aux, aux_logs = trace_aux_loss(traces[position], epoch, epoch)
             loss = task_loss if aux is None else task_loss + aux
             losses.append(loss)
@@ -237,10 +254,8 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
             val_traces: list[list] = [[] for _ in active]  # the validation pass's diagnostics, as the lone run logs them
             logits = batch.model(graph.x, groups, val_traces)
             val_logits = logits[:, val_nodes]
-            # each seed's cross-entropy on its own, then weighted by the node count as the lone run's val/loss is made
-            # (`_as_logged`): a mean over [S, n] at once rounds differently, and GAT's rule, which counts ties as
-            # reaching the best, would then keep other epochs than the lone run
-            val_loss = _as_logged(torch.stack([F.cross_entropy(seed_logits, y_val) for seed_logits in val_logits]), len(val_nodes))
+            # each seed's cross-entropy, weighted by the node count as the lone run's val/loss is made (`_as_logged`)
+            val_loss = _as_logged(torch.stack(list(seeds_cross_entropy(logits, val_nodes, y_val, val_logits))), len(val_nodes))
             val_acc = (val_logits.argmax(-1) == y_val).float().mean(1)
             for position in range(len(active)):
                 logs = mechanism_logs(val_traces[position], val_loss[position], epoch, epoch)
@@ -255,24 +270,32 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
         rows = [{n: next(read) for n in names[p]} for p in range(len(active))]
         epoch_s = time.perf_counter() - start
 
-        survivors = []
+        decisions: dict[int, tuple[Any, dict[str, float]]] = {}  # position -> (its rule's decision, the metrics it saw)
         for position, s in enumerate(active):
             outcome = outcomes[s]
             outcome.epochs = epoch + 1
             outcome.fit_time_s += epoch_s / len(active)
             outcome.batch_epoch_s.append(epoch_s)
             if not finite[position]:
-                finish(s, position, f"DivergedError: training loss became non-finite ({values[0][position]}) at epoch {epoch}; the run diverged")
                 continue
             metrics = {"val/loss": values[1][position], "val/acc": values[2][position]}
             outcome.history.append({"train/loss": values[0][position], **rows[position],
                                     **metrics, "epoch_s": epoch_s})
-            decision = rules[s].update(metrics)
+            decisions[position] = (rules[s].update(metrics), metrics)
+        # the host weights of every seed that keeps this epoch's, taken together (one gather per parameter)
+        keeping = [position for position, (decision, _) in decisions.items() if decision.save]
+        snapshots = dict(zip(keeping, batch.model.host_snapshots(keeping)))
+        survivors = []
+        for position, s in enumerate(active):
+            if position not in decisions:
+                finish(s, position, f"DivergedError: training loss became non-finite ({values[0][position]}) at epoch {epoch}; the run diverged")
+                continue
+            decision, metrics = decisions[position]
             if decision.save:
                 kernels = [{k: v.detach().clone() for k, v in kernel_layer[position].state_dict().items()}
                            for kernel_layer in batch.model.kernels]
-                best[s] = (batch.model.host_snapshot(position), kernels)
-                outcome.best_epoch, outcome.best_metrics = epoch, metrics
+                best[s] = (snapshots[position], kernels)
+                outcomes[s].best_epoch, outcomes[s].best_metrics = epoch, metrics
             if decision.stop or epoch == max_epochs - 1:
                 finish(s, position)
             else:

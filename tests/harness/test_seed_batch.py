@@ -380,3 +380,41 @@ def test_a_seed_batchs_host_syncs_do_not_grow_with_its_seeds(data_root):
 
     one, three = transfers([0]), transfers([0, 1, 2])
     assert one == three, (one, three)
+
+
+def test_the_cuda_paths_batch_loop_follows_the_cpu_paths_to_float_tolerance(data_root):
+    """The loop as on CUDA (the stacked host, its seeds' logits, losses and kept weights taken for all seeds at once,
+    fused Adam) against the CPU's (each seed its lone run's code): the same epochs, stops and kept epochs, every
+    logged value to float32 tolerance, and each seed's kept weights (gathered with the other seeds saved at the
+    same epoch) loaded into its own module."""
+    from modules.device_policy import behave_as_cuda
+
+    def run(as_cuda):
+        task, params, built = lone_built([0, 1, 2], data_root)
+        dm = built[0][0]
+        dm.setup()
+        modules = [m for _, m in built]
+        finished = {}
+        rules = [task.stopping_rule(params) for _ in modules]
+        rules[1] = StopAt(2)
+        call = lambda: fit_seed_batch(modules, dm.graph, rules, max_epochs=4,  # noqa: E731
+                                      generators=[m.model.noise.on(torch.device("cpu")) for m in modules],
+                                      on_finished=lambda o: finished.__setitem__(o.index, o))
+        if as_cuda:
+            with behave_as_cuda():
+                call()
+        else:
+            call()
+        return finished
+
+    cpu, cuda = run(False), run(True)
+    assert sorted(cpu) == sorted(cuda) == [0, 1, 2]
+    for s in cpu:
+        a, b = cpu[s], cuda[s]
+        assert (a.error, a.epochs, a.best_epoch) == (b.error, b.epochs, b.best_epoch)
+        assert [sorted(row) for row in a.history] == [sorted(row) for row in b.history]
+        for ra, rb in zip(a.history, b.history):
+            for name in ra:
+                if name != "epoch_s":
+                    assert ra[name] == pytest.approx(rb[name], rel=1e-4, abs=1e-5), (s, name)
+        assert_same_weights(a.module.state_dict(), b.module.state_dict())
