@@ -315,14 +315,15 @@ _EVALUATION_DRAW_SEED = 0xBA3
 """Seed of the draw `sample_tv` measures at evaluation (a fixed stream apart from the run's)."""
 
 FUSED_BLOCK_SIZE = 2.0
-"""The fused path's query blocks (noise, noisy SDPA, clean logsumexp) hold at most this many times q's elements in
-one [B, H, rows, Lk] tensor (rows = FUSED_BLOCK_SIZE * Lq * d / Lk, at least 16): 128 rows a block for d = 64
-self-attention at any length. The extra memory of a block (its noise, and its logits while the logsumexp and
-`sample_tv` are formed: two or three such tensors at once) then grows as the call's own q, k, v, not as L x L.
-Counted on the GPU cost page (B = 32, H = 12, d = 64, L = 512 and 2048): peak live 1.45 x SDPA's at 2, 1.8 x at 4.
-Each block also reads k and v and adds its share of their gradients (three k-sized passes each way): fewer,
-larger blocks touch fewer bytes (at L = 2048, with the former noise passes, 1 -> 2 -> 4 took bam-weibull's count
-from 205 to 173 to 157 GB)."""
+"""The fused path's blocks (noise, noisy SDPA, clean logsumexp) hold at most this many times q's elements in one
+[b, H, rows, Lk] tensor: for the logsumexp, every sample's rows = FUSED_BLOCK_SIZE * Lq * d / Lk (at least 16; 128
+for d = 64 self-attention at any length); the noisy blocks hold as many elements in whole samples where that is at
+least one (`_fused_blocks`: at B = 32, H = 12, d = 64, 8 samples a block at L = 512, 2 at L = 2048). The extra memory
+of a block (its noise, and its logits while the logsumexp and `sample_tv` are formed: two or three such tensors at
+once) then grows as the call's own q, k, v, not as L x L. Each block of every sample's rows reads all of k and v and
+adds its share of their gradients (three k-sized passes each way), a block of whole samples only its samples': fewer,
+larger blocks touch fewer bytes (at L = 2048, with the former noise passes and row blocks, 1 -> 2 -> 4 took
+bam-weibull's count from 205 to 173 to 157 GB)."""
 FUSED_WHOLE_MB = 64
 """A fused call whose [B, H, Lq, Lk] float32 tensor is at most this many MiB runs as one block: blocks would spare
 little memory there and cost launches (and one block draws the eager path's noise)."""
@@ -373,13 +374,62 @@ class _RowLogSumExp(torch.autograd.Function):
             # a sample without any valid key (its rows' grad is 0) attends to every key: no 0/0 in SDPA's softmax
             mask = mask | ~mask.any(-1, keepdim=True)
         g = (grad * ctx.scale).unsqueeze(-1)
-        # in the forward's precision (a backward called under autocast would otherwise run SDPA in its dtype)
-        with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):
-            values = k.detach().requires_grad_()
-            out = F.scaled_dot_product_attention(q.detach(), k.detach(), values, attn_mask=mask, scale=ctx.scale)
-            (dk,) = torch.autograd.grad(out, values, g * q)
-        dq = g * out.detach()
+        q, k = q.detach(), k.detach()
+        dim, size = _lse_backward_chunks(q)
+        if size >= q.shape[dim]:
+            out, dk = _lse_backward_sdpa(q, k, g, mask, ctx.scale)
+            return g * out, dk, None, None, None
+        # in chunks of the batch (or heads): SDPA's backward writes q-, k- and v-sized gradients of which only the
+        # values' is wanted, and its output and the output's gradient live alongside; a chunk at a time keeps those
+        # five a chunk's size, written into the two gradients returned (the same numbers: each (sample, head) is
+        # its own problem)
+        dq, dk = torch.empty_like(q), torch.empty_like(k)
+        for start in range(0, q.shape[dim], size):
+            part = slice(start, min(start + size, q.shape[dim]))
+            out, dk_part = _lse_backward_sdpa(_lead(q, dim, part), _lead(k, dim, part), _lead(g, dim, part),
+                                             None if mask is None else _lead(mask, dim, part), ctx.scale)
+            torch.mul(_lead(g, dim, part), out, out=_lead(dq, dim, part))
+            del out
+            _lead(dk, dim, part).copy_(dk_part)
+            del dk_part
         return dq, dk, None, None, None
+
+
+LSE_BACKWARD_CHUNKS = 4
+"""`_RowLogSumExp`'s backward runs its SDPA in about this many chunks of the batch (of the heads where the batch has
+fewer samples): see `_lse_backward_chunks`."""
+
+
+def _lse_backward_chunks(q: Tensor) -> tuple[int, int]:
+    """(dimension, chunk size) of `_RowLogSumExp`'s backward: the batch in LSE_BACKWARD_CHUNKS chunks, or the heads
+    where the batch has fewer samples than that (one chunk where neither has as many)."""
+    for dim in (0, 1):
+        if q.dim() == 4 and q.shape[dim] >= LSE_BACKWARD_CHUNKS:
+            return dim, -(-q.shape[dim] // LSE_BACKWARD_CHUNKS)
+    return 0, q.shape[0]
+
+
+def _forced_rows() -> int | None:
+    """The query blocks `query_blocks` forces (tests), or None."""
+    from .. import backends
+
+    return backends._forced_block_rows
+
+
+def _lead(t: Tensor, dim: int, part: slice) -> Tensor:
+    """`t`'s `part` along leading dimension `dim` (all of it where `t` broadcasts there)."""
+    return t if t.shape[dim] == 1 else t[(slice(None),) * dim + (part,)]
+
+
+def _lse_backward_sdpa(q: Tensor, k: Tensor, g: Tensor, mask: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
+    """(sum_j w_ij k_j, scale-free P^T (g q)) for the mean weights w: SDPA with the keys as values, its output and its
+    values' gradient under the output's gradient g q."""
+    # in the forward's precision (a backward called under autocast would otherwise run SDPA in its dtype)
+    with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):
+        values = k.detach().requires_grad_()  # another alias of k: the keys take no gradient
+        out = F.scaled_dot_product_attention(q, k, values, attn_mask=mask, scale=scale)
+        (dk,) = torch.autograd.grad(out, values, g * q)
+    return out.detach(), dk
 
 
 class _Gram(torch.autograd.Function):
@@ -480,24 +530,34 @@ class _PairSums:
 
 
 class _NoisyBlocks:
-    """The fused path's noisy SDPA (`BayesianAttention.fused_attention`) one query block at a time: each block draws
-    its [B, H, rows, Lk] noise (`log_noise`) and hands it to SDPA as the logits bias. `run(v)` checkpoints each block:
-    the backward redraws the block's noise from the stream's state before its draw (`replaying` for the kernel's own
-    generator, checkpoint's RNG preservation for torch's), so no noise is kept. Where `diagnostics` is given,
-    `sample_tv` is measured in each block's forward, from the block's mean weights (its logits and `lse`) and the
-    noise SDPA gets."""
+    """The fused path's noisy SDPA (`BayesianAttention.fused_attention`) one block at a time: a block is a chunk of
+    the batch's samples and of their queries ([b, H, rows, Lk]); each draws its noise (`log_noise`) and hands it to
+    SDPA as the logits bias. `run(v)` checkpoints each block: the backward redraws the block's noise from the stream's
+    state before its draw (`replaying` for the kernel's own generator, checkpoint's RNG preservation for torch's), so
+    no noise is kept. Where `diagnostics` is given, `sample_tv` is measured in each block's forward, from the block's
+    mean weights (its logits and `lse`) and the noise SDPA gets."""
 
-    def __init__(self, kernel: "BayesianAttention", q: Tensor, k: Tensor, groups: DenseGroups, scale: float, rows: int,
-                 lse: Tensor, diagnostics: dict[str, Tensor] | None):
+    def __init__(self, kernel: "BayesianAttention", q: Tensor, k: Tensor, groups: DenseGroups, scale: float,
+                 samples: int, rows: int, lse: Tensor, diagnostics: dict[str, Tensor] | None):
         self.kernel, self.q, self.k, self.groups, self.scale, self.lse = kernel, q, k, groups, scale, lse
-        self.blocks = [slice(start, min(start + rows, q.shape[-2])) for start in range(0, q.shape[-2], rows)]
+        self.chunks = [slice(start, min(start + samples, q.shape[0])) for start in range(0, q.shape[0], samples)]
+        self.rows = [slice(start, min(start + rows, q.shape[-2])) for start in range(0, q.shape[-2], rows)]
         self.diagnostics = diagnostics
         self.spread: list[Tensor] = []
         self.counted: list[Tensor] = []
         self.precise_dtype = torch.promote_types(q.dtype, torch.float32)
         self.keys_and_ones: Tensor | None = None  # [k, 1], for `mean_weights`, made at its first call
 
-    def mean_weights(self, q_block: Tensor, part: DenseGroups, block: slice) -> Tensor:
+    def part(self, samples: slice, block: slice) -> DenseGroups:
+        """The groups of the block's samples and queries."""
+        groups = self.groups
+        if len(self.chunks) > 1:
+            mask, valid = groups.mask, groups.query_valid
+            groups = DenseGroups(None if mask is None else _lead(mask, 0, samples),
+                                 None if valid is None else valid[samples])
+        return groups.query_rows(block)
+
+    def mean_weights(self, q_block: Tensor, part: DenseGroups, samples: slice, block: slice) -> Tensor:
         """The block's mean weights (precise dtype, no gradient): 0 on masked keys and in rows without keys. The
         logits less the row's logsumexp come out of one product, [scale q_i, -lse_i] . [k_j, 1] (a pass fewer over
         the block than subtracting afterwards)."""
@@ -505,29 +565,29 @@ class _NoisyBlocks:
             if self.keys_and_ones is None:
                 with full_precision(self.k) as (k_,):
                     self.keys_and_ones = torch.cat([k_, k_.new_ones(()).expand(*k_.shape[:-1], 1)], dim=-1)
-            rows = torch.cat([q_ * self.scale, -self.lse[..., block].unsqueeze(-1).to(q_.dtype)], dim=-1)
-            mean = torch.matmul(rows, self.keys_and_ones.transpose(-1, -2))
+            lse = _lead(self.lse, 0, samples)[..., block]
+            rows = torch.cat([q_ * self.scale, -lse.unsqueeze(-1).to(q_.dtype)], dim=-1)
+            mean = torch.matmul(rows, _lead(self.keys_and_ones, 0, samples).transpose(-1, -2))
             if part.mask is not None:
                 mean.masked_fill_(~part.mask, float("-inf"))
             return mean.exp_()
 
-    def noise(self, q_block: Tensor, part: DenseGroups, block: slice) -> Tensor:
-        q, k = self.q, self.k
+    def noise(self, q_block: Tensor, k: Tensor, part: DenseGroups) -> Tensor:
         if "draw_noise" in vars(self.kernel):
             # noise held by a check as a function of the weights it perturbs (contract.held_noise): drawn from them,
             # formed as the eager path forms them, bit for bit
             with torch.no_grad(), full_precision(q_block, k) as (q_, k_):
                 like = part.softmax_and_log(self.kernel.score(q_, k_, part, scale=self.scale))[0]
         else:  # from the stream: only the shape, dtype and device count
-            like = torch.zeros((), dtype=self.precise_dtype, device=q.device).expand(
-                *q.shape[:-2], block.stop - block.start, k.shape[-2])
+            like = torch.zeros((), dtype=self.precise_dtype, device=q_block.device).expand(
+                *q_block.shape[:-1], k.shape[-2])
         return self.kernel.log_noise(like)
 
-    def measure(self, q_block: Tensor, part: DenseGroups, block: slice, noise: Tensor) -> None:
+    def measure(self, q_block: Tensor, part: DenseGroups, samples: slice, block: slice, noise: Tensor) -> None:
         """Add the block's sum of |sample - mean| over its valid pairs and its valid queries: with P the mean weights
         and e = exp(noise), the sample is P e / Z (Z = sum_j P_j e_j), so |sample - mean| = P |e - Z| / Z."""
         with torch.no_grad():
-            mean = self.mean_weights(q_block, part, block)
+            mean = self.mean_weights(q_block, part, samples, block)
             spread = noise.exp().unsqueeze(-1)
             total = torch.matmul(mean.unsqueeze(-2), spread).squeeze(-1)  # Z [B, H, rows, 1]
             spread = torch.matmul(mean.unsqueeze(-2), spread.squeeze(-1).sub_(total).abs_().unsqueeze(-1)).squeeze(-1)
@@ -548,15 +608,15 @@ class _NoisyBlocks:
             self.diagnostics["sample_tv"] = (0.5 * spread / counted.clamp_min(1)).detach()
             self.spread, self.counted = [], []
 
-    def _block(self, part: DenseGroups, block: slice) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    def _block(self, part: DenseGroups, samples: slice, block: slice) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
         calls = 0
 
         def attend(q_block: Tensor, k: Tensor, v: Tensor) -> Tensor:
             nonlocal calls
             calls += 1
-            noise = self.noise(q_block, part, block)
+            noise = self.noise(q_block, k, part)
             if calls == 1 and self.diagnostics is not None:  # the forward's, not the backward's recomputation
-                self.measure(q_block, part, block, noise)
+                self.measure(q_block, part, samples, block, noise)
             return part.fused_attention(q_block, k, v, bias=noise, scale=self.scale, dropout_p=0.0)
 
         return attend
@@ -564,20 +624,27 @@ class _NoisyBlocks:
     def run(self, v: Tensor) -> Tensor:
         q, k = self.q, self.k
         keep = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        outputs = []
-        # one split, not a slice per block: its backward joins the blocks' dq in one pass, where each slice's would
-        # write a q-sized gradient to be added up
-        pieces = q.split([block.stop - block.start for block in self.blocks], dim=-2)
-        for block, q_block in zip(self.blocks, pieces):
-            attend = self._block(self.groups.query_rows(block), block)
-            if keep:
-                outputs.append(torch.utils.checkpoint.checkpoint(
-                    replaying(attend, self.kernel.noise_generator), q_block, k, v, use_reentrant=False,
-                    preserve_rng_state=True))
-            else:
-                outputs.append(attend(q_block, k, v))
+        # splits, not a slice per block: their backwards join the blocks' gradients in one pass each, where each
+        # slice's would write a whole-sized gradient to be added up; a chunk of samples reads (and its backward
+        # writes) only its own keys and values
+        sizes = [samples.stop - samples.start for samples in self.chunks]
+        split = (lambda t: t.split(sizes, dim=0) if t.shape[0] == q.shape[0] else [t] * len(sizes)) \
+            if len(sizes) > 1 else (lambda t: [t])
+        chunks = []
+        for samples, q_chunk, k_chunk, v_chunk in zip(self.chunks, split(q), split(k), split(v)):
+            outputs = []
+            pieces = q_chunk.split([block.stop - block.start for block in self.rows], dim=-2)
+            for block, q_block in zip(self.rows, pieces):
+                attend = self._block(self.part(samples, block), samples, block)
+                if keep:
+                    outputs.append(torch.utils.checkpoint.checkpoint(
+                        replaying(attend, self.kernel.noise_generator), q_block, k_chunk, v_chunk, use_reentrant=False,
+                        preserve_rng_state=True))
+                else:
+                    outputs.append(attend(q_block, k_chunk, v_chunk))
+            chunks.append(torch.cat(outputs, dim=-2) if len(outputs) > 1 else outputs[0])
         self.finish()
-        return torch.cat(outputs, dim=-2) if len(outputs) > 1 else outputs[0]
+        return torch.cat(chunks, dim=0) if len(chunks) > 1 else chunks[0]
 
     def whole_bias(self) -> Tensor:
         """The noise of every block in one bias (the autocast dtype under autocast, as SDPA casts its mask), for SDPA
@@ -587,12 +654,15 @@ class _NoisyBlocks:
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
         bias = q.new_empty((*q.shape[:-1], k.shape[-2]), dtype=dtype)
         with torch.no_grad():
-            for block in self.blocks:
-                part = self.groups.query_rows(block)
-                noise = self.noise(q[..., block, :], part, block)
-                if self.diagnostics is not None:
-                    self.measure(q[..., block, :], part, block, noise)
-                bias[..., block, :].copy_(noise)
+            for samples in self.chunks:
+                k_chunk = _lead(k, 0, samples)
+                for block in self.rows:
+                    part = self.part(samples, block)
+                    q_block = q[samples][..., block, :]
+                    noise = self.noise(q_block, k_chunk, part)
+                    if self.diagnostics is not None:
+                        self.measure(q_block, part, samples, block, noise)
+                    bias[samples][..., block, :].copy_(noise)
         self.finish()
         return bias
 
@@ -720,8 +790,8 @@ class BayesianAttention(AttentionKernel):
         """On CUDA (or under `fused_on_cpu`), dense groups whose mask is per key: the output through SDPA with the
         sampled weights' noise as its logits bias (`log_noise`), and the KL in closed form from per-query and per-key
         sums (`_closed_kl`), so that no L x L tensor is kept and at most one query block's exists at once.
-        - Noise: without attention dropout, SDPA runs one block of queries at a time (`_NoisyBlocks`), each block
-          drawing its own [B, H, rows, Lk] noise and checkpointed: the backward redraws it from the stream's state
+        - Noise: without attention dropout, SDPA runs one block of samples and queries at a time (`_NoisyBlocks`),
+          each block drawing its own [b, H, rows, Lk] noise and checkpointed: the backward redraws it from the stream's state
           before the block's draw, as SDPA's own dropout regenerates its mask, and leaves the stream where it was.
           With attention dropout SDPA draws its mask too, so the whole noise bias is drawn (block by block) and SDPA
           keeps it. One block draws what the eager path draws (the same stream, in the same order); several draw
@@ -754,7 +824,8 @@ class BayesianAttention(AttentionKernel):
         if not draws:
             return FusedAttention(q, k, scale, None, aux_losses={"kl": kl})
         diagnostics: dict[str, Tensor] = {}
-        blocks = _NoisyBlocks(self, q, k, groups, scale, rows, lse.detach(),
+        samples, block_rows = self._fused_blocks(q, k, rows)
+        blocks = _NoisyBlocks(self, q, k, groups, scale, samples, block_rows, lse.detach(),
                               diagnostics if mechanism_diagnostics_on() else None)
         if self._call_dropout == 0.0:
             return FusedAttention(q, k, scale, None, aux_losses={"kl": kl}, diagnostics=diagnostics,
@@ -768,6 +839,17 @@ class BayesianAttention(AttentionKernel):
         if pairs_mb <= FUSED_WHOLE_MB:
             budget_mb = FUSED_WHOLE_MB  # one block unless `query_blocks` forces them
         return query_block_rows(self, groups, q, k, budget_mb=budget_mb) or q.shape[-2]
+
+    def _fused_blocks(self, q: Tensor, k: Tensor, rows: int) -> tuple[int, int]:
+        """(samples, queries) of a noisy block, holding what `rows` queries of every sample would: whole samples where
+        that is at least one (each block then reads, and its backward writes, only its samples' keys and values, where
+        a block of every sample's rows touches all of them), else that many rows of one sample. Rows as given where
+        `query_blocks` forces them (tests) or off the CUDA path (the one block of the eager path's draw)."""
+        batch, length = q.shape[0], q.shape[-2]
+        if rows >= length or _forced_rows() is not None or not takes_cuda_path(q) or k.shape[0] != batch:
+            return batch, rows
+        samples = batch * rows // length
+        return (samples, length) if samples >= 1 else (1, batch * rows)
 
     def _closed_kl(self, q: Tensor, k: Tensor, lse: Tensor, prior: tuple[Tensor, Tensor] | None, groups: DenseGroups,
                    scale: float) -> Tensor:
