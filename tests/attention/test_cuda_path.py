@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.studies.gpu_cost import cuda_sdpa_backend
 from modules.attention import AttentionSite, DenseGroups, build_attention
 from modules.device_policy import behave_as_cuda
 
@@ -70,12 +72,25 @@ class SdpaWidths(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class SdpaCalls(TorchFunctionMode):
+    """The head widths (q, k, v) of every F.scaled_dot_product_attention call, whichever backend then runs it."""
+
+    def __init__(self):
+        super().__init__()
+        self.widths = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.scaled_dot_product_attention:
+            self.widths.append(tuple(t.shape[-1] for t in args[:3]))
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.mark.parametrize("config", [{}, {"prior": "uniform"}, {"prior_offset": True}, {"prior": "magnitude"}])
 @pytest.mark.parametrize("padded", [False, True])
 def test_gmm_s_cuda_path_pads_its_head_to_a_fused_width_and_equals_the_cpu_path(config, padded):
-    """gmm's fused form appends the key terms' column to q and k: a 64-wide head became 65, which sent CUDA's SDPA (and
-    the CPU's, whose flash kernel needs one width for q, k and v) to the math path, which forms the weights. On the CUDA
-    path q, k and v are padded with zero columns to a multiple of 8, with the CPU path's results."""
+    """gmm's fused form appends the key terms' column to q and k: a 64-wide head became 65, which sent CUDA's SDPA to
+    the math path, which forms the weights. On the CUDA path q' and k' are padded with zero columns to a multiple of 8
+    and v keeps its width (CUDA's memory-efficient kernel takes it), with the CPU path's results."""
     torch.manual_seed(0)
     kernel = build_attention({"name": "gmm", **config}, num_heads=HEADS, head_dim=DIM, site=SITE).double().train()
     with torch.no_grad():
@@ -83,13 +98,17 @@ def test_gmm_s_cuda_path_pads_its_head_to_a_fused_width_and_equals_the_cpu_path(
             p.add_(0.3 * torch.randn_like(p))
     q, k, v, groups = inputs(padded=padded)
     cpu = call(kernel, q, k, v, groups)
-    with behave_as_cuda(), SdpaWidths() as seen:
+    with behave_as_cuda(), SdpaWidths() as seen, SdpaCalls() as called:
         cuda = call(kernel, q, k, v, groups)
     assert cuda[3] == cpu[3] == "sdpa"
     assert_same(cuda, cpu)
     has_column = config.get("prior") != "magnitude" or config.get("prior_offset")
-    assert seen.widths == [(24, 24, 24) if has_column else (DIM, DIM, DIM)]
-    assert not seen.softmax
+    if has_column:
+        # the CPU's SDPA runs a v narrower than q and k on its math path (this test's stand-in for CUDA's kernel)
+        assert called.widths == [(24, 24, DIM)]
+        assert cuda_sdpa_backend(torch.empty(1, 1, 1, 24), None, v=torch.empty(1, 1, 1, DIM)) == "efficient"
+    else:
+        assert seen.widths == [(DIM, DIM, DIM)] and not seen.softmax
 
 
 def test_gmm_s_cpu_path_is_unpadded():

@@ -1,4 +1,4 @@
-"""gmm's fused form on the CUDA path (`_PaddedMixtureForm`, `_ZeroColumns`): its hand-written backward against autograd
+"""gmm's fused form on the CUDA path (`_PaddedMixtureForm`): its hand-written backward against autograd
 (gradcheck, and a composed form under bf16), and what it spares, counted with a dispatch mode. That the whole CUDA path
 equals the CPU path is tests/attention/test_cuda_path.py's."""
 
@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.studies.gpu_cost import CostCounter, CudaSDPA
 from modules.attention import AttentionSite, DenseGroups, build_attention
-from modules.attention.variants.gmm import _PaddedMixtureForm, _ZeroColumns
+from modules.attention.variants.gmm import _PaddedMixtureForm
 from modules.device_policy import behave_as_cuda
 
 B, H, L, D = 2, 3, 5, 4
@@ -76,47 +77,43 @@ def test_padded_form_in_bfloat16_rounds_as_the_composed_form():
         torch.testing.assert_close(grad, grad0, rtol=2e-2, atol=2e-2, msg=name)
 
 
-def test_zero_columns_pass_the_gradients_first_columns_back_as_a_view():
-    v = torch.randn(B, H, L, D, dtype=torch.float64, requires_grad=True)
-    padded = _ZeroColumns.apply(v, D + 4)
-    assert padded.shape[-1] == D + 4 and torch.equal(padded[..., :D], v) and not padded[..., D:].any()
-    assert torch.autograd.gradcheck(lambda x: _ZeroColumns.apply(x, D + 4), (v,))
-
-
 class FullSizeWrites(TorchDispatchMode):
-    """The ATen kernels whose output is a full-size tensor [B, H, L, >= d] (q's or a padded q's), by name."""
+    """The ATen kernels whose output is a full-size tensor [B, H, L, >= d] (q's or a padded q's), by name, outside the
+    GPU cost page's stand-in for CUDA's fused SDPA (whose own ops compute its result on this CPU: `counter.paused`)."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, counter: CostCounter):
         super().__init__()
-        self.dim, self.names = dim, []
+        self.dim, self.counter, self.names = dim, counter, []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         view = func.is_view or func.__name__.startswith(("detach", "new_empty", "empty"))
-        if not view and isinstance(out, torch.Tensor) and out.dim() == 4 and out.shape[-1] >= self.dim:
+        full = isinstance(out, torch.Tensor) and out.dim() == 4 and out.shape[-1] >= self.dim
+        if not view and full and not self.counter.paused:
             self.names.append(func.__name__)
         return out
 
 
 def test_cuda_paths_form_writes_each_padded_tensor_once_and_each_gradient_once():
-    """Forward: q', k' and v' written once each (a concatenation, a multiply into k', a concatenation), no separate
-    scaled copy of ξ; backward: dk in two ops (α dk'[:d], then the length term added), dq and dv as views of SDPA's
-    gradients (no narrow copies), the output's gradient padded once: where the composed form wrote (and padded,
-    sliced, added) some fifteen full-size tensors."""
+    """Forward: q' and k' written once each (a concatenation, a multiply into k'), no separate scaled copy of ξ, v not
+    padded (SDPA runs CUDA's memory-efficient kernel, which takes a v narrower than q' and k'); backward: dk in two ops
+    (α dk'[:d], then the length term added), dq a view of SDPA's gradient (no narrow copy), dv and the output's
+    gradient as they are: where the composed form wrote (and padded, sliced, added) some fifteen full-size tensors."""
     torch.manual_seed(0)
     kernel = build_attention({"name": "gmm"}, num_heads=3, head_dim=16,
                              site=AttentionSite("text", "self", sequence=True)).double().train()
     q, k, v = (torch.randn(2, 3, 24, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    forward, backward = FullSizeWrites(16), FullSizeWrites(16)
-    with behave_as_cuda():
+    counter = CostCounter(where=False, storage=False)
+    forward, backward = FullSizeWrites(16, counter), FullSizeWrites(16, counter)
+    with behave_as_cuda(), CudaSDPA(counter):
         with forward:
             out, _ = kernel(q, k, v, DenseGroups(), need_weights=False)
         upstream = torch.randn_like(out)
         with backward:
             out.backward(upstream)
-    assert kernel.last_path == "sdpa"
-    assert sorted(forward.names) == sorted(["cat.default", "mul.out", "cat.default"])
-    # Aside: the leaves' own copies (AccumulateGrad's, as every variant's), and the copy the trace's matmul makes of
-    # dk'[:d] on this CPU, whose flash kernel returns its gradients in [B, L, H, d] layout (CUDA's return k''s).
+    assert kernel.last_path == "sdpa" and dict(counter.sdpa_backends) == {"efficient": 1}
+    assert out.shape[-1] == 16
+    assert sorted(forward.names) == sorted(["cat.default", "mul.out"])
+    # Aside: the leaves' own copies (AccumulateGrad's, as every variant's).
     kernels = [n for n in backward.names if n not in ("copy_.default", "clone.default", "_unsafe_view.default")]
-    assert sorted(kernels) == sorted(["slice_backward.default", "mul.Tensor", "addcmul.default"])
+    assert sorted(kernels) == sorted(["mul.Tensor", "addcmul.default"])

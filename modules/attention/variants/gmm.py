@@ -41,8 +41,8 @@ Fast path: with β = 0 and no adaptation, dense groups with need_weights=False r
 `fused_attention`);
 forward+backward at B=8, H=8, L=256, d=64 measured ~1.05x softmax with prior="magnitude" and ~1.3-1.45x with
 the learned coupling, whose per-key bias makes SDPA work on head dim 65 (a float mask costs the same); on the CUDA
-path, padded to 72 for the flash kernel, q', k' and their gradients are built by one autograd Function
-(`_PaddedMixtureForm`).
+path q' and k' are padded to 72 for CUDA's memory-efficient kernel (v left at 64: `_fused_width`), and they and
+their gradients are built by one autograd Function (`_PaddedMixtureForm`).
 Dropout (in `forward`) applies to the final weights only, not to the EM / adaptation E-steps.
 """
 
@@ -145,21 +145,6 @@ class _PaddedMixtureForm(torch.autograd.Function):
                 slope = (2 * per_head(coef, grad_terms).to(precise) * grad_terms).to(dk.dtype).unsqueeze(-1)
                 dk = torch.addcmul(dk, k, slope)
         return dq, dk, dalpha, dcoef, dextra, None, None, None
-
-
-class _ZeroColumns(torch.autograd.Function):
-    """x with zero columns appended to width W; its gradient is the incoming one's first columns, a view (F.pad's
-    backward copies them out)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, width: int) -> Tensor:
-        ctx.dim = x.shape[-1]
-        zeros = torch.zeros((), dtype=x.dtype, device=x.device).expand(*x.shape[:-1], width - x.shape[-1])
-        return torch.cat([x, zeros], dim=-1)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return grad[..., : ctx.dim], None
 
 
 PRIORS = ("learned", "magnitude", "uniform")
@@ -400,35 +385,36 @@ class GaussianMixtureAttention(AttentionKernel):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, groups: Groups, *, scale: float | None = None,
                 dropout_p: float = 0.0, need_weights: bool = True) -> tuple[Tensor, AttentionResult]:
-        """The kernel's call; on the CUDA path, where the fused form appends the key terms' column (`fused_attention`),
-        v is padded with zero columns to the fused form's head width and the output sliced back (`_fused_width`)."""
-        width = None if need_weights else self._fused_width(q, v, groups)
+        """The kernel's call; on the CUDA path the fused form's q' and k' are padded to a head width SDPA's fused
+        kernels take (`_fused_width`); v is left as it is."""
+        width = None if need_weights else self._fused_width(q, groups)
         if width is None:
             return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
         self._padded_width = width
         try:
-            out, result = super().forward(q, k, _ZeroColumns.apply(v, width), groups, scale=scale,
-                                          dropout_p=dropout_p, need_weights=False)
+            return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=False)
         finally:
             self._padded_width = None
-        return out[..., : v.shape[-1]], result
 
     _padded_width: int | None = None
 
-    def _fused_width(self, q: Tensor, v: Tensor, groups: Groups) -> int | None:
-        """The head width the fused form pads q', k' and v to on the CUDA path, or None (no padding). q' and k' (the
+    def _fused_width(self, q: Tensor, groups: Groups) -> int | None:
+        """The head width the fused form pads q' and k' to on the CUDA path, or None (no padding). q' and k' (the
         CPU's [αq, 1] and [ξ, key terms]; the CUDA path's [q, 1, 0…] and [αξ, key terms, 0…], `_PaddedMixtureForm`)
-        are one column wider than v: SDPA's flash kernels (CUDA's and the CPU's) need one head width for q, k and v,
-        CUDA's a multiple of 8, so a 64-wide head (65 with the column) ran SDPA's math path, which forms the weights.
-        Zero columns change no dot product. Off the CUDA path nothing is padded, so CPU results stay as they were,
-        bit for bit. (CUDA's memory-efficient kernel takes a v narrower than q and k, which would spare v's padding
-        and the output's slice, a full-size pass each way, but it runs slower than flash.)"""
+        are one column wider than the head: CUDA's fused kernels need a multiple of 8, so a 64-wide head (65 with the
+        column) ran SDPA's math path, which forms the weights. Zero columns change no dot product. v keeps its own
+        width, so SDPA runs CUDA's memory-efficient kernel, which takes a v narrower than q and k; the flash kernel
+        needs one width for all three. Padding v as well (to run flash, as this path did before) cost a padded copy
+        of v, a wider output and its gradient, and a copy out of each: on the GPU cost page (B=32, H=12, d=64) peak
+        live bytes 1.63x SDPA softmax's against 1.31x now, bytes touched 2.71x against 2.2x. The price is speed per
+        FLOP: on an H100 the memory-efficient kernel runs slower than flash at these widths (not measured for this
+        form; the CPU's 'as on CUDA' run, a test path, takes SDPA's math path with a narrower v). Off the CUDA path
+        nothing is padded, so CPU results stay as they were, bit for bit."""
         if not takes_cuda_path(q) or not groups.has_fused_attention or flex_wanted():
             return None
         if self._runs_value_em() or self._adapting() or not self._has_key_terms():
             return None
-        width = max(q.shape[-1] + 1, v.shape[-1])
-        return -(-width // FUSED_WIDTH_MULTIPLE) * FUSED_WIDTH_MULTIPLE
+        return -(-(q.shape[-1] + 1) // FUSED_WIDTH_MULTIPLE) * FUSED_WIDTH_MULTIPLE
 
     def _has_key_terms(self) -> bool:
         """Whether `_key_terms` is not None (without computing it)."""
@@ -439,7 +425,7 @@ class GaussianMixtureAttention(AttentionKernel):
         """β = 0 without adaptation: α⟨q, ξ⟩ plus a per-key bias is a dot product of q' = [αq, 1] with
         k' = [ξ, bias], so the fused kernel runs it with the plain boolean mask (as fast as a float attn_mask
         holding the bias on this CPU, measured, and the mask stays boolean). On the CUDA path q' and k' are padded
-        with zero columns to the width `forward` padded v to."""
+        with zero columns to the width `forward` chose (`_fused_width`)."""
         if self._runs_value_em() or self._adapting():
             return None
         flex = None
