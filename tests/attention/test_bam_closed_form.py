@@ -12,7 +12,8 @@ import torch
 from modules.attention import AttentionSite, DenseGroups, build_attention
 from modules.attention.contract import held_noise
 from modules.attention.kernel import query_blocks
-from modules.attention.variants.bam import _RowLogSumExp, fused_on_cpu
+from modules.attention.variants import bam
+from modules.attention.variants.bam import BayesianAttention, _RowLogSumExp, fused_on_cpu
 
 SITE = AttentionSite("text", "self", sequence=True)
 CASES = [(name, prior) for name in ("bam-weibull", "bam-lognormal") for prior in ("fixed", "contextual")]
@@ -89,7 +90,10 @@ def test_the_closed_form_kl_in_float32_is_as_close_to_float64_as_the_eager_sums(
 
 
 @pytest.mark.parametrize("padded", [False, True])
-def test_the_row_logsumexp_gradient_through_sdpa_is_autograd_s(padded):
+@pytest.mark.parametrize("chunks", [4, 2, 3])
+def test_the_row_logsumexp_gradient_through_sdpa_is_autograd_s(padded, chunks, monkeypatch):
+    """Whole (B = 2, H = 3 under 4 chunks), in chunks of the batch (2) and of the heads (3, fewer samples than that)."""
+    monkeypatch.setattr(bam, "LSE_BACKWARD_CHUNKS", chunks)
     q, k, groups = problem(torch.float64, spread=3.0, padded=padded)
     scale = 0.3
     g = torch.randn(q.shape[:-1], generator=torch.Generator().manual_seed(2), dtype=q.dtype)
@@ -132,14 +136,45 @@ def test_noisy_query_blocks_equal_the_whole_call_under_held_noise(name):
 
 
 @pytest.mark.parametrize("name", ["bam-weibull", "bam-lognormal"])
-def test_the_page_s_counts_keep_one_block_of_noise_and_no_host_sync(name):
-    """The GPU cost page's shape (B = 32, H = 12, L = 512, d = 64; fake tensors): peak live within 1.5 x SDPA
-    softmax's, saved for backward within 1.5 x FlashAttention's, no host sync."""
+@pytest.mark.parametrize("samples, rows", [(1, None), (1, 7)])
+def test_noisy_blocks_of_samples_equal_the_whole_call_under_held_noise(name, samples, rows, monkeypatch):
+    """Blocks of whole samples (as the CUDA path sizes them at the page's shapes) or of one sample's rows: the same
+    output, KL, `sample_tv` and gradients as one block under held noise, padded (sample 1's mask and query rows)."""
+    torch.manual_seed(0)
+    noisy = {"bam-weibull": {"k": 3.0}, "bam-lognormal": {"sigma": 0.7}}[name]
+    kernel = build_attention({"name": name, "prior": "contextual", **noisy}, num_heads=3, head_dim=8, site=SITE).double().train()
+    kernel.draw_noise = held_noise
+    q, k, groups = problem(torch.float64, spread=1.0, padded=True)
+    v = torch.randn_like(q)
+    valid_rows = groups.query_valid[:, None, :, None].to(q.dtype)
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        with fused_on_cpu():
+            out, result = kernel(*leaves, groups, need_weights=False)
+        assert kernel.last_path == "sdpa"
+        ((out * valid_rows).square().sum() + result.aux_losses["kl"]).backward()
+        return [out * valid_rows, result.aux_losses["kl"], result.diagnostics["sample_tv"]] + [t.grad for t in leaves]
+
+    whole = run()
+    blocks = []
+    monkeypatch.setattr(BayesianAttention, "_fused_blocks",
+                        lambda self, q, k, whole_rows: blocks.append(1) or (samples, rows or whole_rows))
+    for a, b in zip(run(), whole):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+    assert blocks
+
+
+@pytest.mark.parametrize("name", ["bam-weibull", "bam-lognormal"])
+@pytest.mark.parametrize("length", [512, 2048])
+def test_the_page_s_counts_keep_one_block_of_noise_and_no_host_sync(name, length):
+    """The GPU cost page's shapes (B = 32, H = 12, L = 512 and 2048, d = 64; fake tensors): peak live within 1.5 x
+    SDPA softmax's, saved for backward within 1.5 x FlashAttention's, no host sync."""
     from harness.studies import gpu_cost
 
-    base, _, _ = gpu_cost.count_step("softmax", 512, 32)
-    counter, saved, path = gpu_cost.count_step(name, 512, 32)
-    row = gpu_cost.Count(name, 512, 32)
+    base, _, _ = gpu_cost.count_step("softmax", length, 32)
+    counter, saved, path = gpu_cost.count_step(name, length, 32)
+    row = gpu_cost.Count(name, length, 32)
     assert path == "sdpa"
     assert counter.peak <= 1.5 * base.peak, counter.peak / base.peak
     assert saved <= 1.5 * row.flash_ideal, saved / row.flash_ideal
