@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from scipy.optimize import minimize, root
 from scipy.special import logsumexp, softmax as np_softmax
 
 from modules.attention import AttentionSite, DenseGroups, SegmentGroups, build_attention
+from modules.attention.variants import fenchel as fenchel_module
 from modules.attention.variants.fenchel import FenchelNotConverged, _log_mean_exp_centred, t5_relative_position_bucket
 
 from .conftest import make_problem
@@ -41,6 +43,21 @@ T5_TABLE = {
 def test_t5_bucket_matches_hand_table():
     rel = torch.tensor(list(T5_TABLE))
     assert t5_relative_position_bucket(rel).tolist() == list(T5_TABLE.values())
+
+
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (16, 20), (8, 64)])
+def test_bucket_table_is_the_bucketing_of_every_relative_position(monkeypatch, num_buckets, max_distance):
+    """The shared table, built from the 2n - 1 relative positions laid out as a flipped Hankel view, holds the same
+    integers as bucketing every (query, key) pair, kept (a power of two) or not (past BUCKET_TABLE_MAX)."""
+    monkeypatch.setattr(fenchel_module, "_bucket_tables", OrderedDict())
+    monkeypatch.setattr(fenchel_module, "BUCKET_TABLE_MAX", 256)
+    for length in (1, 2, 5, 130, 257, 300):
+        table = fenchel_module.bucket_table(num_buckets, max_distance, length, torch.device("cpu"))
+        positions = torch.arange(table.shape[0])
+        expected = t5_relative_position_bucket(positions[None, :] - positions[:, None], num_buckets=num_buckets,
+                                               max_distance=max_distance)
+        assert table.shape[0] == (1 << max(length - 1, 0).bit_length() if length <= 256 else length)
+        assert table.dtype == expected.dtype and table.is_contiguous() and torch.equal(table, expected)
 
 
 def test_position_prior_is_added_by_bucket_and_changes_weights():

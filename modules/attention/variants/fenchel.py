@@ -138,9 +138,13 @@ def bucket_table(num_buckets: int, max_distance: int, length: int, device: torch
         size = 1 << max(length - 1, 0).bit_length()
         keep = size <= BUCKET_TABLE_MAX
         with torch.inference_mode(False):  # a table built in inference mode must serve training forwards too
-            positions = torch.arange(size if keep else length, device=device)
-            table = t5_relative_position_bucket(positions[None, :] - positions[:, None], num_buckets=num_buckets,
-                                                max_distance=max_distance)
+            n = size if keep else length
+            # Entry (i, j) is the bucket of j - i, one of 2n - 1 relative positions: bucket those once and lay them out
+            # as a Hankel view (entry (i', j) = relative position i' + j - (n - 1)) flipped over its rows, one [n, n]
+            # write instead of the bucketing's dozen or so [n, n] passes; the same integers.
+            relative = t5_relative_position_bucket(torch.arange(1 - n, n, device=device), num_buckets=num_buckets,
+                                                   max_distance=max_distance)
+            table = relative.as_strided((n, n), (1, 1)).flip(0)
         # a fake tensor (the GPU cost page counts under FakeTensorMode) is never kept: a real forward would read it
         if not keep or type(table) is not Tensor:
             return table
