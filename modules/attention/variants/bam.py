@@ -344,22 +344,31 @@ def fused_on_cpu(enabled: bool = True) -> Iterator[None]:
 
 class _RowLogSumExp(torch.autograd.Function):
     """lse_i = logsumexp over query i's valid keys j of scale * <q_i, k_j>: what the closed-form KL needs of the
-    mean weights (log w_ij = scale * <q_i, k_j> - lse_i). Forward: one block of `rows` queries at a time, the block's
-    logits freed before the next (nothing of the logits' size is kept). Backward: d lse_i / d q_i = scale * sum_j w_ij
+    mean weights (log w_ij = scale * <q_i, k_j> - lse_i). Forward: one block of `samples` samples' `rows` queries at a
+    time (all samples where not given), the block's logits freed before the next (nothing of the logits' size is
+    kept); a block of whole samples reads only their keys. Backward: d lse_i / d q_i = scale * sum_j w_ij
     k_j and d lse_i / d k_j = scale * w_ij q_i, i.e. one SDPA call with the keys as values (its output, for dq) and
     its backward for the values' gradient with g_i * scale * q_i as the output's gradient (P^T (g q), for dk): the
     L x L weights are never formed. A query without a valid key gets lse 0 (it enters no KL sum)."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, key_mask: Tensor | None, scale: float, rows: int) -> Tensor:
-        pieces = []
-        for start in range(0, q.shape[-2], rows):
-            logits = torch.matmul(q[..., start:start + rows, :] * scale, k.transpose(-1, -2))
-            if key_mask is not None:
-                logits.masked_fill_(~key_mask, float("-inf"))
-            pieces.append(logits.logsumexp(-1))
-            del logits
-        lse = torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
+    def forward(ctx, q: Tensor, k: Tensor, key_mask: Tensor | None, scale: float, rows: int,
+                samples: int | None = None) -> Tensor:
+        samples = q.shape[0] if samples is None or k.shape[0] != q.shape[0] else samples
+        chunks = []
+        for first in range(0, q.shape[0], samples):
+            part = slice(first, min(first + samples, q.shape[0]))
+            q_part, k_part = (q, k) if samples == q.shape[0] else (q[part], k[part])
+            mask = key_mask if key_mask is None or samples == q.shape[0] else _lead(key_mask, 0, part)
+            pieces = []
+            for start in range(0, q.shape[-2], rows):
+                logits = torch.matmul(q_part[..., start:start + rows, :] * scale, k_part.transpose(-1, -2))
+                if mask is not None:
+                    logits.masked_fill_(~mask, float("-inf"))
+                pieces.append(logits.logsumexp(-1))
+                del logits
+            chunks.append(torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0])
+        lse = torch.cat(chunks, dim=0) if len(chunks) > 1 else chunks[0]
         if key_mask is not None:
             lse = lse.masked_fill(lse == float("-inf"), 0.0)
         ctx.save_for_backward(q, k)
@@ -378,7 +387,7 @@ class _RowLogSumExp(torch.autograd.Function):
         dim, size = _lse_backward_chunks(q)
         if size >= q.shape[dim]:
             out, dk = _lse_backward_sdpa(q, k, g, mask, ctx.scale)
-            return g * out, dk, None, None, None
+            return g * out, dk, None, None, None, None
         # in chunks of the batch (or heads): SDPA's backward writes q-, k- and v-sized gradients of which only the
         # values' is wanted, and its output and the output's gradient live alongside; a chunk at a time keeps those
         # five a chunk's size, written into the two gradients returned (the same numbers: each (sample, head) is
@@ -392,7 +401,7 @@ class _RowLogSumExp(torch.autograd.Function):
             del out
             _lead(dk, dim, part).copy_(dk_part)
             del dk_part
-        return dq, dk, None, None, None
+        return dq, dk, None, None, None, None
 
 
 LSE_BACKWARD_CHUNKS = 4
@@ -816,15 +825,15 @@ class BayesianAttention(AttentionKernel):
         if draws > 1:
             return None
         rows = self._fused_rows(groups, q, k)
+        samples, block_rows = self._fused_blocks(q, k, rows)
         key_mask = groups.mask
         with full_precision(q, k) as (precise_q, precise_k):
             prior = self.prior_over_keys(precise_k, groups) if self.key_prior is not None else None
-            lse = _RowLogSumExp.apply(precise_q, precise_k, key_mask, scale, rows)
+            lse = _RowLogSumExp.apply(precise_q, precise_k, key_mask, scale, block_rows, samples)
             kl = self._closed_kl(precise_q, precise_k, lse, prior, groups, scale)
         if not draws:
             return FusedAttention(q, k, scale, None, aux_losses={"kl": kl})
         diagnostics: dict[str, Tensor] = {}
-        samples, block_rows = self._fused_blocks(q, k, rows)
         blocks = _NoisyBlocks(self, q, k, groups, scale, samples, block_rows, lse.detach(),
                               diagnostics if mechanism_diagnostics_on() else None)
         if self._call_dropout == 0.0:
