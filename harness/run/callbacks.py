@@ -270,7 +270,8 @@ class History(Callback):
         for name, value in trainer.callback_metrics.items():
             if (name == "train/loss" or name.startswith(("aux/", "diag/"))) and value.numel() == 1:
                 # kept as tensors until the epoch ends: a float() per step would sync the GPU every step
-                self._train.setdefault(name, []).append(value.detach())
+                # (Lightning hands them detached unless logged with enable_graph)
+                self._train.setdefault(name, []).append(value.detach() if value.requires_grad else value)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:

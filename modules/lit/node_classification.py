@@ -37,19 +37,20 @@ class NodeClassificationModule(L.LightningModule):
         self.val_loss = ExampleMean()
         self._groups = None
         self._mask_nodes: dict[str, Tensor] = {}
+        self._split_labels: dict[str, Tensor] = {}
 
     def _forward(self, graph):
         """Class logits and the model's attention trace."""
         if self._groups is None or self._groups.num_nodes != graph.num_nodes:
             self._groups = graph_groups(graph.edge_index, graph.num_nodes)
-            self._mask_nodes = {}
+            self._mask_nodes, self._split_labels = {}, {}
         trace = []
         return self.model(graph.x, self._groups, trace), trace
 
     def training_step(self, graph, batch_idx):
         logits, trace = self._forward(graph)
         nodes = self._nodes("train", graph.train_mask)
-        task_loss = F.cross_entropy(logits[nodes], graph.y[nodes])
+        task_loss = F.cross_entropy(logits[nodes], self._labels("train", graph, nodes))
         aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
         loss = task_loss if aux is None else task_loss + aux
         self._divergence.update(loss, self, batch_idx)
@@ -66,6 +67,13 @@ class NodeClassificationModule(L.LightningModule):
             self._mask_nodes[split] = mask.nonzero().squeeze(1)
         return self._mask_nodes[split]
 
+    def _labels(self, split: str, graph, nodes: Tensor) -> Tensor:
+        """The labels of `nodes` (the split's nodes this process scores), gathered once per graph with them: the
+        same labels at every step, so a gather each step was an op for nothing."""
+        if split not in self._split_labels:
+            self._split_labels[split] = graph.y[nodes]
+        return self._split_labels[split]
+
     def _evaluate(self, graph, split: str):
         # the test pass always measures: its values are the mechanism at the evaluated weights, which the rules read
         measured = split == "test" or diagnosed_validation(self.current_epoch)
@@ -74,7 +82,7 @@ class NodeClassificationModule(L.LightningModule):
         with measured_if(measured):
             logits, trace = self._forward(graph)
             nodes = self._own_share(self._nodes(split, getattr(graph, f"{split}_mask")))
-            scored, target = logits[nodes], graph.y[nodes]
+            scored, target = logits[nodes], self._labels(split, graph, nodes)
             loss = F.cross_entropy(scored, target)
             logs = mechanism_logs(trace, loss, *schedule_point(self, split))
         counts = self._summed_over_ranks(confusion_counts(scored, target, self.num_classes))
