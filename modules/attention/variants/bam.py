@@ -929,9 +929,9 @@ class WeibullAttention(BayesianAttention):
             # x + tiny to x for every nonzero draw), from the same stream, in one pass
             uniform = torch.empty(mean.shape, dtype=mean.dtype, device=mean.device).uniform_(
                 tiny, 1.0, generator=self.noise_generator)
-        exp1 = torch.special.xlogy(-1.0, uniform)
-        del uniform  # two [.., Lq, Lk] tensors at a time, not three
-        return torch.special.xlogy(1.0 / self.config.k, exp1)
+        # each pass written over its input (out=, the same numbers): one [.., Lq, Lk] tensor at a time, not two
+        torch.special.xlogy(-1.0, uniform, out=uniform)
+        return torch.special.xlogy(1.0 / self.config.k, uniform, out=uniform)
 
     def _closed_kl(self, q, k, lse, prior, groups, scale):
         c = self.config
