@@ -137,9 +137,11 @@ def test_noisy_query_blocks_equal_the_whole_call_under_held_noise(name):
 
 @pytest.mark.parametrize("name", ["bam-weibull", "bam-lognormal"])
 @pytest.mark.parametrize("samples, rows", [(1, None), (1, 7)])
-def test_noisy_blocks_of_samples_equal_the_whole_call_under_held_noise(name, samples, rows, monkeypatch):
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_noisy_blocks_of_samples_equal_the_whole_call_under_held_noise(name, samples, rows, dropout, monkeypatch):
     """Blocks of whole samples (as the CUDA path sizes them at the page's shapes) or of one sample's rows: the same
-    output, KL, `sample_tv` and gradients as one block under held noise, padded (sample 1's mask and query rows)."""
+    output, KL, `sample_tv` and gradients as one block under held noise, padded (sample 1's mask and query rows);
+    with attention dropout, the whole bias drawn block by block (SDPA's dropout mask from torch's seeded stream)."""
     torch.manual_seed(0)
     noisy = {"bam-weibull": {"k": 3.0}, "bam-lognormal": {"sigma": 0.7}}[name]
     kernel = build_attention({"name": name, "prior": "contextual", **noisy}, num_heads=3, head_dim=8, site=SITE).double().train()
@@ -150,8 +152,9 @@ def test_noisy_blocks_of_samples_equal_the_whole_call_under_held_noise(name, sam
 
     def run():
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(11)
         with fused_on_cpu():
-            out, result = kernel(*leaves, groups, need_weights=False)
+            out, result = kernel(*leaves, groups, need_weights=False, dropout_p=dropout)
         assert kernel.last_path == "sdpa"
         ((out * valid_rows).square().sum() + result.aux_losses["kl"]).backward()
         return [out * valid_rows, result.aux_losses["kl"], result.diagnostics["sample_tv"]] + [t.grad for t in leaves]
