@@ -348,9 +348,9 @@ class _RowLogSumExp(torch.autograd.Function):
     mean weights (log w_ij = scale * <q_i, k_j> - lse_i). Forward: one block of `samples` samples' `rows` queries at a
     time (all samples where not given), the block's logits freed before the next (nothing of the logits' size is
     kept); a block of whole samples reads only their keys. Backward: d lse_i / d q_i = scale * sum_j w_ij
-    k_j and d lse_i / d k_j = scale * w_ij q_i, i.e. one SDPA call with the keys as values (its output, for dq) and
-    its backward for the values' gradient with g_i * scale * q_i as the output's gradient (P^T (g q), for dk): the
-    L x L weights are never formed. A query without a valid key gets lse 0 (it enters no KL sum)."""
+    k_j and d lse_i / d k_j = scale * w_ij q_i, i.e. SDPA with the keys as values (its output, for dq) and its
+    backward for the values' gradient with g_i * scale * q_i as the output's gradient (P^T (g q), for dk), run in
+    chunks of the batch (`_lse_backward_chunks`): the L x L weights are never formed. A query without a valid key gets lse 0 (it enters no KL sum)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, key_mask: Tensor | None, scale: float, rows: int,
