@@ -484,7 +484,9 @@ class _PairSums:
         backward recomputes kc rather than keeping a tensor of k's size."""
 
         def product(k: Tensor, key_mean: Tensor, *left_: Tensor) -> Tensor:
-            centred = k - key_mean
+            # k + (-mean), the same numbers as k - mean: its backward hands the mean the gradient's sum, where a
+            # subtraction's negates the whole k-sized gradient first
+            centred = k + key_mean.neg()
             if self.keys is not None:
                 centred = centred * self.keys.transpose(-1, -2)
             return torch.matmul(left_[0], centred) if left_ else _Gram.apply(centred)
@@ -643,7 +645,9 @@ class _NoisyBlocks:
         chunks = []
         for samples, q_chunk, k_chunk, v_chunk in zip(self.chunks, split(q), split(k), split(v)):
             outputs = []
-            pieces = q_chunk.split([block.stop - block.start for block in self.rows], dim=-2)
+            # one block of rows: q_chunk itself (a one-piece split's backward would copy its gradient)
+            pieces = q_chunk.split([block.stop - block.start for block in self.rows], dim=-2) \
+                if len(self.rows) > 1 else [q_chunk]
             for block, q_block in zip(self.rows, pieces):
                 attend = self._block(self.part(samples, block), samples, block)
                 if keep:
