@@ -45,7 +45,7 @@ def seed_dropout(x: Tensor, p: float, training: bool, generators: Sequence[torch
     alone; the masks are stacked and applied in one product."""
     if not training or p == 0.0:
         return x
-    keep = torch.stack([dropout_mask(x[s], p, g) for s, g in enumerate(generators)])
+    keep = torch.stack([dropout_mask(seed_x, p, g) for seed_x, g in zip(x.unbind(0), generators, strict=True)])
     return x * keep
 
 

@@ -257,8 +257,8 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
             # each seed's cross-entropy, weighted by the node count as the lone run's val/loss is made (`_as_logged`)
             val_loss = _as_logged(torch.stack(list(seeds_cross_entropy(logits, val_nodes, y_val, val_logits))), len(val_nodes))
             val_acc = (val_logits.argmax(-1) == y_val).float().mean(1)
-            for position in range(len(active)):
-                logs = mechanism_logs(val_traces[position], val_loss[position], epoch, epoch)
+            for position, seed_val_loss in enumerate(val_loss.unbind(0)):  # one op for every seed's view
+                logs = mechanism_logs(val_traces[position], seed_val_loss, epoch, epoch)
                 rows[position].update({f"val/{name}": value for name, value in logs.items()})
             names = [sorted(row) for row in rows]
             curves = [rows[p][n].float() for p in range(len(active)) for n in names[p]]
