@@ -76,25 +76,31 @@ from ..kernel import (
 from ..registry import register_attention
 
 class _PaddedMixtureForm(torch.autograd.Function):
-    """The fused form on the CUDA path in one pass each way: q' = [q, 1, 0…] and k' = [αξ, t, 0…] of head width W,
-    with t the per-key terms c_h ‖ξ‖² + e (c_h = (ρ-1) α_h/2, e the offset term or none), centred over each head's
-    keys where `centred` (see `_fused_key_terms`). Forward: one concatenation for q', one norm and one multiply into
-    k' (its other columns filled in place). Backward: dq = dq'[:d], a view; dα from the trace of dk'[:d]ᵀ ξ; dk =
-    α dk'[:d] + 2 ∂t/∂‖ξ‖² ξ in two ops. Composed from autograd ops instead, the same form took a multiply, a
+    """The fused form on the CUDA path in one pass each way: q' = [αq, 1, 0…] and k' = [ξ, t, 0…] of head width W,
+    with t the per-key terms c_h ‖ξ‖² + e (c_h = (ρ-1) α_h/2, e the offset term or none), centred over each head's keys
+    where `centred` (see `_fused_key_terms`). Forward: one multiply into q', one norm and one copy into k' (their
+    other columns filled in place). Backward: dq = α dq'[:d], one multiply (which leaves dq contiguous, so the leaf
+    takes it without a copy); dα from the trace of dk'[:d]ᵀ ξ, divided by α, which holds where q' and k' are used
+    only through their products (as SDPA uses them), so that q is not kept; dk = dk'[:d] + 2 ∂t/∂‖ξ‖² ξ, one op (a
+    view where t does not depend on ‖ξ‖²). Composed from autograd ops instead, the same form took a multiply, a
     concatenation and the padding of each tensor, and as many again in the backward (muls, narrow copies, adds).
-    Equal to the composed form up to float rounding, with its roundings under autocast: α applied to ξ in float32
-    and rounded once into k' (on the queries' side, α's bf16 gradient was 2.7x eager bf16's error from fp32 against
-    2.2x here, geometric mean of 30 draws)."""
+    Equal to the composed form up to float rounding, with its roundings under autocast: α applied to q in float32
+    and rounded once into q'. α on the keys' side instead (k' = [αξ, t, 0…], as this form had it) cost one more
+    full-size multiply in the backward (α dk'[:d] and the leaf's copy of dq'[:d]) and was less accurate in
+    bf16: gradients' errors from float64 through CPU bf16 SDPA, geometric means of 30 draws at q, k scales 1.5/1.5,
+    1/3, 3/1, α's 1.3e-2 / 2.0e-2 / 2.0e-2 against 0.53e-2 / 1.3e-2 / 0.66e-2 now, the others' 8-38% lower now too."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, alpha: Tensor, coef: Tensor | None, extra: Tensor | None,
                 centred: bool, width: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
         dim = q.shape[-1]
+        q_prime = q.new_empty((*q.shape[:-1], width), dtype=dtype)
+        # α applied in q's precision (float32 under autocast) and rounded once into q', as the composed form's cast
+        torch.mul(q, per_head(alpha, q), out=q_prime[..., :dim])
+        q_prime[..., dim].fill_(1.0)
+        q_prime[..., dim + 1:].zero_()
         precise = torch.promote_types(k.dtype, torch.float32)
-        ones = torch.ones((), dtype=dtype, device=q.device).expand(*q.shape[:-1], 1)
-        zeros = torch.zeros((), dtype=dtype, device=q.device).expand(*q.shape[:-1], width - dim - 1)
-        q_prime = torch.cat([q.to(dtype), ones, zeros], dim=-1)
         terms = torch.zeros((), dtype=precise, device=k.device)
         sq_norm = None
         if coef is not None:
@@ -108,8 +114,7 @@ class _PaddedMixtureForm(torch.autograd.Function):
             finite = terms.isfinite()
             terms = terms - terms.nan_to_num(0.0, 0.0, 0.0).mean(-1, keepdim=True)
         k_prime = k.new_empty((*k.shape[:-1], width), dtype=dtype)
-        # α applied in k's precision (float32 under autocast) and rounded once into k', as the composed form's cast
-        torch.mul(k, per_head(alpha, k), out=k_prime[..., :dim])
+        k_prime[..., :dim].copy_(k)
         k_prime[..., dim].copy_(terms.to(dtype).expand(k.shape[:-1]))
         k_prime[..., dim + 1:].zero_()
         ctx.save_for_backward(k, alpha, coef, sq_norm, finite)
@@ -122,14 +127,16 @@ class _PaddedMixtureForm(torch.autograd.Function):
         dim = ctx.dim
         dq = dk = dalpha = dcoef = dextra = None
         if grad_q is not None and ctx.needs_input_grad[0]:
-            dq = grad_q[..., :dim]
+            dq = grad_q[..., :dim] * per_head(alpha, grad_q)
         if grad_k is None:
             return dq, dk, dalpha, dcoef, dextra, None, None, None
         grad_rows = grad_k[..., :dim]
         if ctx.needs_input_grad[2]:
-            # Σ_j dk'_j[:d] · ξ_j per (sample, head): the trace of dk'[:d]ᵀ ξ [d x d], on ξ itself (in its precision)
+            # q' and k' meet only in their products s_ij = α⟨q_i, ξ_j⟩ + t_j, so dk'_j[:d] = α Σ_i ∂s_ij q_i and
+            # Σ_j dk'_j[:d] · ξ_j = α Σ_ij ∂s_ij ⟨q_i, ξ_j⟩ = α dα: read from ξ (saved anyway), q is not kept. Per
+            # (sample, head) the trace of dk'[:d]ᵀ ξ [d x d], on ξ itself (in its precision).
             traced = torch.matmul(grad_rows.to(k.dtype).transpose(-1, -2), k).diagonal(dim1=-2, dim2=-1)
-            dalpha = traced.sum(-1, dtype=alpha.dtype).sum(0)
+            dalpha = traced.sum(-1, dtype=alpha.dtype).sum(0) / alpha
         precise = torch.promote_types(grad_k.dtype, torch.float32)
         grad_terms = grad_k[..., dim].to(precise)
         if finite is not None:
@@ -139,10 +146,10 @@ class _PaddedMixtureForm(torch.autograd.Function):
         if coef is not None and ctx.needs_input_grad[3]:
             dcoef = (grad_terms * sq_norm).sum((0, 2)).to(coef.dtype)
         if ctx.needs_input_grad[1]:
-            dk = grad_rows * per_head(alpha, grad_rows)
+            dk = grad_rows
             if coef is not None:
                 # ∂(c ‖ξ‖²)/∂ξ = 2c ξ
-                slope = (2 * per_head(coef, grad_terms).to(precise) * grad_terms).to(dk.dtype).unsqueeze(-1)
+                slope = (2 * per_head(coef, grad_terms).to(precise) * grad_terms).unsqueeze(-1)
                 dk = torch.addcmul(dk, k, slope)
         return dq, dk, dalpha, dcoef, dextra, None, None, None
 
@@ -400,13 +407,13 @@ class GaussianMixtureAttention(AttentionKernel):
 
     def _fused_width(self, q: Tensor, groups: Groups) -> int | None:
         """The head width the fused form pads q' and k' to on the CUDA path, or None (no padding). q' and k' (the
-        CPU's [αq, 1] and [ξ, key terms]; the CUDA path's [q, 1, 0…] and [αξ, key terms, 0…], `_PaddedMixtureForm`)
+        CPU's [αq, 1] and [ξ, key terms]; the CUDA path's [αq, 1, 0…] and [ξ, key terms, 0…], `_PaddedMixtureForm`)
         are one column wider than the head: CUDA's fused kernels need a multiple of 8, so a 64-wide head (65 with the
         column) ran SDPA's math path, which forms the weights. Zero columns change no dot product. v keeps its own
         width, so SDPA runs CUDA's memory-efficient kernel, which takes a v narrower than q and k; the flash kernel
         needs one width for all three. Padding v as well (to run flash, as this path did before) cost a padded copy
         of v, a wider output and its gradient, and a copy out of each: on the GPU cost page (B=32, H=12, d=64) peak
-        live bytes 1.63x SDPA softmax's against 1.31x now, bytes touched 2.71x against 2.2x. The price is speed per
+        live bytes 1.63x SDPA softmax's against 1.31x, bytes touched 2.71x against 2.18x. The price is speed per
         FLOP: on an H100 the memory-efficient kernel runs slower than flash at these widths (not measured for this
         form; the CPU's 'as on CUDA' run, a test path, takes SDPA's math path with a narrower v). Off the CUDA path
         nothing is padded, so CPU results stay as they were, bit for bit."""
