@@ -379,7 +379,21 @@ class _FusedSDPA(torch.autograd.Function):
             # leaf's layout, a copy a GPU run does not make
             grads = tuple(g if g.stride() == t.stride() else torch.empty_like(t).copy_(g) for g, t in zip(grads, inputs))
         counter.track(*grads)
-        counter.launch(f"sdpa {ctx.backend} backward", [q, k, v, mask, out, lse, grad], list(grads), int(2.5 * ctx.flops))
+        full_shape = (*q.shape[:-1], k.shape[-2])
+        if needs_mask and tuple(mask.shape) != full_shape:
+            # CUDA's SDPA expands the bias to [B, H, Lq, Lk] before its memory-efficient kernel, whose backward writes
+            # the bias's gradient at that size (one value per pair and sample: the kernel cannot sum over the batch;
+            # attention_backward.cu); autograd's expand backward then sums it to the bias's own shape
+            with counter.pause():
+                full = q.new_empty(full_shape)
+            counter.track(full)
+            counter.launch(f"sdpa {ctx.backend} backward", [q, k, v, mask, out, lse, grad], [*grads[:3], full],
+                           int(2.5 * ctx.flops))
+            counter.launch("sum (the bias gradient to the bias's shape)", [full], [grads[3]])
+            del full
+            counter._release()
+        else:
+            counter.launch(f"sdpa {ctx.backend} backward", [q, k, v, mask, out, lse, grad], list(grads), int(2.5 * ctx.flops))
         return (*grads[:3], grads[3] if needs_mask else None, None, None, None, None)
 
 

@@ -58,6 +58,26 @@ def test_the_counter_counts_sdpa_as_cuda_runs_it():
     assert counter.kernels == 3, dict(counter.by_kernel)
 
 
+def test_a_bias_that_needs_a_gradient_costs_its_full_size_gradient_as_on_cuda():
+    """CUDA's memory-efficient backward writes a bias's gradient at [B, H, Lq, Lk] (the bias expanded), which autograd
+    sums to the bias's shape: a [1, H, L, L] bias at B = 4 costs four of its size written, then read by the sum."""
+    batch, heads, length, dim = 4, 2, 32, 64
+    counter = gpu_cost.CostCounter(where=False)
+    q, k, v = (torch.randn(batch, heads, length, dim, requires_grad=True) for _ in range(3))
+    bias = torch.zeros(1, heads, length, length, requires_grad=True)
+    with counter, gpu_cost.CudaSDPA(counter):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        out.backward(torch.ones_like(out))
+    assert counter.by_kernel["sdpa efficient backward"] == 1
+    assert counter.by_kernel["sum (the bias gradient to the bias's shape)"] == 1
+    element, tensor = gpu_cost.FLOAT_BYTES, batch * heads * length * dim
+    full, own = batch * heads * length * length, heads * length * length
+    forward = (3 * tensor + own + tensor) * element + batch * heads * length * element
+    backward = (3 * tensor + own + tensor + batch * heads * length + tensor) * element + (3 * tensor + full) * element
+    assert counter.bytes == tensor * element + forward + backward + (full + own) * element  # ones_like, fwd, bwd, sum
+    assert bias.grad is not None and bias.grad.shape == bias.shape
+
+
 def test_the_counter_charges_each_kernel_what_it_moves():
     """A copy writes its destination (not read); a gather reads what it returns; a scatter into a tensor reads and
     writes where its source lands; a new tensor like another reads nothing of it; an in-place add reads and writes."""
