@@ -242,12 +242,13 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
             logs = {**aux_logs, **mechanism_logs(traces[position], task_loss, epoch, epoch)}
             rows.append({name: value.detach() for name, value in logs.items()})
         stacked = torch.stack(losses)
-        finite = torch.isfinite(stacked.detach()).tolist()  # one host read per epoch for every seed
         optimizer.zero_grad(set_to_none=True)
-        kept = [loss for loss, ok in zip(losses, finite) if ok]
-        if kept:
-            torch.stack(kept).sum().backward()
-            optimizer.step()
+        # Every seed's loss in one backward pass, a diverged (non-finite) one weighted 0: no parameter is shared
+        # between seeds, so only its own gradients turn NaN, and it leaves the batch with its error after this
+        # epoch's read. Each finite seed's loss gets the gradient 1 it got alone. Which seeds diverged is read with
+        # the epoch's other values, not before this pass: a read here made a GPU wait for the forward pass.
+        torch.where(torch.isfinite(stacked.detach()), stacked, torch.zeros_like(stacked)).sum().backward()
+        optimizer.step()
 
         batch.eval()
         with torch.no_grad(), measured_if(diagnosed_validation(epoch)):  # the lone run's cadence (attention_terms.py)
@@ -266,6 +267,7 @@ def fit_seed_batch(modules: Sequence[NodeClassificationModule], graph, rules: Se
             read = torch.cat([torch.stack([stacked.detach(), val_loss, val_acc]).flatten().float(),
                               torch.stack(curves) if curves else stacked.new_zeros(0)]).tolist()
             values = [read[i * len(active):(i + 1) * len(active)] for i in range(3)]
+        finite = [math.isfinite(loss) for loss in values[0]]
         read = iter(read[3 * len(active):])
         rows = [{n: next(read) for n in names[p]} for p in range(len(active))]
         epoch_s = time.perf_counter() - start

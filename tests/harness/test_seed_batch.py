@@ -418,3 +418,18 @@ def test_the_cuda_paths_batch_loop_follows_the_cpu_paths_to_float_tolerance(data
                 if name != "epoch_s":
                     assert ra[name] == pytest.approx(rb[name], rel=1e-4, abs=1e-5), (s, name)
         assert_same_weights(a.module.state_dict(), b.module.state_dict())
+
+
+def test_a_diverged_seed_fails_alone_on_the_cuda_path_too(data_root):
+    """As on CUDA, where the batch reads which seeds diverged with the epoch's values, after the backward pass that
+    weighs a diverged seed's loss 0 (no read before it): the seed fails at its epoch, the others train as without it."""
+    from modules.device_policy import behave_as_cuda
+
+    with behave_as_cuda():
+        finished, _ = fit([0, 1, 2], data_root, stops=[3, 3, 3], poison=[1])
+        alone, _ = fit([0, 2], data_root, stops=[3, 3])
+    assert finished[1].error == "DivergedError: training loss became non-finite (nan) at epoch 0; the run diverged"
+    assert finished[1].epochs == 1 and finished[0].epochs == finished[2].epochs == 3
+    for seed in (0, 2):
+        assert finished[seed].error is None
+        assert_same_weights(finished[seed].module.state_dict(), alone[seed].module.state_dict())
