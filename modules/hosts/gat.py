@@ -47,7 +47,12 @@ def dropout(x: Tensor, p: float, training: bool, generator: torch.Generator | No
 
 def dropout_mask(like: Tensor, p: float, generator: torch.Generator | None) -> Tensor:
     """Kept entries 1/(1-p), dropped 0, drawn from `generator`."""
-    return torch.empty_like(like).bernoulli_(1 - p, generator=generator).div_(1 - p)
+    return kept_entries(like, p, generator).div_(1 - p)
+
+
+def kept_entries(like: Tensor, p: float, generator: torch.Generator | None) -> Tensor:
+    """`dropout_mask` before its scaling: 1 where an entry is kept (probability 1 - p), 0 where dropped."""
+    return torch.empty_like(like).bernoulli_(1 - p, generator=generator)
 
 
 def sparse_dropout(x: Tensor, p: float, training: bool, generator: torch.Generator | None = None) -> Tensor:

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ..attention import SegmentGroups
 from ..device_policy import takes_cuda_path
-from .gat import GAT, dropout_mask, mean_of_heads, normalized
+from .gat import GAT, kept_entries, mean_of_heads, normalized
 
 HOST_PARAMETERS = ("weight", "att_src", "att_dst", "bias")
 """A GATLayer's own parameters; its kernel's stay in the kernel module."""
@@ -42,10 +42,11 @@ HOST_PARAMETERS = ("weight", "att_src", "att_dst", "bias")
 
 def seed_dropout(x: Tensor, p: float, training: bool, generators: Sequence[torch.Generator | None]) -> Tensor:
     """Dropout of [S, ...] with seed s's mask drawn from generators[s], the mask `gat.dropout` draws for x[s]
-    alone; the masks are stacked and applied in one product."""
+    alone (the same draws, scaled by the same division, for every seed at once); the masks are stacked and applied
+    in one product."""
     if not training or p == 0.0:
         return x
-    keep = torch.stack([dropout_mask(seed_x, p, g) for seed_x, g in zip(x.unbind(0), generators, strict=True)])
+    keep = torch.stack([kept_entries(seed_x, p, g) for seed_x, g in zip(x.unbind(0), generators, strict=True)]).div_(1 - p)
     return x * keep
 
 
