@@ -53,13 +53,14 @@ import torch
 from torch import Tensor, nn
 
 from ...device_policy import takes_cuda_path
-from ..groups import Groups, host_reads_are_cheap
+from ..groups import DenseGroups, Groups, host_reads_are_cheap
 from ..kernel import (
     AttentionConfig,
     AttentionKernel,
     AttentionResult,
     FlexForm,
     FusedAttention,
+    LibraryForm,
     flex_cpu_allowed,
     flex_wanted,
     HeadShape,
@@ -312,7 +313,46 @@ class FenchelAttention(AttentionKernel):
         bias = self.log_prior(raw_q.new_zeros(()).expand(*raw_q.shape[:-1], k.shape[-2]), groups)
         # α is a parameter read: the fused path keeps that curve; prior_tv needs the weights (eager calls only)
         diagnostics = {"alpha": self.alpha().mean().detach()} if self.measures("alpha") else {}
+        blocks = self._bias_gradient_blocks(q, k, bias, groups) if flex is None else None
+        if blocks is not None:
+            chunked = _BiasGradientBlocks(q, k, bias, groups, scale, *blocks)
+            return FusedAttention(q, k, scale, bias, diagnostics=diagnostics, library=LibraryForm("sdpa", chunked.run))
         return FusedAttention(q, k, scale, bias, flex=flex, diagnostics=diagnostics)
+
+    _call_dropout: float = 0.0
+    """The attention dropout of the call in progress (`forward`): SDPA runs in chunks of samples only without."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, groups: Groups, *, scale: float | None = None,
+                dropout_p: float = 0.0, need_weights: bool = True) -> tuple[Tensor, AttentionResult]:
+        self._call_dropout = dropout_p if self.training else 0.0
+        try:
+            return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
+        finally:
+            self._call_dropout = 0.0
+
+    def _bias_gradient_blocks(self, q: Tensor, k: Tensor, bias: Tensor | None, groups: Groups) -> tuple[int, int] | None:
+        """(samples, heads) per SDPA call where the fused call runs in blocks (`_BiasGradientBlocks`), None for one call.
+
+        CUDA's SDPA expands a bias that broadcasts over the batch (the position prior's [H, Lq, Lk]) to [B, H, Lq, Lk]
+        before its memory-efficient kernel, whose backward writes the bias's gradient at that size, B times the
+        bias's own (autograd's expand backward then sums it). Where the bias needs a gradient, on the CUDA path, the
+        call runs in blocks of heads and samples, so that one block's gradient exists at a time, each summed as it
+        comes, within `BIAS_GRADIENT_BUDGET`: whole heads of every sample where one fits, else one head and as many
+        samples as fit (at least one). The bias's gradient is still written and summed at its full size over the
+        blocks. Off the CUDA path (CPU records), without a gradient, under attention dropout (the blocked form takes
+        none) or where one block would be the whole call: one call, as before."""
+        if (bias is None or not bias.requires_grad or not torch.is_grad_enabled() or self._call_dropout != 0.0
+                or not takes_cuda_path(q) or not isinstance(groups, DenseGroups)):
+            return None
+        batch, heads, pairs = q.shape[0], q.shape[1], q.shape[-2] * k.shape[-2]
+        if bias.numel() >= batch * heads * pairs:
+            return None  # one value per pair, head and sample already: nothing is expanded
+        budget = BIAS_GRADIENT_BUDGET * q.numel() - 2 * bias.numel()
+        if budget >= batch * pairs:
+            samples, block_heads = batch, max(1, min(heads, int(budget // (batch * pairs))))
+        else:
+            samples, block_heads = max(1, int(budget // pairs)), 1
+        return None if samples >= batch and block_heads >= heads else (samples, block_heads)
 
     def _flex_form(self, q: Tensor, k: Tensor, groups: Groups, scale: float) -> FlexForm | None:
         """`α[h]·s + log u` as a FlexAttention score_mod, built only where it can run (CUDA, or a test that
@@ -337,6 +377,57 @@ class FenchelAttention(AttentionKernel):
             def score_mod(score, b, h, q_idx, kv_idx):
                 return alpha[h] * score
         return FlexForm(q, k, scale, score_mod)
+
+
+BIAS_GRADIENT_BUDGET = 3.0
+"""What `_BiasGradientBlocks` may add to a fused call's live memory in its backward, as a multiple of q's size: the
+bias and its gradient (two bias-sized tensors) and one block's [samples, heads, Lq, Lk] gradient. SDPA's own forward
+and backward hold about 8 q-sized tensors (q, k, v, the output, its gradient, dq, dk, dv), so this keeps the peak
+near 1.4x theirs. As few blocks as the budget allows: each block of samples reads the bias again (forward and
+backward) and adds its gradient up, and the blocks' pieces of q, k, v and the output are joined by a cat."""
+
+
+class _BiasGradientBlocks:
+    """softmax(scale·<q, k> + bias) @ v through SDPA one block of heads and samples at a time: each call reads its
+    block's q, k, v (its samples' mask) and its heads' slice of the bias, so that its backward writes a [samples,
+    heads, Lq, Lk] bias gradient, summed into that slice's gradient before the next block's backward runs. Blocks of
+    heads read disjoint slices of the bias: only blocks of samples read a slice again (and add their gradients up).
+    The same numbers per sample and head as one call; a slice's gradient is a sum in another order."""
+
+    def __init__(self, q: Tensor, k: Tensor, bias: Tensor, groups: DenseGroups, scale: float, samples: int, heads: int):
+        self.q, self.k, self.bias, self.groups, self.scale = q, k, bias, groups, scale
+        batch, all_heads = q.shape[0], q.shape[1]
+        self.samples = [min(samples, batch - start) for start in range(0, batch, samples)]
+        self.heads = [min(heads, all_heads - start) for start in range(0, all_heads, heads)]
+
+    def part(self, samples: slice) -> DenseGroups:
+        if len(self.samples) == 1:
+            return self.groups
+        mask, valid = self.groups.mask, self.groups.query_valid
+        return DenseGroups(None if mask is None or mask.shape[0] == 1 else mask[samples],
+                           None if valid is None else valid[samples])
+
+    @staticmethod
+    def _split(t: Tensor, sizes: list[int], dim: int) -> list[Tensor]:
+        """`t` in pieces of `sizes` along `dim` (all of it for each where it broadcasts there): splits, not a slice per
+        piece, whose backwards join the pieces' gradients in one pass each."""
+        if len(sizes) == 1 or t.dim() + dim < 0 or t.shape[dim] != sum(sizes):
+            return [t] * len(sizes)
+        return list(t.split(sizes, dim=dim))
+
+    def run(self, v: Tensor) -> Tensor:
+        q, k = self.q, self.k
+        # cast once (as DenseGroups.fused_attention casts it per call), not once per block
+        device = q.device.type
+        bias = self.bias.to(torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype)
+        starts = [sum(self.samples[:i]) for i in range(len(self.samples))]
+        parts = [self.part(slice(start, start + size)) for start, size in zip(starts, self.samples)]
+        outputs = []
+        for q_h, k_h, v_h, bias_h in zip(*(self._split(t, self.heads, 1) for t in (q, k, v)), self._split(bias, self.heads, -3)):
+            pieces = [part.fused_attention(q_b, k_b, v_b, bias=bias_h, scale=self.scale, dropout_p=0.0)
+                      for part, q_b, k_b, v_b in zip(parts, *(self._split(t, self.samples, 0) for t in (q_h, k_h, v_h)))]
+            outputs.append(torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0])
+        return torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
 
 
 class FenchelNotConverged(RuntimeError):
