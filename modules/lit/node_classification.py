@@ -105,8 +105,8 @@ class NodeClassificationModule(L.LightningModule):
         return trainer.strategy.reduce(counts, reduce_op="sum")
 
     def _own_share(self, nodes: Tensor) -> Tensor:
-        """The nodes of a split that this process scores. The graph is one batch, so under DDP every rank gets it (the
-        DistributedSampler repeats it) and runs the whole forward pass; each rank then scores every
+        """The nodes of a split that this process scores. The graph is one batch, so under DDP every rank gets it (its loader,
+        datamodules/planetoid.WholeGraph, yields it on every rank) and runs the whole forward pass; each rank then scores every
         world-size-th masked node, so that the metrics synced over ranks count each node once."""
         kwargs = distributed_kwargs(getattr(self, "_trainer", None))
         if kwargs is None:
