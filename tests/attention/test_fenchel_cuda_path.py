@@ -84,6 +84,38 @@ def test_blocked_cuda_path_equals_the_cpu_path(budget, blocks, padded, learn_alp
         torch.testing.assert_close(cuda[1][name], cpu[1][name], rtol=1e-9, atol=1e-11, msg=name)
 
 
+@pytest.mark.parametrize("budget, calls", [(0.3, 2 * HEADS), (1.0, HEADS)])
+def test_a_per_sample_degree_bias_is_blocked_by_samples_too(budget, calls, monkeypatch):
+    """The degree prior under a per-pair (causal) mask away from token sequences: a [B, H, 1, Lk] bias with a gradient
+    (the coupling), split with its samples."""
+    torch.manual_seed(0)
+    site = AttentionSite("text", "self", sequence=False)
+    kernel = build_attention({"name": "fenchel", "prior": "degree"}, num_heads=HEADS, head_dim=DIM, site=site).double().train()
+    with torch.no_grad():
+        kernel.degree_weight.add_(0.5)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, HEADS, LENGTH, DIM, generator=g, dtype=torch.float64) for _ in range(3))
+    valid = torch.ones(2, LENGTH, dtype=torch.bool)
+    valid[1, LENGTH - 5:] = False
+    groups = DenseGroups.from_key_padding(valid, causal=True)
+    cpu = call(kernel, q, k, v, groups)
+    monkeypatch.setattr(fenchel_module, "BIAS_GRADIENT_BUDGET", budget)
+    with behave_as_cuda(), SdpaCalls() as seen:
+        cuda = call(kernel, q, k, v, groups)
+    assert len(seen.calls) == calls and "ddegree_weight" in cpu[1]
+    torch.testing.assert_close(cuda[0], cpu[0], rtol=1e-9, atol=1e-11)
+    for name in cpu[1]:
+        torch.testing.assert_close(cuda[1][name], cpu[1][name], rtol=1e-9, atol=1e-11, msg=name)
+
+
+def test_an_infinite_budget_is_one_call(monkeypatch):
+    monkeypatch.setattr(fenchel_module, "BIAS_GRADIENT_BUDGET", float("inf"))
+    kernel, q, k, v, groups = kernel_and_inputs(padded=True)
+    with behave_as_cuda(), SdpaCalls() as seen:
+        call(kernel, q, k, v, groups)
+    assert len(seen.calls) == 1
+
+
 def test_one_call_off_the_cuda_path_without_a_gradient_and_under_dropout(monkeypatch):
     """The CPU path (its records), an evaluation call and a call with attention dropout (which the blocked form does not
     take) each run SDPA once on the whole batch."""

@@ -349,7 +349,7 @@ class FenchelAttention(AttentionKernel):
             return None  # one value per pair, head and sample already: nothing is expanded
         budget = BIAS_GRADIENT_BUDGET * q.numel() - 2 * bias.numel()
         if budget >= batch * pairs:
-            samples, block_heads = batch, max(1, min(heads, int(budget // (batch * pairs))))
+            samples, block_heads = batch, max(1, int(min(heads, budget // (batch * pairs))))  # inf: one call
         else:
             samples, block_heads = max(1, int(budget // pairs)), 1
         return None if samples >= batch and block_heads >= heads else (samples, block_heads)
@@ -424,8 +424,9 @@ class _BiasGradientBlocks:
         parts = [self.part(slice(start, start + size)) for start, size in zip(starts, self.samples)]
         outputs = []
         for q_h, k_h, v_h, bias_h in zip(*(self._split(t, self.heads, 1) for t in (q, k, v)), self._split(bias, self.heads, -3)):
-            pieces = [part.fused_attention(q_b, k_b, v_b, bias=bias_h, scale=self.scale, dropout_p=0.0)
-                      for part, q_b, k_b, v_b in zip(parts, *(self._split(t, self.samples, 0) for t in (q_h, k_h, v_h)))]
+            pieces = [part.fused_attention(q_b, k_b, v_b, bias=bias_b, scale=self.scale, dropout_p=0.0)
+                      for part, q_b, k_b, v_b, bias_b in zip(parts, *(self._split(t, self.samples, 0) for t in (q_h, k_h, v_h)),
+                                                             self._split(bias_h, self.samples, -4))]
             outputs.append(torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0])
         return torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
 
