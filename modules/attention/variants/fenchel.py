@@ -338,7 +338,7 @@ class FenchelAttention(AttentionKernel):
         bias's own (autograd's expand backward then sums it). Where the bias needs a gradient, on the CUDA path, the
         call runs in blocks of heads and samples, so that one block's gradient exists at a time, each summed as it
         comes, within `BIAS_GRADIENT_BUDGET`: whole heads of every sample where one fits, else one head and as many
-        samples as fit (at least one). The bias's gradient is still written and summed at its full size over the
+        samples as fit; one head of every sample where the bias alone is past the budget. The bias's gradient is still written and summed at its full size over the
         blocks. Off the CUDA path (CPU records), without a gradient, under attention dropout (the blocked form takes
         none) or where one block would be the whole call: one call, as before."""
         if (bias is None or not bias.requires_grad or not torch.is_grad_enabled() or self._call_dropout != 0.0
@@ -350,8 +350,12 @@ class FenchelAttention(AttentionKernel):
         budget = BIAS_GRADIENT_BUDGET * q.numel() - 2 * bias.numel()
         if budget >= batch * pairs:
             samples, block_heads = batch, max(1, int(min(heads, budget // (batch * pairs))))  # inf: one call
+        elif budget >= pairs:
+            samples, block_heads = int(budget // pairs), 1
         else:
-            samples, block_heads = max(1, int(budget // pairs)), 1
+            # the bias alone is past the budget (long sequences, few samples): blocks of samples could not bring the
+            # peak within it and each would read its slice of the bias again, so whole heads of every sample
+            samples, block_heads = batch, 1
         return None if samples >= batch and block_heads >= heads else (samples, block_heads)
 
     def _flex_form(self, q: Tensor, k: Tensor, groups: Groups, scale: float) -> FlexForm | None:
