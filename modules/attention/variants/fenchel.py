@@ -338,9 +338,10 @@ class FenchelAttention(AttentionKernel):
         bias's own (autograd's expand backward then sums it). Where the bias needs a gradient, on the CUDA path, the
         call runs in blocks of heads and samples, so that one block's gradient exists at a time, each summed as it
         comes, within `BIAS_GRADIENT_BUDGET`: whole heads of every sample where one fits, else one head and as many
-        samples as fit; one head of every sample where the bias alone is past the budget. The bias's gradient is still written and summed at its full size over the
-        blocks. Off the CUDA path (CPU records), without a gradient, under attention dropout (the blocked form takes
-        none) or where one block would be the whole call: one call, as before."""
+        samples as fit; one head of every sample where the bias alone is past the budget. The bias's gradient is
+        still written and summed at its full size over the blocks. Off the CUDA path (CPU records), without a
+        gradient, under attention dropout (the blocked form takes none) or where one block would be the whole call:
+        one call, as before."""
         if (bias is None or not bias.requires_grad or not torch.is_grad_enabled() or self._call_dropout != 0.0
                 or not takes_cuda_path(q) or not isinstance(groups, DenseGroups)):
             return None
@@ -427,10 +428,11 @@ class _BiasGradientBlocks:
         starts = [sum(self.samples[:i]) for i in range(len(self.samples))]
         parts = [self.part(slice(start, start + size)) for start, size in zip(starts, self.samples)]
         outputs = []
-        for q_h, k_h, v_h, bias_h in zip(*(self._split(t, self.heads, 1) for t in (q, k, v)), self._split(bias, self.heads, -3)):
+        by_heads = [self._split(t, self.heads, 1) for t in (q, k, v)] + [self._split(bias, self.heads, -3)]
+        for q_h, k_h, v_h, bias_h in zip(*by_heads):
+            by_samples = [self._split(t, self.samples, 0) for t in (q_h, k_h, v_h)] + [self._split(bias_h, self.samples, -4)]
             pieces = [part.fused_attention(q_b, k_b, v_b, bias=bias_b, scale=self.scale, dropout_p=0.0)
-                      for part, q_b, k_b, v_b, bias_b in zip(parts, *(self._split(t, self.samples, 0) for t in (q_h, k_h, v_h)),
-                                                             self._split(bias_h, self.samples, -4))]
+                      for part, q_b, k_b, v_b, bias_b in zip(parts, *by_samples)]
             outputs.append(torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0])
         return torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
 
