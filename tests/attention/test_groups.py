@@ -404,3 +404,40 @@ def test_segment_weighted_sum_operator_adds_each_query_and_heads_own_base():
     base = torch.randn(3, 2, 4, generator=g, dtype=torch.float64)  # differs per query and per head
     expected = base + groups.aggregate(weights, x)
     torch.testing.assert_close(groups.weighted_sum_operator(x)(weights, base), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_segment_softmax_on_the_cuda_path_equals_the_cpu_form_with_its_gradient(dtype):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from modules.device_policy import behave_as_cuda
+
+    generator = torch.Generator().manual_seed(3)
+    # nodes 7 and 9 have no incoming edges; logits spread over ~80 nats (the shift must be each group's own max)
+    dst = torch.cat([torch.arange(7), torch.randint(0, 7, (40,), generator=generator), torch.tensor([8])])
+    logits = (torch.randn(dst.numel(), 3, generator=generator, dtype=dtype) * 20).requires_grad_()
+    upstream = torch.randn(dst.numel(), 3, generator=generator, dtype=dtype)
+    groups = SegmentGroups(dst=dst, src=torch.randint(0, 10, (dst.numel(),), generator=generator), num_nodes=10)
+
+    class Ops(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Ops.count += 1
+            return func(*args, **(kwargs or {}))
+
+    reference = groups.softmax(logits)
+    (reference_grad,) = torch.autograd.grad(reference, logits, upstream)
+    with behave_as_cuda(), Ops():
+        weights = groups.softmax(logits)
+        forward_ops, Ops.count = Ops.count, 0
+        (grad,) = torch.autograd.grad(weights, logits, upstream)
+    tolerance = dict(rtol=0, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(weights, reference, **tolerance)
+    torch.testing.assert_close(grad, reference_grad, **tolerance)
+    # a GPU launch each: max, gather, sub, exp, sum, gather, div (and the two tensors they fill, and the Function's
+    # detach of its output); backward: the saved weights' unpacking, p·g, its sum, gather, addcmul (and the sum's zeros)
+    assert (forward_ops, Ops.count) == (10, 6)
+    torch.autograd.gradcheck(lambda x: groups.softmax(x), (logits.detach().double().requires_grad_(),))
+    with behave_as_cuda():
+        torch.autograd.gradcheck(lambda x: groups.softmax(x), (logits.detach().double().requires_grad_(),))
