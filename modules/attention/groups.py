@@ -7,6 +7,7 @@ graph attention (`SegmentGroups`: logits [E, H], a node's keys are its incoming 
 
 from __future__ import annotations
 
+import math
 import warnings
 from abc import ABC, abstractmethod
 from typing import Callable
@@ -488,7 +489,7 @@ class SegmentGroups(Groups):
         (14 vs 8 ms at w = 512, fenchel-exact's d x d moments), and its backward is slower than index_add_'s:
         used without autograd (solver loops, diagnostics), in the dtypes CSR products support everywhere, and
         not under autocast (--precision bf16-mixed), which would cast the product to a dtype CSR lacks on CPU."""
-        width = x[0].numel() if x.shape[0] else 0
+        width = math.prod(x.shape[1:]) if x.shape[0] else 0  # from the shape: x[0] would be an op (a select)
         return (
             not (torch.is_grad_enabled() and x.requires_grad)
             and x.dtype in (torch.float32, torch.float64)

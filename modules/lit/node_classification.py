@@ -12,7 +12,7 @@ from datamodules.evaluation import distributed_kwargs
 from ..hosts.gat import GAT, graph_groups
 from .attention_terms import (DivergenceWatch, diagnosed_validation, diagnostics, measured_if, mechanism_logs, schedule_point,
                               trace_aux_loss)
-from .class_scores import class_scores, confusion_counts
+from .class_scores import class_scores, confusion_counts, confusion_rows
 from .example_mean import ExampleMean
 from .optimization import graph_adam, parameter_groups
 
@@ -38,12 +38,13 @@ class NodeClassificationModule(L.LightningModule):
         self._groups = None
         self._mask_nodes: dict[str, Tensor] = {}
         self._split_labels: dict[str, Tensor] = {}
+        self._confusion_rows: dict[str, tuple[Tensor, Tensor]] = {}
 
     def _forward(self, graph):
         """Class logits and the model's attention trace."""
         if self._groups is None or self._groups.num_nodes != graph.num_nodes:
             self._groups = graph_groups(graph.edge_index, graph.num_nodes)
-            self._mask_nodes, self._split_labels = {}, {}
+            self._mask_nodes, self._split_labels, self._confusion_rows = {}, {}, {}
         trace = []
         return self.model(graph.x, self._groups, trace), trace
 
@@ -85,7 +86,9 @@ class NodeClassificationModule(L.LightningModule):
             scored, target = logits[nodes], self._labels(split, graph, nodes)
             loss = F.cross_entropy(scored, target)
             logs = mechanism_logs(trace, loss, *schedule_point(self, split))
-        counts = self._summed_over_ranks(confusion_counts(scored, target, self.num_classes))
+        if split not in self._confusion_rows:  # the split's targets are the same at every pass: their part once per graph
+            self._confusion_rows[split] = confusion_rows(target, self.num_classes)
+        counts = self._summed_over_ranks(confusion_counts(scored, target, self.num_classes, self._confusion_rows[split]))
         if split == "val":
             self.val_loss.update(loss, len(nodes))
             self.log("val/loss", self.val_loss)
@@ -94,7 +97,9 @@ class NodeClassificationModule(L.LightningModule):
         self.log_dict({f"{split}/{k}": v for k, v in logs.items()}, batch_size=1)
         # One batch a pass (the whole graph), so the pass's value is this batch's: "sum" adds it to 0 and nothing
         # else, where a mean would multiply and divide it by the batch size (not bit-exact in float32).
-        self.log_dict({f"{split}/{k}": v for k, v in class_scores(counts).items()}, batch_size=1, reduce_fx="sum")
+        # the table counts the whole split's nodes, summed over the ranks' shares
+        examples = len(self._nodes(split, getattr(graph, f"{split}_mask")))
+        self.log_dict({f"{split}/{k}": v for k, v in class_scores(counts, examples).items()}, batch_size=1, reduce_fx="sum")
         return trace
 
     def _summed_over_ranks(self, counts: Tensor) -> Tensor:

@@ -56,3 +56,18 @@ def test_no_host_read():
     with HostSyncs() as syncs:
         class_scores(confusion_counts(logits, target, 7))
     assert syncs.count == 0, syncs.where
+
+
+def test_known_example_counts_and_kept_target_rows_give_the_same_scores():
+    """The graph host's form (the split's size known on the host, its targets' rows kept across passes): bit for bit."""
+    from modules.lit.class_scores import confusion_rows
+
+    generator = torch.Generator().manual_seed(5)
+    for n, num_classes in ((1, 3), (37, 7), (200, 5)):
+        logits, target = torch.randn(n, num_classes, generator=generator), torch.randint(0, num_classes, (n,), generator=generator)
+        counts = confusion_counts(logits, target, num_classes)
+        assert torch.equal(confusion_counts(logits, target, num_classes, confusion_rows(target, num_classes)), counts)
+        plain, known = class_scores(counts), class_scores(counts, n)
+        assert all(torch.equal(plain[k], known[k]) and plain[k].dtype == known[k].dtype for k in plain)
+    empty = class_scores(confusion_counts(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), 4), 0)
+    assert float(empty["acc"]) == 0.0 and float(empty["macro_f1"]) == 0.0
