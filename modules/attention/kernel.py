@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from contextlib import contextmanager
-from typing import Any, ClassVar, Iterator, Mapping
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -202,6 +202,14 @@ class AttentionKernel(nn.Module):
     (`query_block_rows`: on CUDA when the weights would not fit), each block's means weighted by its count."""
     pair_means: ClassVar[tuple[str, ...]] = ()
 
+    independent_heads: ClassVar[bool] = False
+    """True if each head's weights come from that head's own logits (and its own slices of q and k) alone, by the
+    same map for every head, the call draws no noise and keeps no state between calls, and a call that measures
+    nothing (`measures` False for every declared diagnostic; at evaluation, diagnostics off) returns no aux losses
+    and no diagnostics. Then, with no parameters and no buffers, one call on the heads of several runs side by side
+    ([N, S·H, d]) gives each run the weights its own call would: `folds_heads` is the rule a host reads before folding
+    runs into one call. False by default, so a plugin that does not declare it is called once per run."""
+
     def measures(self, name: str) -> bool:
         """Whether to compute the declared diagnostic `name` in this call: at evaluation always, in training where its
         declaration says `in_training` (a curve of training steps)."""
@@ -351,6 +359,27 @@ class AttentionKernel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.name}: {self.config}"
+
+
+def folds_heads(kernels: Sequence[nn.Module]) -> bool:
+    """Whether one call of kernels[0] on the heads of every kernel's run side by side gives each run its own weights:
+    the kernels declare `independent_heads`, are of one class, config and mode, are not `stochastic`, hold no
+    parameters and no buffers (a per-head one would be sized for one run's heads, and a trained one differs between
+    runs), and this call measures no diagnostic (a diagnostic is a mean over the heads, which cannot be split back
+    into runs). The one rule for folding runs into the heads axis: a host that folds reads it and nothing else."""
+    first = kernels[0]
+    if not getattr(first, "independent_heads", False) or getattr(first, "stochastic", False):
+        return False
+    for kernel in kernels:
+        if type(kernel) is not type(first) or getattr(kernel, "config", None) != getattr(first, "config", None):
+            return False
+        if kernel.training != first.training or next(kernel.parameters(), None) is not None or next(kernel.buffers(), None) is not None:
+            return False
+    if mechanism_diagnostics_on():
+        measures = getattr(first, "measures", None)
+        if not first.training or measures is None or any(measures(d.name) for d in getattr(first, "mechanism", ())):
+            return False
+    return True
 
 
 def per_head(x: Tensor, like: Tensor) -> Tensor:

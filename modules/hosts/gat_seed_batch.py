@@ -22,6 +22,12 @@ alone (the lone layer's own call, gat.normalized), so a variant's file never see
 draws its dropout masks and its kernel's noise from its own generator in the lone run's order (input dropout,
 kernel noise, attention dropout, per layer): seed s's masks are its lone run's whatever other seeds share the
 batch. On CPU everything from each seed's h to its weights is the lone run's code (gat.attention_weights).
+One exception, on the CUDA path only: where `kernel.folds_heads` says a layer's kernels qualify (heads independent,
+no parameters, buffers or noise, nothing measured in the call: softmax in training and in unmeasured validation
+passes), one call of the kernel takes every seed's logits with the seeds folded into the heads axis ([E, S·H]):
+it sees S·H heads, still no seed axis, and gives each seed the weights its own call would, to float tolerance.
+The per-seed kernel calls, forward and backward, were most of a 20-seed Cora epoch's launches. The attention dropout
+stays outside the kernel, each seed's mask drawn from its own generator as before.
 """
 
 from __future__ import annotations
@@ -32,22 +38,32 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import SegmentGroups
+from ..attention import AttentionResult, SegmentGroups
+from ..attention.kernel import folds_heads
 from ..device_policy import takes_cuda_path
-from .gat import GAT, kept_entries, mean_of_heads, normalized
+from .gat import GAT, mean_of_heads, normalized
 
 HOST_PARAMETERS = ("weight", "att_src", "att_dst", "bias")
 """A GATLayer's own parameters; its kernel's stay in the kernel module."""
 
 
-def seed_dropout(x: Tensor, p: float, training: bool, generators: Sequence[torch.Generator | None]) -> Tensor:
-    """Dropout of [S, ...] with seed s's mask drawn from generators[s], the mask `gat.dropout` draws for x[s]
-    alone (the same draws, scaled by the same division, for every seed at once); the masks are stacked and applied
-    in one product."""
+def seed_dropout(x: Tensor, p: float, training: bool, generators: Sequence[torch.Generator | None], dim: int = 0) -> Tensor:
+    """Dropout of x with the seeds on axis `dim`: seed s's mask drawn from generators[s], the mask `gat.dropout` draws
+    for x's slice s alone (the same draws, scaled by the same division, for every seed at once). The masks are drawn
+    into one buffer with the seeds first, each seed's a contiguous slice as a lone run's `empty_like` is (so the same
+    draws in the same order), and applied in one product: one launch per seed, not two and a stack."""
     if not training or p == 0.0:
         return x
-    keep = torch.stack([kept_entries(seed_x, p, g) for seed_x, g in zip(x.unbind(0), generators, strict=True)]).div_(1 - p)
-    return x * keep
+    keep = x.new_empty((x.shape[dim], *x.shape[:dim], *x.shape[dim + 1:]))
+    for seed_keep, generator in zip(keep.unbind(0), generators, strict=True):
+        kept_entries_into(seed_keep, p, generator)
+    keep = keep.div_(1 - p)
+    return x * (keep if dim == 0 else keep.movedim(0, dim))
+
+
+def kept_entries_into(out: Tensor, p: float, generator: torch.Generator | None) -> Tensor:
+    """`gat.kept_entries` drawn into `out` (contiguous, the shape and dtype of the lone run's tensor): the same draws."""
+    return out.bernoulli_(1 - p, generator=generator)
 
 
 class SeedBatchedGAT(nn.Module):
@@ -87,17 +103,46 @@ class SeedBatchedGAT(nn.Module):
             # own slices. unbind, not indexing per seed: an indexed slice's backward writes a zero tensor of the
             # whole batch per seed (S^2 work), unbind's stacks once.
             queries, keys = h * p["att_dst"], h * p["att_src"]
-            logits = F.leaky_relu(keys.sum(-1).index_select(1, groups.src) + queries.sum(-1).index_select(1, groups.dst), slope)
-            per_seed = zip(self.kernels[i], logits.unbind(0), queries.unbind(0), keys.unbind(0))
-            weights = torch.stack([normalized(kernel, seed_logits, groups, q, k, traces[s] if traces is not None else None, gens[s])
-                                   for s, (kernel, seed_logits, q, k) in enumerate(per_seed)])
-            out = self._aggregate(groups, seed_dropout(weights, attn_dropout, self.training, gens), h)
+            if takes_cuda_path(h) and folds_heads(self.kernels[i]):
+                weights = self._folded_weights(self.kernels[i], queries, keys, groups, slope, traces)  # [E, S, H]
+                weights = seed_dropout(weights, attn_dropout, self.training, gens, dim=1).flatten(1, 2)
+                out = groups.aggregate(weights, h.transpose(0, 1).flatten(1, 2))
+            else:
+                logits = F.leaky_relu(keys.sum(-1).index_select(1, groups.src) + queries.sum(-1).index_select(1, groups.dst), slope)
+                per_seed = zip(self.kernels[i], logits.unbind(0), queries.unbind(0), keys.unbind(0))
+                weights = torch.stack([normalized(kernel, seed_logits, groups, q, k, traces[s] if traces is not None else None, gens[s])
+                                       for s, (kernel, seed_logits, q, k) in enumerate(per_seed)])
+                out = self._aggregate(groups, seed_dropout(weights, attn_dropout, self.training, gens), h)
             out = out.view(num_nodes, self.seeds, heads, out_dim).transpose(0, 1)
             out = out.reshape(self.seeds, num_nodes, heads * out_dim) if concat else mean_of_heads(out, dim=2)
             x = out + p["bias"].unsqueeze(1)
             if i < len(self.shapes) - 1:
                 x = F.elu(x)
         return x
+
+    def _folded_weights(self, kernels: Sequence[nn.Module], queries: Tensor, keys: Tensor, groups: SegmentGroups,
+                        slope: float, traces: list[list] | None) -> Tensor:
+        """Every seed's edge weights [E, S, H] from one call of the layer's kernel on the seeds folded into the heads
+        axis (logits [E, S·H], queries and keys [N, S·H, D]), where `folds_heads` says that call gives each seed the
+        weights its own call would (heads independent, no parameters, no noise, nothing measured). The kernel sees
+        S·H heads, never a seed axis; a seed's trace gets its own kernel with its slice of the weights."""
+        seeds, num_nodes, heads, dim = queries.shape
+        # the logits with the edges first ([E, S, H]: index_select writes a fresh tensor), so that S·H is one axis
+        logits = F.leaky_relu(keys.sum(-1).transpose(0, 1).index_select(0, groups.src)
+                              + queries.sum(-1).transpose(0, 1).index_select(0, groups.dst), slope)
+        folded_q = queries.transpose(0, 1).reshape(num_nodes, seeds * heads, dim)
+        folded_k = keys.transpose(0, 1).reshape(num_nodes, seeds * heads, dim)
+        kernel = kernels[0]
+        kernel.noise_generator = None  # folds_heads: the kernel draws nothing
+        result = kernel.normalize(logits.flatten(1, 2), groups, q=folded_q, k=folded_k)
+        if result.aux_losses or result.diagnostics:
+            raise RuntimeError(f"{type(kernel).__name__} declares independent_heads but returned aux losses or diagnostics "
+                               "in a call that measures nothing: they would mix the seeds (kernel.folds_heads)")
+        weights = result.weights.view(-1, seeds, heads)
+        if traces is not None:
+            for trace, own, seed_weights in zip(traces, kernels, weights.unbind(1), strict=True):
+                trace.append((own, AttentionResult(seed_weights)))
+        return weights
 
     @staticmethod
     def _aggregate(groups: SegmentGroups, weights: Tensor, h: Tensor) -> Tensor:

@@ -59,7 +59,7 @@ def test_initial_parameters_are_the_lone_runs_bit_for_bit(data_root):
 
 REAL_DROPOUT_MASK = gat.dropout_mask
 """Before any test patches it."""
-REAL_KEPT_ENTRIES = gat.kept_entries
+REAL_KEPT_ENTRIES_INTO = gat_seed_batch.kept_entries_into
 
 
 def drawn_masks(seeds, data_root, monkeypatch, variant="softmax", host=SeedBatchedGAT):
@@ -76,12 +76,12 @@ def drawn_masks(seeds, data_root, monkeypatch, variant="softmax", host=SeedBatch
         drawn[id(generator)].append(mask.clone())
         return mask
 
-    def recording_kept(like, p, generator):
-        kept = REAL_KEPT_ENTRIES(like, p, generator)
+    def recording_kept(out, p, generator):
+        kept = REAL_KEPT_ENTRIES_INTO(out, p, generator)
         drawn[id(generator)].append(kept.clone().div_(1 - p))  # as its mask: the batch scales all seeds' at once
         return kept
 
-    monkeypatch.setattr(gat_seed_batch, "kept_entries", recording_kept)  # the stacked host's masks, every seed's at once
+    monkeypatch.setattr(gat_seed_batch, "kept_entries_into", recording_kept)  # the stacked host's masks, every seed's at once
     monkeypatch.setattr(gat, "dropout_mask", recording)  # the lone models' own `dropout` (LockstepGATs)
     batched = host([m.model for _, m in built]).train()
     from modules.hosts.gat import graph_groups

@@ -16,6 +16,9 @@ class SoftmaxAttention(AttentionKernel):
     # No mechanism of its own: its query/key distance is the reference the alignment variants are read against.
     mechanism = (MechanismDiagnostic("qk_distance", "relative sliced Wasserstein-1 distance between the query and key clouds per head",
                                      in_training=False),)
+    independent_heads = True
+    """Each head's softmax over its own logits, nothing drawn, no state, and nothing returned but the weights while
+    nothing is measured: a seed batch may fold its seeds into the heads axis (kernel.folds_heads)."""
 
     def normalize(self, logits: Tensor, groups: Groups, *, q: Tensor, k: Tensor) -> AttentionResult:
         weights = groups.softmax(logits)
