@@ -17,6 +17,13 @@ from .example_mean import ExampleMean
 from .optimization import graph_adam, parameter_groups
 
 
+LOGGED = {"enable_graph": True}
+"""How the graph host logs. Lightning's `log` stores a detached clone of every tensor it is given (a Metric's states
+here are detached too), so nothing it logs here holds a graph; without enable_graph it detaches each value again
+when it is logged and at every read of the logged values (four or five reads an epoch), which costs an op each and
+changes nothing: ~20 ops of a ~330-op Cora epoch, each a dispatch on a GPU's host. The values are the same."""
+
+
 class NodeClassificationModule(L.LightningModule):
     kernel_lr_scale: float = 1.0
     """Learning-rate multiplier of the attention kernels' parameters (set by the task; lit/optimization.py)."""
@@ -38,7 +45,9 @@ class NodeClassificationModule(L.LightningModule):
         self._groups = None
         self._mask_nodes: dict[str, Tensor] = {}
         self._split_labels: dict[str, Tensor] = {}
-        self._confusion_rows: dict[str, tuple[Tensor, Tensor]] = {}
+        self._confusion_rows: dict = {}
+        """Per split, what its confusion tables need of its targets alone (class_scores.confusion_rows), and under
+        (split, "total") the table's sum, the split's size."""
 
     def _forward(self, graph):
         """Class logits and the model's attention trace."""
@@ -55,9 +64,9 @@ class NodeClassificationModule(L.LightningModule):
         aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
         loss = task_loss if aux is None else task_loss + aux
         self._divergence.update(loss, self, batch_idx)
-        self.log("train/loss", loss, batch_size=1)
+        self.log("train/loss", loss, batch_size=1, **LOGGED)
         self.log_dict({**aux_logs, **diagnostics(trace), **mechanism_logs(trace, task_loss, self.global_step, self.current_epoch)},
-                      batch_size=1)
+                      batch_size=1, **LOGGED)
         return loss
 
     def _nodes(self, split: str, mask: Tensor) -> Tensor:
@@ -91,15 +100,21 @@ class NodeClassificationModule(L.LightningModule):
         counts = self._summed_over_ranks(confusion_counts(scored, target, self.num_classes, self._confusion_rows[split]))
         if split == "val":
             self.val_loss.update(loss, len(nodes))
-            self.log("val/loss", self.val_loss)
+            self.log("val/loss", self.val_loss, **LOGGED)
         else:  # tests run on one process (harness/run/distributed.py)
             self.log(f"{split}/loss", loss, batch_size=len(nodes), sync_dist=True)
-        self.log_dict({f"{split}/{k}": v for k, v in logs.items()}, batch_size=1)
+        self.log_dict({f"{split}/{k}": v for k, v in logs.items()}, batch_size=1, **LOGGED)
         # One batch a pass (the whole graph), so the pass's value is this batch's: "sum" adds it to 0 and nothing
         # else, where a mean would multiply and divide it by the batch size (not bit-exact in float32).
-        # the table counts the whole split's nodes, summed over the ranks' shares
+        # the table counts the whole split's nodes, summed over the ranks' shares (its sum, kept as the rows are)
         examples = len(self._nodes(split, getattr(graph, f"{split}_mask")))
-        self.log_dict({f"{split}/{k}": v for k, v in class_scores(counts, examples).items()}, batch_size=1, reduce_fx="sum")
+        if (split, "total") not in self._confusion_rows:
+            self._confusion_rows[(split, "total")] = torch.tensor(examples, device=counts.device)
+        # the row sums kept with the rows are this rank's share's: the summed table's only on one process
+        trainer = getattr(self, "_trainer", None)
+        true_counts = self._confusion_rows[split][1] if trainer is None or trainer.world_size == 1 else None
+        scores = class_scores(counts, examples, self._confusion_rows[(split, "total")], true_counts)
+        self.log_dict({f"{split}/{k}": v for k, v in scores.items()}, batch_size=1, reduce_fx="sum", **LOGGED)
         return trace
 
     def _summed_over_ranks(self, counts: Tensor) -> Tensor:
@@ -144,6 +159,13 @@ class NodeClassificationModule(L.LightningModule):
     def test_step(self, graph, batch_idx):
         trace = self._evaluate(graph, "test")
         self.log_dict({f"test/{k}": v for k, v in diagnostics(trace).items()}, batch_size=1)
+
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+        # what optimizer.zero_grad() does (set_to_none, torch's default), without the profiler mark torch's method
+        # opens and closes around it: two ops a step, the step being the epoch on a graph
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                parameter.grad = None
 
     def configure_optimizers(self):
         # GAT's recipe (Adam with L2 on every host parameter); the kernels get their own group (optimization.py).

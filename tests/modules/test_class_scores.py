@@ -67,7 +67,9 @@ def test_known_example_counts_and_kept_target_rows_give_the_same_scores():
         logits, target = torch.randn(n, num_classes, generator=generator), torch.randint(0, num_classes, (n,), generator=generator)
         counts = confusion_counts(logits, target, num_classes)
         assert torch.equal(confusion_counts(logits, target, num_classes, confusion_rows(target, num_classes)), counts)
-        plain, known = class_scores(counts), class_scores(counts, n)
-        assert all(torch.equal(plain[k], known[k]) and plain[k].dtype == known[k].dtype for k in plain)
+        plain = class_scores(counts)
+        rows = confusion_rows(target, num_classes)
+        for known in (class_scores(counts, n), class_scores(counts, n, torch.tensor(n)), class_scores(counts, n, torch.tensor(n), rows[1])):
+            assert all(torch.equal(plain[k], known[k]) and plain[k].dtype == known[k].dtype for k in plain)
     empty = class_scores(confusion_counts(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), 4), 0)
     assert float(empty["acc"]) == 0.0 and float(empty["macro_f1"]) == 0.0
