@@ -264,6 +264,17 @@ Why from the epochs run, not max_epochs: an early-stopped fit under a huge cap (
 nest, so two seeds' curves still share block edges: the finer one merges pairwise into the coarser one's blocks."""
 
 
+def _epoch_sum(values: list[Tensor]) -> Tensor:
+    """sum(values) on the device, where an epoch of one step (a graph's) needs no op: its one value, which the host
+    then adds to 0 (`_as_summed`) as sum() would have on the device."""
+    return values[0] if len(values) == 1 else sum(values)
+
+
+def _as_summed(value: float) -> float:
+    """A read `_epoch_sum` as sum() gives it: 0 + v, which only turns -0.0 into 0.0 (a sum of several values already is)."""
+    return 0.0 + value
+
+
 class History(Callback):
     """Per-epoch learning curves for the record: train loss, aux losses and mechanism diagnostics (`diag/<name>`,
     modules/attention/kernel.py MechanismDiagnostic) as means over the epoch's batches, every validation metric
@@ -298,17 +309,17 @@ class History(Callback):
     def pending_sums(self) -> dict[str, Tensor]:
         """The sums of the epoch's training values so far, on the device (read with the validation metrics when a
         validation pass runs: `_validation_scalars`)."""
-        return {name: sum(values) for name, values in self._train.items()}
+        return {name: _epoch_sum(values) for name, values in self._train.items()}
 
     def take_sums(self, sums: dict[str, float]) -> None:
-        self._sums = (sums, {name: len(values) for name, values in self._train.items()})
+        self._sums = ({name: _as_summed(value) for name, value in sums.items()}, {name: len(values) for name, values in self._train.items()})
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         read, self._sums = self._sums, None
         if read is not None and read[1] == {name: len(values) for name, values in self._train.items()}:
             sums = read[0]
         else:  # no validation pass this epoch (or batches since it): a transfer of its own
-            sums = host_floats({name: sum(values) for name, values in self._train.items()})
+            sums = {name: _as_summed(value) for name, value in host_floats({name: _epoch_sum(values) for name, values in self._train.items()}).items()}
         row = {name: sums[name] / len(values) for name, values in self._train.items()}
         row.update(self._val)
         row["epoch_s"] = time.perf_counter() - self._start
