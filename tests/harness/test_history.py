@@ -106,3 +106,18 @@ def test_run_with_logger_csv_writes_metrics_under_the_runs_dir(tmp_path, shared_
                  "--logger", "csv"]) == 0
     (metrics_csv,) = (runs / "logs" / "cora" / "softmax").glob("seed0-*/metrics.csv")
     assert sum(1 for r in csv.DictReader(metrics_csv.open()) if r.get("val/acc")) == 2
+
+
+def test_an_epoch_of_one_step_sums_its_values_as_sum_did():
+    """History hands a one-step epoch's value itself (no add on the device) and adds 0 on the host: sum()'s result,
+    -0.0 turned into 0.0 included."""
+    import math
+
+    import torch
+
+    from harness.run.callbacks import _as_summed, _epoch_sum
+
+    for values in ([torch.tensor(-0.0)], [torch.tensor(0.25)], [torch.tensor(float("nan"))], [torch.tensor(1.5), torch.tensor(-0.0)],
+                   [torch.tensor(3, dtype=torch.long)]):
+        expected, got = float(sum(values)), _as_summed(float(_epoch_sum(values)))
+        assert (math.isnan(expected) and math.isnan(got)) or (expected == got and math.copysign(1, expected) == math.copysign(1, got))
