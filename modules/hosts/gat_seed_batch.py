@@ -103,7 +103,8 @@ class SeedBatchedGAT(nn.Module):
             # own slices. unbind, not indexing per seed: an indexed slice's backward writes a zero tensor of the
             # whole batch per seed (S^2 work), unbind's stacks once.
             queries, keys = h * p["att_dst"], h * p["att_src"]
-            if takes_cuda_path(h) and folds_heads(self.kernels[i]):
+            # one seed has nothing to fold (the fold's folded queries and keys would be copies for nothing)
+            if self.seeds > 1 and takes_cuda_path(h) and folds_heads(self.kernels[i]):
                 weights = self._folded_weights(self.kernels[i], queries, keys, groups, slope, traces)  # [E, S, H]
                 weights = seed_dropout(weights, attn_dropout, self.training, gens, dim=1).flatten(1, 2)
                 out = groups.aggregate(weights, h.transpose(0, 1).flatten(1, 2))
