@@ -280,18 +280,28 @@ class AttentionKernel(nn.Module):
         need_weights: bool = True,
     ) -> tuple[Tensor, AttentionResult]:
         scale = q.shape[-1] ** -0.5 if scale is None else scale
-        fused = None
-        if not need_weights and groups.has_fused_attention:
-            fused = self.fused_attention(q, k, groups, scale=scale)
         dropout_p = dropout_p if self.training else 0.0
-        call = Call(self, fused, groups, q, k, v, dropout_p)
-        path, rows = choose(call, need_weights=need_weights)
-        self._record_path(path)
-        if path == "blocked":
-            return self._blocked(q, k, v, groups, scale, dropout_p, rows)
-        if path != "eager":
-            return run_backend(path, call), AttentionResult(None, fused.aux_losses, fused.diagnostics)
-        return self._eager(q, k, v, groups, scale, dropout_p)
+        self.call_dropout = dropout_p
+        try:
+            fused = None
+            if not need_weights and groups.has_fused_attention:
+                fused = self.fused_attention(q, k, groups, scale=scale)
+            call = Call(self, fused, groups, q, k, v, dropout_p)
+            path, rows = choose(call, need_weights=need_weights)
+            self._record_path(path)
+            if path == "blocked":
+                return self._blocked(q, k, v, groups, scale, dropout_p, rows)
+            if path != "eager":
+                return run_backend(path, call), AttentionResult(None, fused.aux_losses, fused.diagnostics)
+            return self._eager(q, k, v, groups, scale, dropout_p)
+        finally:
+            self.call_dropout = 0.0
+
+    call_dropout: float = 0.0
+    """The attention dropout of the call in progress (`forward`; 0 in evaluation and between calls), for a
+    `fused_attention` whose form depends on it: SDPA regenerates its dropout mask in the backward, so a form that
+    recomputes its call in the backward (BAM's redrawn noise) or splits it into blocks (fenchel's bias gradient) can
+    do so only without dropout."""
 
     def _eager(self, q: Tensor, k: Tensor, v: Tensor, groups: Groups, scale: float, dropout_p: float) -> tuple[Tensor, AttentionResult]:
         logits = self.score(q, k, groups, scale=scale)

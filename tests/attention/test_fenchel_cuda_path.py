@@ -134,7 +134,7 @@ def test_one_call_off_the_cuda_path_without_a_gradient_and_under_dropout(monkeyp
         with SdpaCalls() as seen:
             kernel(q, k, v, groups, need_weights=False)
         assert len(seen.calls) == 2 * HEADS
-    assert kernel._call_dropout == 0.0
+    assert kernel.call_dropout == 0.0
 
 
 @pytest.mark.parametrize("length", [512, 2048])

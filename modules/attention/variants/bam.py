@@ -789,17 +789,6 @@ class BayesianAttention(AttentionKernel):
         (zhougroup/BAM modeling_albert.py), which a fused kernel takes as an additive bias."""
         raise NotImplementedError
 
-    _call_dropout: float = 0.0
-    """The attention dropout of the call in progress (`forward`): the noise is regenerated in the backward only without."""
-
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, groups: Groups, *, scale: float | None = None,
-                dropout_p: float = 0.0, need_weights: bool = True) -> tuple[Tensor, AttentionResult]:
-        self._call_dropout = dropout_p if self.training else 0.0
-        try:
-            return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
-        finally:
-            self._call_dropout = 0.0
-
     def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
         """On CUDA (or under `fused_on_cpu`), dense groups whose mask is per key: the output through SDPA with the
         sampled weights' noise as its logits bias (`log_noise`), and the KL in closed form from per-query and per-key
@@ -841,7 +830,7 @@ class BayesianAttention(AttentionKernel):
         diagnostics: dict[str, Tensor] = {}
         blocks = _NoisyBlocks(self, q, k, groups, scale, samples, block_rows, lse.detach(),
                               diagnostics if mechanism_diagnostics_on() else None)
-        if self._call_dropout == 0.0:
+        if self.call_dropout == 0.0:
             return FusedAttention(q, k, scale, None, aux_losses={"kl": kl}, diagnostics=diagnostics,
                                   library=LibraryForm("sdpa", blocks.run))
         return FusedAttention(q, k, scale, blocks.whole_bias(), aux_losses={"kl": kl}, diagnostics=diagnostics)

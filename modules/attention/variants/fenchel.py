@@ -319,17 +319,6 @@ class FenchelAttention(AttentionKernel):
             return FusedAttention(q, k, scale, bias, diagnostics=diagnostics, library=LibraryForm("sdpa", chunked.run))
         return FusedAttention(q, k, scale, bias, flex=flex, diagnostics=diagnostics)
 
-    _call_dropout: float = 0.0
-    """The attention dropout of the call in progress (`forward`): SDPA runs in chunks of samples only without."""
-
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, groups: Groups, *, scale: float | None = None,
-                dropout_p: float = 0.0, need_weights: bool = True) -> tuple[Tensor, AttentionResult]:
-        self._call_dropout = dropout_p if self.training else 0.0
-        try:
-            return super().forward(q, k, v, groups, scale=scale, dropout_p=dropout_p, need_weights=need_weights)
-        finally:
-            self._call_dropout = 0.0
-
     def _bias_gradient_blocks(self, q: Tensor, k: Tensor, bias: Tensor | None, groups: Groups) -> tuple[int, int] | None:
         """(samples, heads) per SDPA call where the fused call runs in blocks (`_BiasGradientBlocks`), None for one call.
 
@@ -342,7 +331,7 @@ class FenchelAttention(AttentionKernel):
         still written and summed at its full size over the blocks. Off the CUDA path (CPU records), without a
         gradient, under attention dropout (the blocked form takes none) or where one block would be the whole call:
         one call, as before."""
-        if (bias is None or not bias.requires_grad or not torch.is_grad_enabled() or self._call_dropout != 0.0
+        if (bias is None or not bias.requires_grad or not torch.is_grad_enabled() or self.call_dropout != 0.0
                 or not takes_cuda_path(q) or not isinstance(groups, DenseGroups)):
             return None
         batch, heads, pairs = q.shape[0], q.shape[1], q.shape[-2] * k.shape[-2]
