@@ -47,6 +47,16 @@ def unavailable() -> str | None:
     return None
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _program(name: str) -> str:
     return shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") or name
 
@@ -101,14 +111,58 @@ class Cluster:
         queue = self.command("squeue", "--array", "--states=all").stdout
         raise AssertionError(f"waited {timeout:.0f} s for {what}; squeue:\n{queue}")
 
-    def requeue(self, task: str) -> None:
+    def requeue(self, task: str, attempts: int = 3) -> None:
         """`scontrol requeue` a running task, as a preemption does, and let it start again at once: SLURM holds a
-        requeued job for about two minutes (its BeginTime), which only the test's clock would notice."""
-        done = self.command("scontrol", "requeue", task)
-        assert done.returncode == 0, done.stderr
-        self.wait_for(lambda: self.states(task).get(task) == "PENDING", f"{task} to be pending again after its requeue", timeout=120)
-        done = self.command("scontrol", "update", f"JobId={task}", "StartTime=now")
-        assert done.returncode == 0, done.stderr
+        requeued job for about two minutes (its BeginTime), which only the test's clock would notice.
+
+        Started again at once, the task can reach slurmd while slurmd is still killing its first incarnation: slurmd
+        then refuses the launch ("Job N already killed, do not launch batch job", seen once in CI) and the task ends
+        FAILED without running, a race of this one-node test cluster, not of the job. A preemption's requeue waits far
+        longer. So the new start waits until the first incarnation's processes are gone, and a launch slurmd refused
+        so is requeued again (at most `attempts` times); any other ending is the job's own."""
+        job_id = self._job_id(task)
+        pids = self._pids(job_id)
+        refused = f"Job {job_id} already killed, do not launch batch job"
+        for _ in range(attempts):
+            seen = self._slurmd_log().count(refused)
+            done = self.command("scontrol", "requeue", task)
+            assert done.returncode == 0, done.stderr
+            self.wait_for(lambda: self.states(task).get(task) == "PENDING", f"{task} to be pending again after its requeue", timeout=120)
+            self.wait_for(lambda: not any(_alive(pid) for pid in pids), f"{task}'s first incarnation to exit", timeout=120)
+            done = self.command("scontrol", "update", f"JobId={task}", "StartTime=now")
+            assert done.returncode == 0, done.stderr
+            outcome = self.wait_for(lambda: self._relaunch(task, job_id, refused, seen), f"{task} to start again",
+                                    timeout=120, every=0.2)
+            if outcome != "refused":
+                return
+            self.wait_for(lambda: self.states(task).get(task) not in SLURM_UNFINISHED, f"{task}'s refused launch to end",
+                          timeout=120)
+            pids = set()
+        raise AssertionError(f"slurmd refused {task}'s relaunch {attempts} times\n{self.logs()}")
+
+    def _relaunch(self, task: str, job_id: str, refused: str, seen: int) -> str | None:
+        """'refused' once slurmd logs a refused launch since the requeue, 'running' once the task has processes again,
+        its state once it has ended (a quick job), else None (still starting)."""
+        if self._slurmd_log().count(refused) > seen:
+            return "refused"
+        if self._pids(job_id):
+            return "running"
+        state = self.states(task).get(task)
+        return state if state is not None and state not in SLURM_UNFINISHED else None
+
+    def _job_id(self, task: str) -> str:
+        done = self.command("squeue", "--noheader", "--array", "--format=%A", f"--jobs={task}")
+        assert done.returncode == 0 and done.stdout.strip(), done.stderr
+        return done.stdout.split()[0]
+
+    def _pids(self, job_id: str) -> set[int]:
+        """The processes of a running job on this node (`scontrol listpids`), empty where slurmd lists none."""
+        done = self.command("scontrol", "listpids", job_id)
+        return {int(line.split()[0]) for line in done.stdout.splitlines()[1:] if line.split() and line.split()[0].isdigit()}
+
+    def _slurmd_log(self) -> str:
+        path = self.home / "slurmd.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def wait_until_ended(self, job: str, timeout: float = 300) -> dict[str, str]:
         """Wait until no task of `job` is pending, running or completing; returns their final states."""
