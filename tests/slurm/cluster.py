@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.run.job_array import SLURM_UNFINISHED
+from harness.studies.tune import _alive
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "sinfo", "scontrol")
 STARTUP_S = 60
@@ -45,16 +46,6 @@ def unavailable() -> str | None:
         # slurmd starts every job as its submitting user, which takes root
         return "the SLURM tests start slurmd, which must run as root; run them as root (as `make test` does in CI)"
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _program(name: str) -> str:
