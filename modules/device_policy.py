@@ -1,11 +1,12 @@
 """Where device behaviour is decided: every branch that a CUDA run takes differently from a CPU run asks here.
 
-Four questions decide them:
+Five questions decide them:
 - `takes_cuda_path(x)`: run the form a GPU runs (fused or blocked kernels, fused Adam, compiled FlexAttention where
   the device allows it), rather than the CPU's bit-identical reference form;
 - `host_reads_are_cheap(x)`: may a shortcut read a value on the host (on a GPU that read waits for every queued
   kernel, a sync; under torch.compile it is a graph break);
 - `takes_cpu_path(x)`: run the CPU's own form (a NumPy sort where torch's is slow on a CPU);
+- `takes_triton_path(x)`: run the project's own Triton kernels (a fused map no library kernel computes);
 - `as_on_cuda()`: the policy itself.
 
 A CPU run can set the policy to "as on CUDA" (`behave_as_cuda()`): then every branch takes the path a CUDA run
@@ -20,6 +21,7 @@ from typing import Iterator
 import torch
 
 _as_cuda = False
+_triton_anywhere = False
 
 
 def as_on_cuda() -> bool:
@@ -65,3 +67,34 @@ def host_reads_are_cheap(x: torch.Tensor | torch.device | str) -> bool:
     under the "as on CUDA" policy. Under torch.compile a read is a graph break, so there too (the shortcuts change
     no result)."""
     return takes_cpu_path(x) and not torch.compiler.is_compiling()
+
+
+@contextmanager
+def triton_kernels_anywhere(enabled: bool = True) -> Iterator[None]:
+    """Within the block, `takes_triton_path` holds for tensors on any device: for the Triton interpreter
+    (TRITON_INTERPRET=1, tests on CPU) and for the GPU cost page, which counts the kernels' launches instead of
+    running them."""
+    global _triton_anywhere
+    previous, _triton_anywhere = _triton_anywhere, enabled
+    try:
+        yield
+    finally:
+        _triton_anywhere = previous
+
+
+def triton_installed() -> bool:
+    """Whether Triton can be imported (the gpu extra; a CPU install may lack it)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def takes_triton_path(x: torch.Tensor | torch.device | str) -> bool:
+    """Whether a call on `x` runs the project's own Triton kernels: on a CUDA tensor where Triton is installed, or
+    anywhere inside `triton_kernels_anywhere`. Not "as on CUDA" alone: a Triton kernel cannot run on CPU tensors
+    outside the interpreter, so a CPU run as on CUDA takes these kernels only where their launches are counted."""
+    if _triton_anywhere:
+        return triton_installed()
+    return _device_type(x) == "cuda" and triton_installed()

@@ -74,9 +74,11 @@ class LibraryForm:
 
 
 
-PATHS = ("sdpa", "flex", "adasplash", "triton-entmax", "blocked", "eager")
+PATHS = ("sdpa", "flex", "adasplash", "triton-entmax", "triton-softmax", "triton-noisy-softmax", "blocked", "eager")
 """How a kernel call ran: torch SDPA on a FusedAttention, FlexAttention on its FlexForm, a library kernel on
-its LibraryForm (adasplash for a fixed α-entmax, our Triton kernel triton-entmax for the learned α), the weights materialised one block of queries at a time and
+its LibraryForm (adasplash for a fixed α-entmax; our Triton kernels: triton-entmax for the learned α, triton-softmax
+for a softmax whose logits carry terms SDPA would take as an L×L bias, triton-noisy-softmax for a softmax of logits
+with noise drawn inside the kernel), the weights materialised one block of queries at a time and
 recomputed in the backward (`query_block_rows`), or the weights materialised (`normalize` then `aggregate`)."""
 
 BLOCK_BUDGET_ENV = "ATTNBENCH_WEIGHTS_BUDGET_MB"
