@@ -7,7 +7,8 @@ Writes leaderboards/gpu-perf/<gpu>.md with, in order:
     1e-5 (fp32) or 1e-2 (bf16);
 (b) dense forward+backward of every variant at L = 512, 2048, 8192 (B=32, H=12, d=64; B=4 at 8192), fp32
     and bf16 autocast: time, peak memory and both as ratios to SDPA softmax measured in the same run; OOM
-    reported as such;
+    reported as such; beside each row the cost page's prediction (leaderboards/gpu-cost.csv, counted on the CPU:
+    the path, bytes touched and peak live bytes × SDPA) and, per L, their rank correlation with the measurements;
 (c) a Cora epoch of softmax, lone and as a 20-seed batch;
 (d) `attnbench scaling --suite paper-gat --variants softmax --seeds 1,20`;
 (e) the `quick` suite's wall time at 1, 2 and 4 workers per GPU;
@@ -337,14 +338,17 @@ def dense(page: Page) -> None:
     page.say(f"H={HEADS}, d={DIM}, no mask, `need_weights=False` (each kernel's fastest path); median of 3 after a "
              "warm-up; ratios are to SDPA softmax at the same L and precision, measured in this run.")
     variants = ["softmax", *[n for n in list_attentions() if n != "softmax"], *[f"{n} (flex)" for n in FLEX_VARIANTS]]
+    predicted = cost_predictions()
     last_ms: dict[tuple[str, str], float] = {}
     for length, batch in DENSE:
         page.say()
         page.say(f"### L = {length}, B = {batch}")
         page.say()
-        page.say("| variant | path | bf16 ms | × SDPA | fp32 ms | × SDPA | peak GiB bf16 | × SDPA |")
-        page.say("|---|---|---:|---:|---:|---:|---:|---:|")
+        page.say("| variant | path | bf16 ms | × SDPA | fp32 ms | × SDPA | peak GiB bf16 | × SDPA "
+                 "| path counted | bytes × (cost page) | peak × (cost page) |")
+        page.say("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
         base: dict[str, tuple[float, float]] = {}
+        measured_rows: dict[str, tuple[str, dict]] = {}
         for name in variants:
             cells, path = {}, ""
             for precision in ("bf16", "fp32"):
@@ -372,9 +376,62 @@ def dense(page: Page) -> None:
                 cells[precision] = (ms, peak)
             for precision, cell in cells.items():
                 page.figures[("dense", length, name, precision)] = cell
-            page.say("| " + " | ".join([name, path, *_cells(cells, base)]) + " |")
+            measured_rows[name] = (path, cells)
+            page.say("| " + " | ".join([name, path, *_cells(cells, base), *_predicted_cells(predicted.get((length, name)))]) + " |")
+        page.say()
+        page.say(prediction_line(predicted, length, measured_rows, base))
         prev_length, prev_batch = length, batch
     page.say()
+
+
+COST_PAGE = Path(__file__).resolve().parents[2] / "leaderboards" / "gpu-cost.csv"
+"""The cost page counted on the CPU (`make gpu-cost`): tracked, so the device call carries it with the tree."""
+
+
+def cost_predictions(path: Path = COST_PAGE) -> dict[tuple[int, str], dict]:
+    """{(L, variant): {"path", "bytes_x", "peak_x"}} from the cost page's CSV, {} where there is none: what the CPU
+    count predicts for each measured row."""
+    import csv
+
+    if not path.exists():
+        return {}
+    found = {}
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            if row.get("error"):
+                continue
+            found[(int(row["length"]), row["variant"])] = {
+                "path": row["path"], "bytes_x": float(row["bytes_x_sdpa"]), "peak_x": float(row["peak_x_sdpa"])}
+    return found
+
+
+def _predicted_cells(predicted: dict | None) -> list[str]:
+    if predicted is None:
+        return ["not counted", "", ""]
+    return [predicted["path"], f"{predicted['bytes_x']:.2f}", f"{predicted['peak_x']:.2f}"]
+
+
+def prediction_line(predicted: dict, length: int, measured: dict[str, tuple[str, dict]], base: dict) -> str:
+    """Spearman's rank correlation of the cost page's predictions with this run's bf16 measurements at one L, over
+    the rows where the path measured is the path counted (a row the page counted on another path predicts nothing
+    about this one)."""
+    from harness.studies.gpu_cost import spearman
+
+    pairs_time, pairs_peak = [], []
+    for name, (path, cells) in measured.items():
+        guess, cell = predicted.get((length, name)), cells.get("bf16")
+        if guess is None or guess["path"] != path or not isinstance(cell, tuple) or "bf16" not in base:
+            continue
+        pairs_time.append((guess["bytes_x"], cell[0] / base["bf16"][0]))
+        pairs_peak.append((guess["peak_x"], cell[1] / base["bf16"][1]))
+
+    def rho(pairs):
+        value = spearman(*zip(*pairs)) if len(pairs) >= 3 else None
+        return "fewer than 3 comparable rows" if value is None else f"{value:.2f}"
+
+    return (f"Cost page against this run (bf16, rows on the path counted): Spearman, bytes touched × against time ×: "
+            f"{rho(pairs_time)} ({len(pairs_time)} rows); peak live × against peak memory ×: {rho(pairs_peak)} "
+            f"({len(pairs_peak)} rows).")
 
 
 def _cells(cells: dict, base: dict) -> list[str]:

@@ -183,3 +183,30 @@ def test_the_lone_epoch_profile_reports_per_epoch_ops_on_cpu():
     assert any(line.startswith("| aten::") for line in page.lines)
     batch = gpu_perf.batch_epoch_profile(str(data), seeds=2, epochs=(1, 3))
     assert batch["by_op"]["aten::addmm"][0] >= 2 * calls - 1e-9  # the lockstep host runs each seed's own layers
+
+
+def test_the_dense_table_sets_the_cost_page_s_prediction_beside_each_measurement(tmp_path):
+    """The committed cost page is read for every row it counted, and the rank correlation is over the rows measured
+    on the path it counted only: a row measured on another path, or not measured, predicts nothing."""
+    predicted = gpu_perf.cost_predictions()
+    assert (512, "softmax") in predicted and predicted[(512, "softmax")]["bytes_x"] == 1.0
+    page = tmp_path / "gpu-cost.csv"
+    page.write_text("variant,length,batch,path,kernels,host_syncs,bytes_touched,bytes_x_sdpa,peak_live_bytes,peak_x_sdpa,"
+                    "saved_bytes,saved_x_flash,flops,flops_x_sdpa,counted,error\n"
+                    "softmax,512,32,sdpa,3,0,1,1.00,1,1.00,1,1.00,1,1.00,fake,\n"
+                    "a,512,32,sdpa,3,0,1,2.00,1,1.50,1,1.00,1,1.00,fake,\n"
+                    "b,512,32,sdpa,3,0,1,3.00,1,1.20,1,1.00,1,1.00,fake,\n"
+                    "c,512,32,eager,3,0,1,9.00,1,9.00,1,1.00,1,1.00,fake,\n"
+                    "d,512,32,,,,,,,,,,,,,reads values\n")
+    predicted = gpu_perf.cost_predictions(page)
+    assert set(predicted) == {(512, "softmax"), (512, "a"), (512, "b"), (512, "c")}
+    assert gpu_perf._predicted_cells(predicted[(512, "b")]) == ["sdpa", "3.00", "1.20"]
+    assert gpu_perf._predicted_cells(None) == ["not counted", "", ""]
+    base = {"bf16": (2.0, 1.0)}
+    measured = {"softmax": ("sdpa", {"bf16": (2.0, 1.0)}), "a": ("sdpa", {"bf16": (5.0, 1.1)}),
+                "b": ("sdpa", {"bf16": (7.0, 1.4)}), "c": ("sdpa", {"bf16": (1.0, 0.5)}), "d": ("sdpa", {"bf16": "OOM"})}
+    line = gpu_perf.prediction_line(predicted, 512, measured, base)
+    # c ran on another path than the page counted and d was not measured: softmax, a, b remain, ranked alike in time
+    # and oppositely in peak between a and b
+    assert "time ×: 1.00 (3 rows)" in line and "peak memory ×: 0.50 (3 rows)" in line
+    assert "fewer than 3 comparable rows (0 rows)" in gpu_perf.prediction_line({}, 512, measured, base)
