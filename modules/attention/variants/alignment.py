@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...device_policy import host_reads_are_cheap, takes_cuda_path
+from ...device_policy import host_reads_are_cheap, takes_cuda_path, takes_triton_path
+from .. import triton_alignment
 from ..groups import DenseGroups, Groups
 from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, FusedAttention, HeadShape, MechanismDiagnostic,
                       point_sets, qk_diagnostics, standard_diagnostics)
@@ -182,6 +183,9 @@ iterations one read per solve instead of five; at most 20 iterations run past co
 # Below this ratio of largest cost to ε, exp(−C/ε) stays far from float64's underflow (about 1e-308).
 _EXP_DOMAIN_LIMIT = 600.0
 
+
+_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""Cloud dtypes the Triton regularisers take (they compute in float32, align-ot's Sinkhorn in float64)."""
 
 COST_BOUND = 2.0 * (1 + 1e-3)
 """Above every cost of align-ot, with a margin for rounding: the cosine cost is 1 - cos <= 2, the squared
@@ -515,7 +519,18 @@ class OTAlignmentAttention(AlignmentAttention):
         a, b = clouds.masses()
         return sinkhorn_plan(cost.detach(), a, b, self.config.eps, self.config.iterations, self.config.tol, cost_bound=COST_BOUND)
 
+    def fused_loss_fits(self, clouds: PointClouds) -> bool:
+        """Whether the Triton kernel computes this loss: on the Triton path, for the cosine cost in the exp domain (the
+        kernel's float64 iterations; the log-domain fallback stays eager), clouds of a size one program holds."""
+        return (takes_triton_path(clouds.q) and self.config.cost == "cosine" and clouds.q.dtype in _TRITON_DTYPES
+                and COST_BOUND / self.config.eps <= _EXP_DOMAIN_LIMIT
+                and triton_alignment.fits(clouds.q.shape[-2], clouds.k.shape[-2], clouds.q.shape[-1]))
+
     def alignment_loss(self, clouds: PointClouds) -> Tensor:
+        if self.fused_loss_fits(clouds):
+            # The cost, the Sinkhorn solve and <π, C> per cloud on chip: one read of the clouds forward, one backward
+            return triton_alignment.sinkhorn_loss(clouds.q, clouds.k, clouds.q_valid, clouds.k_valid, self.config.eps,
+                                                  self.config.iterations, self.config.tol).mean()
         cost = self.cost(clouds)
         # The plan is held fixed: π_ε is the exact gradient of the entropic OT cost w.r.t. C (envelope theorem)
         # and that of <π_ε, C> up to the plan's O(ε) movement, without backpropagating through (and storing)

@@ -1,0 +1,92 @@
+"""The align-* regularisers' Triton kernels (modules/attention/triton_alignment.py) run on CPU by the Triton interpreter
+(TRITON_INTERPRET=1), through the variant as training calls it (the fused attention, the subsampled clouds, the aux
+loss), against the eager regulariser of the same call: the aux loss and the gradients of q, k, v and of every network
+parameter, in float32, with and without key/query padding.
+
+The interpreter reads TRITON_INTERPRET when a kernel is defined, so each check runs in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHECK = r"""
+import json, sys
+import torch
+from modules.attention import AttentionSite, DenseGroups, build_attention
+from modules.device_policy import triton_kernels_anywhere
+
+name, config, padded = json.loads(sys.argv[1])
+heads, dim, length = 2, 16, 24
+torch.manual_seed(0)
+kernel = build_attention({"name": name, "max_points": 10, **config}, num_heads=heads, head_dim=dim,
+                         site=AttentionSite("text", "self", sequence=True)).train()
+g = torch.Generator().manual_seed(1)
+q, k, v = (torch.randn(2, heads, length, dim, generator=g) for _ in range(3))
+valid = torch.ones(2, length, dtype=torch.bool)
+if padded:
+    valid[1, length - 9:] = False
+groups = DenseGroups.from_key_padding(valid, query_valid=valid) if padded else DenseGroups()
+rows = valid[:, None, :, None].float()
+upstream = torch.randn(2, heads, length, dim, generator=g)
+
+
+def nodes(root):
+    seen, todo = set(), [root]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        todo.extend(f for f, _ in fn.next_functions)
+    return {type(fn).__name__ for fn in seen}
+
+
+def run(fused):
+    kernel.noise_generator = torch.Generator().manual_seed(5)
+    kernel.zero_grad(set_to_none=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with triton_kernels_anywhere(fused):
+        out, result = kernel(*leaves, groups, need_weights=False)
+    aux = result.aux_losses["align"]
+    ((out * upstream * rows).sum() + 3.7 * aux).backward()
+    grads = {f"d{n}": t.grad for n, t in zip("qkv", leaves)}
+    grads.update({n: p.grad for n, p in kernel.named_parameters() if p.grad is not None})
+    return aux.detach(), grads, nodes(aux.grad_fn)
+
+
+fused_loss, fused_grads, fused_nodes = run(True)
+eager_loss, eager_grads, eager_nodes = run(False)
+relative = lambda a, b: float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+print(json.dumps({"nodes": sorted(fused_nodes - eager_nodes), "loss": relative(fused_loss, eager_loss),
+                  "missing": sorted(set(eager_grads) ^ set(fused_grads)),
+                  "grads": {key: relative(fused_grads[key], eager_grads[key]) for key in eager_grads if key in fused_grads}}))
+"""
+
+
+def check(name: str, config: dict, padded: bool) -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", CHECK, json.dumps([name, config, padded])],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_sinkhorn_kernel_matches_the_eager_regulariser(padded):
+    found = check("align-ot", {}, padded)
+    assert found["nodes"] == ["SinkhornLossBackward"], found
+    assert not found["missing"], found
+    # float64 iterations both ways; the cost and <π, C> in float32 (the eager cost's own dtype)
+    assert found["loss"] <= 1e-5, found
+    assert max(found["grads"].values()) <= 1e-5, found
