@@ -65,10 +65,10 @@ if triton is not None:
                  value.to(ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _valid(ptr, cloud, rows, n, HAS: tl.constexpr):
+    def _valid(ptr, offset, rows, n, HAS: tl.constexpr):
         inside = rows < n
         if HAS:
-            inside = inside & (tl.load(ptr + cloud.to(tl.int64) * n + rows, mask=rows < n, other=0) != 0)
+            inside = inside & (tl.load(ptr + offset + rows, mask=rows < n, other=0) != 0)
         return inside
 
     @triton.jit
@@ -100,8 +100,8 @@ if triton is not None:
         dims = tl.arange(0, BLOCK_D)
         q_hat, q_norm = _normalized(_load_cloud(Q, cloud, rows, dims, n, D))
         k_hat, k_norm = _normalized(_load_cloud(K, cloud, cols, dims, m, D))
-        q_valid = _valid(QV, cloud, rows, n, HAS_QV)
-        k_valid = _valid(KV, cloud, cols, m, HAS_KV)
+        q_valid = _valid(QV, cloud.to(tl.int64) * n, rows, n, HAS_QV)
+        k_valid = _valid(KV, cloud.to(tl.int64) * m, cols, m, HAS_KV)
         pair = q_valid[:, None] & k_valid[None, :]
         cost = tl.where(pair, 1.0 - tl.dot(q_hat, tl.trans(k_hat), input_precision="ieee"), 0.0)
         a = _uniform_mass(q_valid, rows, n)
@@ -197,3 +197,214 @@ class SinkhornLoss(torch.autograd.Function):
 def sinkhorn_loss(q, k, q_valid, k_valid, eps: float, iterations: int, tol: float) -> torch.Tensor:
     """align-ot's loss per cloud, [C]: q [C, n, d], k [C, m, d], validity [C, n] / [C, m] or None."""
     return SinkhornLoss.apply(q, k, q_valid, k_valid, eps, iterations, tol)
+
+
+# ---- the highway networks (align-gan's discriminator, align-ct's critic) -------------------------------------------
+
+PROGRAMS = 64
+"""Most programs of a network kernel: each sums its points' weight gradients in registers and writes them once to a
+slot of its own, summed after the launch (deterministic, unlike atomics); 64 slots of the weights' size stay small."""
+
+if triton is not None:
+
+    @triton.jit
+    def _load_matrix(ptr, rows, cols, n_rows, n_cols):
+        mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+        return tl.load(ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _load_vector(ptr, index, size):
+        return tl.load(ptr + index, mask=index < size, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _highway_forward(x, WP, BP, W1, B1, D, HIDDEN, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+        """`alignment.highway_mlp` up to its last layer: Highway (gate σ(Φ_τ x), transform ReLU(Φ_h x), one [2D, D]
+        matrix), Linear(D, HIDDEN), LeakyReLU(0.2). Points are rows of x [P, BLOCK_D] (zero past D)."""
+        dims = tl.arange(0, BLOCK_D)
+        hid = tl.arange(0, BLOCK_H)
+        gate_pre = tl.dot(x, tl.trans(_load_matrix(WP, dims, dims, D, D)), input_precision="ieee") \
+            + _load_vector(BP, dims, D)[None, :]
+        transform_pre = tl.dot(x, tl.trans(_load_matrix(WP + D * D, dims, dims, D, D)), input_precision="ieee") \
+            + _load_vector(BP + D, dims, D)[None, :]
+        gate = tl.sigmoid(gate_pre)
+        mixed = gate * tl.maximum(transform_pre, 0.0) + (1 - gate) * x
+        hidden_pre = tl.dot(mixed, tl.trans(_load_matrix(W1, hid, dims, HIDDEN, D)), input_precision="ieee") \
+            + _load_vector(B1, hid, HIDDEN)[None, :]
+        hidden = tl.where(hidden_pre > 0, hidden_pre, 0.2 * hidden_pre)
+        return gate, transform_pre, mixed, hidden_pre, hidden
+
+    @triton.jit
+    def _highway_backward(x, gate, transform_pre, mixed, hidden_pre, grad_hidden, W1, WP, D, HIDDEN,
+                          BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+        """The gradients of `_highway_forward` for the gradient of its `hidden`: x's, and the weights' summed over the
+        points (rows where grad_hidden is 0 add nothing)."""
+        dims = tl.arange(0, BLOCK_D)
+        hid = tl.arange(0, BLOCK_H)
+        grad_hidden_pre = tl.where(hidden_pre > 0, grad_hidden, 0.2 * grad_hidden)
+        grad_w1 = tl.dot(tl.trans(grad_hidden_pre), mixed, input_precision="ieee")
+        grad_b1 = tl.sum(grad_hidden_pre, axis=0)
+        grad_mixed = tl.dot(grad_hidden_pre, _load_matrix(W1, hid, dims, HIDDEN, D), input_precision="ieee")
+        grad_gate_pre = grad_mixed * (tl.maximum(transform_pre, 0.0) - x) * gate * (1 - gate)
+        grad_transform_pre = tl.where(transform_pre > 0, grad_mixed * gate, 0.0)
+        grad_x = grad_mixed * (1 - gate) \
+            + tl.dot(grad_gate_pre, _load_matrix(WP, dims, dims, D, D), input_precision="ieee") \
+            + tl.dot(grad_transform_pre, _load_matrix(WP + D * D, dims, dims, D, D), input_precision="ieee")
+        grad_wg = tl.dot(tl.trans(grad_gate_pre), x, input_precision="ieee")
+        grad_wt = tl.dot(tl.trans(grad_transform_pre), x, input_precision="ieee")
+        return (grad_x, grad_wg, tl.sum(grad_gate_pre, axis=0), grad_wt, tl.sum(grad_transform_pre, axis=0),
+                grad_w1, grad_b1)
+
+    @triton.jit
+    def _store_matrix(ptr, rows, cols, n_rows, n_cols, value):
+        tl.store(ptr + rows[:, None] * n_cols + cols[None, :], value,
+                 mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
+
+    @triton.jit
+    def _discriminator_block(X, VALID, COUNTS, start, total, label, side, WP, BP, W1, B1, W2, B2, D, HIDDEN,
+                             HAS_VALID: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BLOCK_H: tl.constexpr):
+        """One block of points through the discriminator: the points, their loss weights (½ valid / count, zero past
+        the cloud), the intermediates and the logits' BCE."""
+        points = start + tl.arange(0, BLOCK_P)
+        dims = tl.arange(0, BLOCK_D)
+        hid = tl.arange(0, BLOCK_H)
+        x = tl.load(X + points.to(tl.int64)[:, None] * D + dims[None, :],
+                    mask=(points[:, None] < total) & (dims[None, :] < D), other=0.0).to(tl.float32)
+        valid = _valid(VALID, 0, points, total, HAS_VALID)
+        weight = tl.where(valid, 0.5 / tl.maximum(tl.load(COUNTS + side), 1.0), 0.0)
+        gate, transform_pre, mixed, hidden_pre, hidden = _highway_forward(x, WP, BP, W1, B1, D, HIDDEN, BLOCK_D,
+                                                                          BLOCK_H)
+        logit = tl.sum(hidden * _load_vector(W2, hid, HIDDEN)[None, :], axis=1) + tl.load(B2).to(tl.float32)
+        # binary_cross_entropy_with_logits: max(l, 0) − l·y + log(1 + e^−|l|)
+        bce = tl.maximum(logit, 0.0) - logit * label + tl.log(1 + tl.exp(-tl.abs(logit)))
+        return x, weight, gate, transform_pre, mixed, hidden_pre, hidden, logit, tl.sum(weight * bce, axis=0)
+
+    @triton.jit
+    def _discriminator_kernel(Q, K, QV, KV, COUNTS, WP, BP, W1, B1, W2, B2, LOSS, GRAD, DQ, DK,
+                              GWP, GBP, GW1, GB1, GW2, GB2, n_q, n_k, D, HIDDEN,
+                              HAS_QV: tl.constexpr, HAS_KV: tl.constexpr, BACKWARD: tl.constexpr,
+                              STORE_DQ: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+                              BLOCK_H: tl.constexpr):
+        """align-gan's loss: keys labelled 1, queries 0, each side's BCE averaged over its valid points, the two
+        averaged; program `pid` takes the point blocks pid, pid + programs, ... of the queries, then of the keys.
+        BACKWARD: recompute, and write the points' gradients (reversed: the discriminator's input goes through the
+        gradient reversal) and this program's sums of the weights' gradients."""
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        dims = tl.arange(0, BLOCK_D)
+        hid = tl.arange(0, BLOCK_H)
+        loss = 0.0
+        grad_wg = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+        grad_wt = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+        grad_bg = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        grad_bt = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        grad_w1 = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+        grad_b1 = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        grad_w2 = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        grad_b2 = 0.0
+        upstream = 0.0
+        if BACKWARD:
+            upstream = tl.load(GRAD).to(tl.float32)
+        for side in tl.static_range(2):
+            if side == 0:
+                total = n_q
+            else:
+                total = n_k
+            for start in range(pid * BLOCK_P, total, programs * BLOCK_P):
+                if side == 0:
+                    x, weight, gate, transform_pre, mixed, hidden_pre, hidden, logit, part = _discriminator_block(
+                        Q, QV, COUNTS, start, n_q, 0.0, 0, WP, BP, W1, B1, W2, B2, D, HIDDEN, HAS_QV, BLOCK_P,
+                        BLOCK_D, BLOCK_H)
+                else:
+                    x, weight, gate, transform_pre, mixed, hidden_pre, hidden, logit, part = _discriminator_block(
+                        K, KV, COUNTS, start, n_k, 1.0, 1, WP, BP, W1, B1, W2, B2, D, HIDDEN, HAS_KV, BLOCK_P,
+                        BLOCK_D, BLOCK_H)
+                loss += part
+                if BACKWARD:
+                    grad_logit = weight * (tl.sigmoid(logit) - side) * upstream
+                    grad_w2 += tl.sum(grad_logit[:, None] * hidden, axis=0)
+                    grad_b2 += tl.sum(grad_logit, axis=0)
+                    grad_hidden = grad_logit[:, None] * _load_vector(W2, hid, HIDDEN)[None, :]
+                    grad_x, g_wg, g_bg, g_wt, g_bt, g_w1, g_b1 = _highway_backward(
+                        x, gate, transform_pre, mixed, hidden_pre, grad_hidden, W1, WP, D, HIDDEN, BLOCK_D, BLOCK_H)
+                    grad_wg += g_wg
+                    grad_bg += g_bg
+                    grad_wt += g_wt
+                    grad_bt += g_bt
+                    grad_w1 += g_w1
+                    grad_b1 += g_b1
+                    points = start + tl.arange(0, BLOCK_P)
+                    at = points.to(tl.int64)[:, None] * D + dims[None, :]
+                    if side == 0:
+                        if STORE_DQ:
+                            tl.store(DQ + at, (-grad_x).to(DQ.dtype.element_ty),
+                                     mask=(points[:, None] < n_q) & (dims[None, :] < D))
+                    else:
+                        tl.store(DK + at, (-grad_x).to(DK.dtype.element_ty),
+                                 mask=(points[:, None] < n_k) & (dims[None, :] < D))
+        if BACKWARD:
+            _store_matrix(GWP + pid * 2 * D * D, dims, dims, D, D, grad_wg)
+            _store_matrix(GWP + pid * 2 * D * D + D * D, dims, dims, D, D, grad_wt)
+            tl.store(GBP + pid * 2 * D + dims, grad_bg, mask=dims < D)
+            tl.store(GBP + pid * 2 * D + D + dims, grad_bt, mask=dims < D)
+            _store_matrix(GW1 + pid * HIDDEN * D, hid, dims, HIDDEN, D, grad_w1)
+            tl.store(GB1 + pid * HIDDEN + hid, grad_b1, mask=hid < HIDDEN)
+            tl.store(GW2 + pid * HIDDEN + hid, grad_w2, mask=hid < HIDDEN)
+            tl.store(GB2 + pid, grad_b2)
+        else:
+            tl.store(LOSS + pid, loss)
+
+
+def _valid_or_none(valid, like):
+    return _none_tensor(like) if valid is None else valid.contiguous()
+
+
+class DiscriminatorLoss(torch.autograd.Function):
+    """align-gan's BCE of a highway discriminator on the query (label 0) and key (label 1) clouds, the clouds' input
+    gradient reversed."""
+
+    @staticmethod
+    def forward(ctx, q, k, q_valid, k_valid, wp, bp, w1, b1, w2, b2):
+        q, k = q.contiguous(), k.contiguous()
+        dim, hidden = q.shape[-1], w1.shape[0]
+        n_q, n_k = q.numel() // dim, k.numel() // dim
+        counts = torch.stack([
+            q_valid.sum() if q_valid is not None else torch.tensor(n_q, device=q.device),
+            k_valid.sum() if k_valid is not None else torch.tensor(n_k, device=q.device)]).float()
+        qv, kv = _valid_or_none(q_valid, q), _valid_or_none(k_valid, q)
+        params = [p.contiguous() for p in (wp, bp, w1, b1, w2, b2)]
+        block_p = 64
+        programs = max(1, min(PROGRAMS, triton.cdiv(max(n_q, n_k), block_p)))
+        losses = torch.empty(programs, dtype=torch.float32, device=q.device)
+        flags = (q_valid is not None, k_valid is not None)
+        blocks = (block_p, _block(dim), _block(hidden))
+        empty = torch.empty(0, dtype=torch.float32, device=q.device)
+        _discriminator_kernel[(programs,)](q, k, qv, kv, counts, *params, losses, empty, empty, empty,
+                                           empty, empty, empty, empty, empty, empty, n_q, n_k, dim, hidden,
+                                           *flags, False, False, *blocks)
+        ctx.save_for_backward(q, k, qv, kv, counts, *params)
+        ctx.setup = (n_q, n_k, dim, hidden, programs, flags, blocks)
+        return losses.sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, qv, kv, counts, *params = ctx.saved_tensors
+        n_q, n_k, dim, hidden, programs, flags, blocks = ctx.setup
+        store_dq = ctx.needs_input_grad[0]
+        grad_q = torch.empty_like(q) if store_dq else torch.empty(0, dtype=q.dtype, device=q.device)
+        grad_k = torch.empty_like(k)
+        partial = [torch.empty((programs, *p.shape), dtype=torch.float32, device=q.device) for p in params]
+        empty = torch.empty(0, dtype=torch.float32, device=q.device)
+        _discriminator_kernel[(programs,)](q, k, qv, kv, counts, *params, empty, grad.float().reshape(1), grad_q,
+                                           grad_k, *partial, n_q, n_k, dim, hidden, *flags, True, store_dq, *blocks)
+        grads = [s.sum(0).to(p.dtype) for s, p in zip(partial, params)]
+        return (grad_q if store_dq else None), grad_k, None, None, *grads
+
+
+def discriminator_loss(q, k, q_valid, k_valid, discriminator: torch.nn.Sequential) -> torch.Tensor:
+    """align-gan's loss (½ (mean BCE of the keys as 1 + mean BCE of the queries as 0)) with the gradient reversal at
+    the discriminator's input: q [C, n, d], k [C, m, d], validity [C, n] / [C, m] or None; `discriminator` is
+    `alignment.highway_mlp(d, hidden, 1)`."""
+    highway, first, _, last = discriminator
+    return DiscriminatorLoss.apply(q, k, q_valid, k_valid, highway.proj.weight, highway.proj.bias, first.weight,
+                                   first.bias, last.weight, last.bias)

@@ -90,3 +90,12 @@ def test_the_sinkhorn_kernel_matches_the_eager_regulariser(padded):
     # float64 iterations both ways; the cost and <π, C> in float32 (the eager cost's own dtype)
     assert found["loss"] <= 1e-5, found
     assert max(found["grads"].values()) <= 1e-5, found
+
+
+@pytest.mark.parametrize("padded, config", [(False, {}), (True, {}), (True, {"detach_queries": False})])
+def test_the_discriminator_kernel_matches_the_eager_regulariser(padded, config):
+    found = check("align-gan", config, padded)
+    assert found["nodes"] == ["DiscriminatorLossBackward"], found
+    assert not found["missing"], found
+    assert found["loss"] <= 1e-5, found
+    assert max(found["grads"].values()) <= 1e-5, found

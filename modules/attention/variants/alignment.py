@@ -452,6 +452,14 @@ class AlignmentAttention(AttentionKernel):
     def alignment_loss(self, clouds: PointClouds) -> Tensor:
         raise NotImplementedError
 
+    def fused_loss_fits(self, clouds: PointClouds) -> bool:
+        """Whether `alignment_loss` runs as the project's Triton kernel (triton_alignment): on the Triton path (a GPU),
+        for clouds and networks one program holds on chip. Everywhere else the eager regulariser runs (the CPU's
+        results, bit for bit)."""
+        return (takes_triton_path(clouds.q) and clouds.q.dtype in _TRITON_DTYPES
+                and triton_alignment.fits(clouds.q.shape[-2], clouds.k.shape[-2], clouds.q.shape[-1])
+                and self.config.hidden <= triton_alignment.MAX_DIM)
+
 
 @register_attention("align-gan")
 class GANAlignmentAttention(AlignmentAttention):
@@ -492,6 +500,10 @@ class GANAlignmentAttention(AlignmentAttention):
     def alignment_loss(self, clouds: PointClouds) -> Tensor:
         if self.config.detach_queries:
             clouds = dataclasses.replace(clouds, q=clouds.q.detach())
+        if self.fused_loss_fits(clouds):
+            # The discriminator's forward and backward for every point in one launch each (its intermediates on chip)
+            return triton_alignment.discriminator_loss(clouds.q, clouds.k, clouds.q_valid, clouds.k_valid,
+                                                       self.discriminator)
         logits = self.discriminator(reverse_gradient(_joined(clouds))).squeeze(-1)
         query_logits, key_logits = logits.split([clouds.q.shape[-2], clouds.k.shape[-2]], dim=-1)
         key_bce = F.binary_cross_entropy_with_logits(key_logits, torch.ones_like(key_logits), reduction="none")
@@ -520,11 +532,9 @@ class OTAlignmentAttention(AlignmentAttention):
         return sinkhorn_plan(cost.detach(), a, b, self.config.eps, self.config.iterations, self.config.tol, cost_bound=COST_BOUND)
 
     def fused_loss_fits(self, clouds: PointClouds) -> bool:
-        """Whether the Triton kernel computes this loss: on the Triton path, for the cosine cost in the exp domain (the
-        kernel's float64 iterations; the log-domain fallback stays eager), clouds of a size one program holds."""
-        return (takes_triton_path(clouds.q) and self.config.cost == "cosine" and clouds.q.dtype in _TRITON_DTYPES
-                and COST_BOUND / self.config.eps <= _EXP_DOMAIN_LIMIT
-                and triton_alignment.fits(clouds.q.shape[-2], clouds.k.shape[-2], clouds.q.shape[-1]))
+        # the cosine cost in the exp domain only (the kernel's float64 iterations; the log-domain fallback stays eager)
+        return (super().fused_loss_fits(clouds) and self.config.cost == "cosine"
+                and COST_BOUND / self.config.eps <= _EXP_DOMAIN_LIMIT)
 
     def alignment_loss(self, clouds: PointClouds) -> Tensor:
         if self.fused_loss_fits(clouds):
