@@ -57,14 +57,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...device_policy import takes_cuda_path
-from ..groups import Groups
+from ...device_policy import takes_cuda_path, takes_triton_path
+from ..groups import DenseGroups, Groups
 from ..kernel import (
     AttentionConfig,
     AttentionKernel,
     AttentionResult,
     FlexForm,
     FusedAttention,
+    LibraryForm,
     flex_cpu_allowed,
     flex_wanted,
     HeadShape,
@@ -435,6 +436,9 @@ class GaussianMixtureAttention(AttentionKernel):
         with zero columns to the width `forward` chose (`_fused_width`)."""
         if self._runs_value_em() or self._adapting():
             return None
+        triton_form = self._triton_form(q, k, groups)
+        if triton_form is not None:
+            return triton_form
         flex = None
         if self._padded_width is not None and self._has_key_terms():
             # the CUDA path (`_fused_width`), where FlexAttention is not wanted
@@ -449,6 +453,42 @@ class GaussianMixtureAttention(AttentionKernel):
         # α is a parameter read, as the eager path reports it
         diagnostics = {"alpha": self.alpha.detach().mean()} if not self.training or self.measures("alpha") else {}
         return FusedAttention(scaled_q, k, scale=1.0, flex=flex, diagnostics=diagnostics)
+
+    def _triton_form(self, q: Tensor, k: Tensor, groups: Groups) -> FusedAttention | None:
+        """The project's Triton softmax kernel (modules/attention/triton_softmax.py) where the device policy runs it
+        (`takes_triton_path`): α⟨q, ξ⟩ + (ρ-1)α/2 ‖ξ‖² + ⟨c, ξ⟩ formed in each float32 score tile, so that no q', k'
+        (nor their gradients) are built around SDPA. On the CUDA path the padded SDPA form (`_PaddedMixtureForm`)
+        cost 2.0x SDPA softmax's bytes touched on the GPU cost page (B=32, H=12, L=512, d=64): each of its pads, αq,
+        ‖ξ‖², dq, dk and dα a full-tensor pass. The per-key terms need no centring here (the scores are float32,
+        not the fused kernel's bf16). Dense groups with no mask or a key-padding one, a head dimension the kernel
+        takes, no attention dropout (the kernel has none: with dropout the SDPA form stays), no FlexAttention asked
+        for, and key terms to form (without them α⟨q, ξ⟩ alone is SDPA's plain flash call); None elsewhere."""
+        if not takes_triton_path(q) or self.call_dropout != 0.0 or flex_wanted() or not self._has_key_terms():
+            return None
+        if not isinstance(groups, DenseGroups) or q.shape[-1] != k.shape[-1]:
+            return None
+        mask = groups.mask
+        if mask is not None and not (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1):
+            return None  # a mask per pair or per head (causal, windows): the SDPA form
+        from .. import triton_softmax
+        if triton_softmax.triton is None or not triton_softmax.HEAD_DIMS[0] <= q.shape[-1] <= triton_softmax.HEAD_DIMS[1]:
+            return None
+        alpha = self.alpha
+        rho = self._rho()
+        coef = None if isinstance(rho, float) and rho == 1.0 else alpha * (rho - 1) / 2
+        extra = self._offset_term(k).float() if self.offset is not None else None
+        key_valid = None if mask is None else mask[:, 0, 0, :]
+
+        def run(v: Tensor) -> Tensor:
+            device = v.device.type
+            # not on autocast's lists: cast as SDPA would be (the kernel forms the scores in float32 whatever it is given)
+            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else v.dtype
+            return triton_softmax.biased_softmax_attention(q.to(dtype), k.to(dtype), v.to(dtype), scale=1.0, a=alpha,
+                                                           c=coef, e=extra, key_valid=key_valid)
+
+        diagnostics = {"alpha": alpha.detach().mean()} if not self.training or self.measures("alpha") else {}
+        return FusedAttention(None, None, 1.0, diagnostics=diagnostics,
+                              library=LibraryForm("triton-softmax", run, fits=lambda v: v.shape == k.shape))
 
     def _padded_form(self, q: Tensor, k: Tensor, width: int) -> tuple[Tensor, Tensor]:
         """q' = [αq, 1, 0…] and k' = [ξ, key terms, 0…] of head width `width` (`_PaddedMixtureForm`): the key terms

@@ -1,0 +1,328 @@
+"""A flash-style softmax attention kernel in Triton for logits that carry terms SDPA could take only as a bias:
+
+    out_i = Σ_j softmax_j(s_ij) v_j,   s_ij = a_h·scale·<q_i, k_j> + c_h·‖k_j‖² + e_{b,h,j} + T[h, bucket(j - i)]
+
+with every term but the first optional (a_h defaults to 1), and keys masked per key (key padding). The weights are
+never formed; gradients reach q, k, v, a [H], c [H], e [B, H, Lk] and T [H, buckets].
+
+Why our own kernel. gmm's logits α⟨q, ξ⟩ + (ρ-1)α/2 ‖ξ‖² + ⟨c, ξ⟩ and fenchel's α·scale⟨q, k⟩ + T5 position bias are a
+softmax, but SDPA takes them only through extra tensor passes around it: gmm as q' = [αq, 1, 0…], k' = [ξ, t, 0…]
+(width 72, every pad, αq, ‖ξ‖², dq, dk and dα a full-tensor pass), fenchel as an [H, L, L] float bias whose gradient
+CUDA's memory-efficient kernel writes at [B, H, L, L] for autograd to sum. Here those terms are formed in the score
+tile, in float32, and their gradients summed out of the tiles: per key (Σ_i dS_ij: e's, and c's against ‖k_j‖²) in
+the dk/dv pass, per head (a's as Σ_i scale·⟨q_i, Σ_j dS_ij k_j⟩, T's per bucket) in the dq pass, as per-program
+partial sums reduced after (deterministic, no atomics).
+
+The position term is T5's relative-position bucket of key - query position, queries aligned as the last Lq of the
+Lk positions (as fenchel's `_buckets` and DenseGroups' causal mask align them). The bucket of each relative position
+is read from a lookup of 2·Lk - 1 int32 built by the same function the eager path uses
+(fenchel.t5_relative_position_bucket), so the buckets are the eager path's integers exactly: recomputed in-kernel,
+the float32 logarithm at a bucket boundary (distance 16, 32, 64 for T5's defaults) could round the other way.
+
+Passes (FlashAttention 2's): the forward, one pass over K and V per query tile, writes the output and the row
+logsumexp; the backward's dq pass (one pass over K and V per query tile) also forms δ_i = do_i·o_i (so the output is
+read once, there) and writes it for the dk/dv pass (one pass over Q and dO per key tile). Saved for the backward:
+q, k, v, the output, the row logsumexp and the small terms, FlashAttention's set.
+
+Rows with no valid key give a zero output and zero gradients, as DenseGroups' softmax gives them zero weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the kernel is built only where Triton is installed (the gpu extra)
+    triton = None
+
+BLOCK_M = 32
+BLOCK_N = 32
+NUM_STAGES = 2
+"""Tiles and pipelining stages within an sm_86 card's 99 KB of shared memory at d = 128 with float32 inputs, as the
+learned-α entmax kernel's (triton_entmax.py)."""
+HEAD_DIMS = (16, 128)
+"""Head dimensions the kernel takes (padded to a power of two in the tiles)."""
+
+
+if triton is not None:
+
+    @triton.jit
+    def _scores(q, k, rows, keys, bh, batch, head, sa, c, E, MASK, mask_stride, LOOKUP, TABLE, LQ, LK,
+                NUM_BUCKETS: tl.constexpr, HAS_C: tl.constexpr, HAS_E: tl.constexpr, HAS_T: tl.constexpr,
+                HAS_MASK: tl.constexpr, PRECISION: tl.constexpr):
+        """The [BLOCK_M, BLOCK_N] float32 score tile of rows × keys, -inf where a key is masked or past LK, and
+        whether each pair takes part."""
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sa
+        key_in = keys < LK
+        if HAS_C:
+            kf = k.to(tl.float32)
+            s += c * tl.sum(kf * kf, axis=1)[None, :]
+        if HAS_E:
+            e = tl.load(E + bh * LK + keys, mask=key_in, other=0.0)
+            s += e.to(tl.float32)[None, :]
+        if HAS_T:
+            pair_in = (rows[:, None] < LQ) & key_in[None, :]
+            # relative position key - query, queries the last LQ of the LK positions; the lookup starts at 1 - LK
+            rel = keys[None, :] - rows[:, None] + (LQ - 1)
+            bucket = tl.load(LOOKUP + rel, mask=pair_in, other=0)
+            s += tl.load(TABLE + head * NUM_BUCKETS + bucket, mask=pair_in, other=0.0)
+        if HAS_MASK:
+            key_in = key_in & (tl.load(MASK + batch.to(tl.int64) * mask_stride + keys, mask=key_in, other=0) != 0)
+        s = tl.where(key_in[None, :], s, float("-inf"))
+        return s, key_in
+
+    @triton.jit
+    def _bucket_of(rows, keys, LOOKUP, LQ, LK):
+        pair_in = (rows[:, None] < LQ) & (keys[None, :] < LK)
+        return tl.load(LOOKUP + keys[None, :] - rows[:, None] + (LQ - 1), mask=pair_in, other=0)
+
+    @triton.jit
+    def _forward_kernel(Q, K, V, A, C, E, MASK, mask_stride, LOOKUP, TABLE, OUT, LSE, scale, LQ, LK, D,
+                        NUM_BUCKETS: tl.constexpr, HAS_C: tl.constexpr, HAS_E: tl.constexpr, HAS_T: tl.constexpr,
+                        HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        start_m, head, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        bh = (batch * tl.num_programs(1) + head).to(tl.int64)
+        rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, BLOCK_N)
+        dims = tl.arange(0, BLOCK_D)
+        dim_in = dims[None, :] < D
+        q = tl.load(Q + bh * LQ * D + rows[:, None] * D + dims[None, :], mask=(rows[:, None] < LQ) & dim_in, other=0.0)
+        sa = tl.load(A + head).to(tl.float32) * scale
+        c = 0.0
+        if HAS_C:
+            c = tl.load(C + head).to(tl.float32)
+        top = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        total = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        for start_n in range(0, LK, BLOCK_N):
+            keys = start_n + cols
+            at = bh * LK * D + keys[:, None] * D + dims[None, :]
+            kv_in = (keys[:, None] < LK) & dim_in
+            k = tl.load(K + at, mask=kv_in, other=0.0)
+            v = tl.load(V + at, mask=kv_in, other=0.0)
+            s, key_in = _scores(q, k, rows, keys, bh, batch, head, sa, c, E, MASK, mask_stride, LOOKUP, TABLE, LQ, LK,
+                                NUM_BUCKETS, HAS_C, HAS_E, HAS_T, HAS_MASK, PRECISION)
+            new_top = tl.maximum(top, tl.max(s, axis=1))
+            # a row with no valid key yet keeps -inf: shift by 0 there so that no inf - inf is formed
+            shift = tl.where(new_top == float("-inf"), 0.0, new_top)
+            p = tl.exp(s - shift[:, None])
+            rescale = tl.exp(top - shift)
+            total = total * rescale + tl.sum(p, axis=1)
+            acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            top = new_top
+        has_keys = total > 0
+        out = acc / tl.where(has_keys, total, 1.0)[:, None]
+        row_in = rows < LQ
+        tl.store(OUT + bh * LQ * D + rows[:, None] * D + dims[None, :], out.to(OUT.dtype.element_ty),
+                 mask=row_in[:, None] & dim_in)
+        # +inf for a row without keys: exp(s - lse) is then 0 in the backward
+        lse = tl.where(has_keys, tl.where(top == float("-inf"), 0.0, top) + tl.log(tl.where(has_keys, total, 1.0)),
+                       float("inf"))
+        tl.store(LSE + bh * LQ + rows, lse, mask=row_in)
+
+    @triton.jit
+    def _query_grad_kernel(Q, K, V, OUT, DO, A, C, E, MASK, mask_stride, LOOKUP, TABLE, LSE, DELTA, DQ, DA_PART,
+                           DT_PART, scale, LQ, LK, D,
+                           NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, HAS_C: tl.constexpr,
+                           HAS_E: tl.constexpr, HAS_T: tl.constexpr, HAS_MASK: tl.constexpr, NEED_DA: tl.constexpr,
+                           NEED_DT: tl.constexpr, PRECISION: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        start_m, head, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        bh = (batch * tl.num_programs(1) + head).to(tl.int64)
+        program = bh * tl.num_programs(0) + start_m
+        rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_in = rows < LQ
+        cols = tl.arange(0, BLOCK_N)
+        dims = tl.arange(0, BLOCK_D)
+        dim_in = dims[None, :] < D
+        row_at = bh * LQ * D + rows[:, None] * D + dims[None, :]
+        row_mask = row_in[:, None] & dim_in
+        q = tl.load(Q + row_at, mask=row_mask, other=0.0)
+        do = tl.load(DO + row_at, mask=row_mask, other=0.0)
+        o = tl.load(OUT + row_at, mask=row_mask, other=0.0)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        tl.store(DELTA + bh * LQ + rows, delta, mask=row_in)
+        lse = tl.load(LSE + bh * LQ + rows, mask=row_in, other=float("inf"))
+        sa = tl.load(A + head).to(tl.float32) * scale
+        c = 0.0
+        if HAS_C:
+            c = tl.load(C + head).to(tl.float32)
+        dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        buckets_of = tl.arange(0, BUCKETS_PAD)
+        dt = tl.zeros((BUCKETS_PAD,), dtype=tl.float32)
+        for start_n in range(0, LK, BLOCK_N):
+            keys = start_n + cols
+            at = bh * LK * D + keys[:, None] * D + dims[None, :]
+            kv_in = (keys[:, None] < LK) & dim_in
+            k = tl.load(K + at, mask=kv_in, other=0.0)
+            v = tl.load(V + at, mask=kv_in, other=0.0)
+            s, key_in = _scores(q, k, rows, keys, bh, batch, head, sa, c, E, MASK, mask_stride, LOOKUP, TABLE, LQ, LK,
+                                NUM_BUCKETS, HAS_C, HAS_E, HAS_T, HAS_MASK, PRECISION)
+            p = tl.exp(s - lse[:, None])
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            ds = tl.where(key_in[None, :] & row_in[:, None], p * (dp - delta[:, None]), 0.0)
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+            if NEED_DT:
+                bucket = _bucket_of(rows, keys, LOOKUP, LQ, LK)
+                low = tl.min(tl.where(key_in[None, :] & row_in[:, None], bucket, NUM_BUCKETS), axis=None)
+                high = tl.max(tl.where(key_in[None, :] & row_in[:, None], bucket, -1), axis=None)
+                # a tile spans few buckets (one, far from the diagonal): a sum per bucket present
+                for b in range(low, high + 1):
+                    part = tl.sum(tl.where(bucket == b, ds, 0.0), axis=None)
+                    dt += tl.where(buckets_of == b, part, 0.0)
+        tl.store(DQ + row_at, (dq * sa).to(DQ.dtype.element_ty), mask=row_mask)
+        if NEED_DA:
+            # ∂/∂a of Σ_ij dS_ij a·scale·<q_i, k_j> = scale Σ_i <q_i, Σ_j dS_ij k_j>
+            tl.store(DA_PART + program, tl.sum(dq * q.to(tl.float32), axis=None) * scale)
+        if NEED_DT:
+            tl.store(DT_PART + program * BUCKETS_PAD + buckets_of, dt)
+
+    @triton.jit
+    def _key_grad_kernel(Q, K, V, DO, A, C, E, MASK, mask_stride, LOOKUP, TABLE, LSE, DELTA, DK, DV, DE, DC_PART,
+                         scale, LQ, LK, D,
+                         NUM_BUCKETS: tl.constexpr, HAS_C: tl.constexpr, HAS_E: tl.constexpr, HAS_T: tl.constexpr,
+                         HAS_MASK: tl.constexpr, NEED_DE: tl.constexpr, NEED_DC: tl.constexpr,
+                         PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+        start_n, head, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        bh = (batch * tl.num_programs(1) + head).to(tl.int64)
+        program = bh * tl.num_programs(0) + start_n
+        keys = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_in = tl.arange(0, BLOCK_M)
+        dims = tl.arange(0, BLOCK_D)
+        dim_in = dims[None, :] < D
+        key_at = bh * LK * D + keys[:, None] * D + dims[None, :]
+        key_mask = (keys[:, None] < LK) & dim_in
+        k = tl.load(K + key_at, mask=key_mask, other=0.0)
+        v = tl.load(V + key_at, mask=key_mask, other=0.0)
+        sa = tl.load(A + head).to(tl.float32) * scale
+        c = 0.0
+        if HAS_C:
+            c = tl.load(C + head).to(tl.float32)
+        dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+        dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+        de = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        key_in = keys < LK
+        for start_m in range(0, LQ, BLOCK_M):
+            rows = start_m + rows_in
+            row_in = rows < LQ
+            row_at = bh * LQ * D + rows[:, None] * D + dims[None, :]
+            row_mask = row_in[:, None] & dim_in
+            q = tl.load(Q + row_at, mask=row_mask, other=0.0)
+            do = tl.load(DO + row_at, mask=row_mask, other=0.0)
+            lse = tl.load(LSE + bh * LQ + rows, mask=row_in, other=float("inf"))
+            delta = tl.load(DELTA + bh * LQ + rows, mask=row_in, other=0.0)
+            s, key_in = _scores(q, k, rows, keys, bh, batch, head, sa, c, E, MASK, mask_stride, LOOKUP, TABLE, LQ, LK,
+                                NUM_BUCKETS, HAS_C, HAS_E, HAS_T, HAS_MASK, PRECISION)
+            p = tl.exp(s - lse[:, None])
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            ds = tl.where(key_in[None, :] & row_in[:, None], p * (dp - delta[:, None]), 0.0)
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+            if HAS_C or NEED_DE:
+                de += tl.sum(ds, axis=0)
+        dk = dk * sa
+        if HAS_C:
+            # ∂(c ‖k_j‖²)/∂k_j = 2c k_j
+            dk += (2.0 * c) * de[:, None] * k.to(tl.float32)
+        tl.store(DK + key_at, dk.to(DK.dtype.element_ty), mask=key_mask)
+        tl.store(DV + key_at, dv.to(DV.dtype.element_ty), mask=key_mask)
+        if NEED_DE:
+            tl.store(DE + bh * LK + keys, de, mask=keys < LK)
+        if NEED_DC:
+            kf = k.to(tl.float32)
+            tl.store(DC_PART + program, tl.sum(tl.where(key_in, de * tl.sum(kf * kf, axis=1), 0.0), axis=None))
+
+
+def _block_d(dim: int) -> int:
+    return max(16, 1 << (dim - 1).bit_length())
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # float32 inputs: full float32 products (the eager path's), not TF32; bf16/fp16 tiles run as they are
+    return "ieee"
+
+
+class BiasedSoftmaxAttention(torch.autograd.Function):
+    """softmax_j(a_h·scale·<q_i, k_j> + c_h‖k_j‖² + e_bhj + T[h, bucket(j - i)]) v_j; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, a, c, e, table, key_valid, lookup, scale: float):
+        batch, heads, lq, dim = q.shape
+        lk = k.shape[2]
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        a32 = a.detach().float().contiguous()
+        # a tensor the kernel never reads in place of an absent term: the [H] one already passed
+        c32 = c.detach().float().contiguous() if c is not None else a32
+        e32 = e.detach().contiguous() if e is not None else a32
+        t32 = table.detach().float().contiguous() if table is not None else a32
+        lookup = lookup.contiguous() if lookup is not None else a32
+        mask, mask_stride = a32, 0
+        if key_valid is not None:
+            mask = key_valid.contiguous().view(torch.uint8)
+            mask_stride = lk if key_valid.shape[0] > 1 else 0
+        num_buckets = table.shape[1] if table is not None else 1
+        out = v.new_empty((batch, heads, lq, dim))
+        lse = torch.empty((batch, heads, lq), device=q.device, dtype=torch.float32)
+        flags = dict(NUM_BUCKETS=num_buckets, HAS_C=c is not None, HAS_E=e is not None, HAS_T=table is not None,
+                     HAS_MASK=key_valid is not None, PRECISION=_precision(q.dtype))
+        _forward_kernel[(triton.cdiv(lq, BLOCK_M), heads, batch)](
+            q, k, v, a32, c32, e32, mask, mask_stride, lookup, t32, out, lse, scale, lq, lk, dim, **flags,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(dim), num_stages=NUM_STAGES)
+        ctx.save_for_backward(q, k, v, out, lse, a32, c32, e32, t32, mask, lookup)
+        ctx.scale, ctx.mask_stride, ctx.flags = scale, mask_stride, flags
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, a32, c32, e32, t32, mask, lookup = ctx.saved_tensors
+        batch, heads, lq, dim = q.shape
+        lk = k.shape[2]
+        flags = ctx.flags
+        needs = ctx.needs_input_grad
+        grad_out = grad_out.contiguous()
+        if grad_out.dtype != q.dtype:
+            grad_out = grad_out.to(q.dtype)
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        delta = torch.empty_like(lse)
+        m_blocks, n_blocks = triton.cdiv(lq, BLOCK_M), triton.cdiv(lk, BLOCK_N)
+        need_da, need_dt = bool(needs[3]), bool(flags["HAS_T"] and needs[6])
+        need_dc, need_de = bool(flags["HAS_C"] and needs[4]), bool(flags["HAS_E"] and needs[5])
+        buckets_pad = max(16, triton.next_power_of_2(flags["NUM_BUCKETS"]))
+        # per-program partial sums, reduced below (a tensor the kernel never writes in place of one not asked for)
+        da_part = torch.empty((batch, heads, m_blocks), device=q.device, dtype=torch.float32) if need_da else a32
+        dt_part = (torch.empty((batch, heads, m_blocks, buckets_pad), device=q.device, dtype=torch.float32)
+                   if need_dt else a32)
+        dc_part = torch.empty((batch, heads, n_blocks), device=q.device, dtype=torch.float32) if need_dc else a32
+        grad_e = torch.empty((batch, heads, lk), device=q.device, dtype=torch.float32) if need_de else a32
+        block_d = _block_d(dim)
+        _query_grad_kernel[(m_blocks, heads, batch)](
+            q, k, v, out, grad_out, a32, c32, e32, mask, ctx.mask_stride, lookup, t32, lse, delta, grad_q, da_part,
+            dt_part, ctx.scale, lq, lk, dim, BUCKETS_PAD=buckets_pad, NEED_DA=need_da, NEED_DT=need_dt, **flags,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=block_d, num_stages=NUM_STAGES)
+        _key_grad_kernel[(n_blocks, heads, batch)](
+            q, k, v, grad_out, a32, c32, e32, mask, ctx.mask_stride, lookup, t32, lse, delta, grad_k, grad_v, grad_e,
+            dc_part, ctx.scale, lq, lk, dim, NEED_DE=need_de, NEED_DC=need_dc, **flags,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=block_d, num_stages=NUM_STAGES)
+        grad_a = da_part.sum((0, 2)) if need_da else None
+        grad_c = dc_part.sum((0, 2)) if need_dc else None
+        grad_t = dt_part.sum((0, 2))[:, :flags["NUM_BUCKETS"]] if need_dt else None
+        return (grad_q, grad_k, grad_v, grad_a, grad_c, grad_e if need_de else None, grad_t, None, None, None)
+
+
+def biased_softmax_attention(q, k, v, *, scale: float, a=None, c=None, e=None, table=None, lookup=None,
+                             key_valid=None):
+    """The fused call. q [B, H, Lq, d], k [B, H, Lk, d], v [B, H, Lk, d]; a, c [H] (a = None: 1); e [B, H, Lk];
+    table [H, buckets] with `lookup` the int32 bucket of each relative position key - query from 1 - Lk to Lk - 1
+    (`relative_bucket_lookup`); key_valid [B or 1, Lk] bool (True = a key to attend)."""
+    if a is None:
+        a = torch.ones(q.shape[1], device=q.device, dtype=torch.float32)
+    return BiasedSoftmaxAttention.apply(q, k, v, a, c, e, table, key_valid, lookup, scale)
+
+
+def relative_bucket_lookup(bucket_fn, num_keys: int, device) -> torch.Tensor:
+    """int32 [2·num_keys - 1]: bucket_fn(key - query) for key - query = 1 - num_keys … num_keys - 1."""
+    return bucket_fn(torch.arange(1 - num_keys, num_keys, device=device)).to(torch.int32)
