@@ -15,6 +15,7 @@ what it counts is what a GPU would run. The default is the device's own behaviou
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -82,6 +83,7 @@ def triton_kernels_anywhere(enabled: bool = True) -> Iterator[None]:
         _triton_anywhere = previous
 
 
+@functools.cache
 def triton_installed() -> bool:
     """Whether Triton can be imported (the gpu extra; a CPU install may lack it)."""
     try:

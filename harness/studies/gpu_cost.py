@@ -502,28 +502,13 @@ def triton_launches_counted(counter: CostCounter) -> Iterator[bool]:
 
 @contextmanager
 def library_kernels_as_on_cuda(counter: CostCounter) -> Iterator[None]:
-    """Where AdaSplash and Triton are installed, α-entmax's library forms (AdaSplash for a fixed α, our Triton kernel for
-    the learned one) are built as on a GPU (entmax.py builds them only where they can run), and every other call that
-    takes the project's Triton kernels on a GPU takes them here (`takes_triton_path`): the page then counts the path a
-    GPU with the same packages takes."""
-    from modules.attention.variants import entmax
+    """Where Triton is installed, every call that takes Triton kernels on a GPU (AdaSplash's, ours: the device policy's
+    `takes_triton_path`) takes them here, and their launches are counted instead of run: the page then counts the
+    path a GPU with the same packages takes."""
     from modules.device_policy import triton_kernels_anywhere
 
-    library, learned = entmax.adasplash_library(), entmax.learned_alpha_library()
-    if library is None and learned is None:
-        yield
-        return
-    previous, previous_learned = entmax._adasplash_reference, entmax._triton_entmax_reference
     with triton_launches_counted(counter) as patched, triton_kernels_anywhere(patched):
-        if patched and previous is None and library is not None:
-            entmax.use_adasplash_reference(library)
-        if patched and previous_learned is None and learned is not None:
-            entmax.use_learned_alpha_reference(learned)
-        try:
-            yield
-        finally:
-            entmax.use_adasplash_reference(previous)
-            entmax.use_learned_alpha_reference(previous_learned)
+        yield
 
 
 # ---- one variant's forward+backward ---------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from annotated_types import Ge, Interval
 import torch
 from torch import Tensor, nn
 
-from ...device_policy import takes_cuda_path
+from ...device_policy import takes_cuda_path, takes_triton_path
 from ..groups import DenseGroups, Groups
 from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, FusedAttention, HeadShape, LibraryForm,
                       MechanismDiagnostic, full_precision,
@@ -69,13 +69,14 @@ level. entmax15 was at 2.2e-6 from 5 steps on."""
 _adasplash_reference = None
 
 
-def adasplash_kernel():
+def adasplash_kernel(q: Tensor):
     """AdaSplash's non-causal attention without block mask, (q, k, v, alpha, niter) -> output, or None where it cannot
-    run: not installed, or no CUDA (its Triton kernels need a GPU). A test may set a reference function
-    (`use_adasplash_reference`) to exercise the path on CPU."""
+    run on q: not installed, or not where the device policy runs Triton kernels (`takes_triton_path`: a GPU, the
+    interpreter, the cost page's count). A test may set a reference function (`use_adasplash_reference`) to exercise
+    the path anywhere."""
     if _adasplash_reference is not None:
         return _adasplash_reference
-    if not torch.cuda.is_available():
+    if not takes_triton_path(q):
         return None
     return adasplash_library()
 
@@ -106,13 +107,14 @@ sm_90, its backward's tiles at d = 256 took 164-230 KB of shared memory (bf16-fl
 have; at 128, 82 KB (triton_entmax.NUM_STAGES)."""
 
 
-def learned_alpha_kernel():
+def learned_alpha_kernel(q: Tensor):
     """The fused learned-α entmax attention (modules/attention/triton_entmax.py), (q, k, v, alpha [H], scale) ->
-    output with gradients for q, k, v and α, or None where it cannot run: no Triton, or no CUDA. A test (or the GPU
-    cost page's count) may set a reference function (`use_learned_alpha_reference`) to take the path on CPU."""
+    output with gradients for q, k, v and α, or None where it cannot run on q: no Triton, or not where the device
+    policy runs Triton kernels (`takes_triton_path`). A test may set a reference function (`use_learned_alpha_reference`)
+    to take the path anywhere."""
     if _triton_entmax_reference is not None:
         return _triton_entmax_reference
-    if not torch.cuda.is_available():
+    if not takes_triton_path(q):
         return None
     return learned_alpha_library()
 
@@ -384,10 +386,7 @@ class EntmaxAttention(AttentionKernel):
             return None
         if q.shape != k.shape or q.shape[-1] not in ADASPLASH_HEAD_DIMS:
             return None
-        # off the CUDA path: no CUDA query, no import per call (a stand-in reference runs anywhere)
-        if not (takes_cuda_path(q) or _adasplash_reference is not None):
-            return None
-        library = adasplash_kernel()
+        library = adasplash_kernel(q)
         if library is None:
             return None
         alpha = float(self.config.alpha)
@@ -413,9 +412,7 @@ class EntmaxAttention(AttentionKernel):
             return None
         if q.shape != k.shape or not LEARNED_ALPHA_HEAD_DIMS[0] <= q.shape[-1] <= LEARNED_ALPHA_HEAD_DIMS[1]:
             return None
-        if not (takes_cuda_path(q) or _triton_entmax_reference is not None):
-            return None
-        kernel = learned_alpha_kernel()
+        kernel = learned_alpha_kernel(q)
         if kernel is None:
             return None
         alpha = self.alpha()
