@@ -55,13 +55,13 @@ if triton is not None:
     @triton.jit
     def _load_cloud(ptr, cloud, rows, dims, n, D):
         mask = (rows[:, None] < n) & (dims[None, :] < D)
-        return tl.load(ptr + cloud.to(tl.int64) * n * D + rows[:, None] * D + dims[None, :], mask=mask,
+        return tl.load(ptr + tl.cast(cloud, tl.int64) * n * D + rows[:, None] * D + dims[None, :], mask=mask,
                        other=0.0).to(tl.float32)
 
     @triton.jit
     def _store_cloud(ptr, cloud, rows, dims, n, D, value):
         mask = (rows[:, None] < n) & (dims[None, :] < D)
-        tl.store(ptr + cloud.to(tl.int64) * n * D + rows[:, None] * D + dims[None, :],
+        tl.store(ptr + tl.cast(cloud, tl.int64) * n * D + rows[:, None] * D + dims[None, :],
                  value.to(ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
@@ -100,8 +100,8 @@ if triton is not None:
         dims = tl.arange(0, BLOCK_D)
         q_hat, q_norm = _normalized(_load_cloud(Q, cloud, rows, dims, n, D))
         k_hat, k_norm = _normalized(_load_cloud(K, cloud, cols, dims, m, D))
-        q_valid = _valid(QV, cloud.to(tl.int64) * n, rows, n, HAS_QV)
-        k_valid = _valid(KV, cloud.to(tl.int64) * m, cols, m, HAS_KV)
+        q_valid = _valid(QV, tl.cast(cloud, tl.int64) * n, rows, n, HAS_QV)
+        k_valid = _valid(KV, tl.cast(cloud, tl.int64) * m, cols, m, HAS_KV)
         pair = q_valid[:, None] & k_valid[None, :]
         cost = tl.where(pair, 1.0 - tl.dot(q_hat, tl.trans(k_hat), input_precision="ieee"), 0.0)
         a = _uniform_mass(q_valid, rows, n)
@@ -137,8 +137,8 @@ if triton is not None:
                 stopped = tl.where(error < tol, 1, stopped)
         plan = (u[:, None] * kernel * v[None, :]).to(tl.float32)
         tl.store(LOSS + cloud, tl.sum(tl.sum(plan * cost, axis=1), axis=0))
-        tl.store(U + cloud.to(tl.int64) * n + rows, u, mask=rows < n)
-        tl.store(V + cloud.to(tl.int64) * m + cols, v, mask=cols < m)
+        tl.store(U + tl.cast(cloud, tl.int64) * n + rows, u, mask=rows < n)
+        tl.store(V + tl.cast(cloud, tl.int64) * m + cols, v, mask=cols < m)
 
     @triton.jit
     def _sinkhorn_backward_kernel(Q, K, QV, KV, U, V, GRAD, DQ, DK, n, m, D, inv_eps,
@@ -150,8 +150,8 @@ if triton is not None:
         dims = tl.arange(0, BLOCK_D)
         q_hat, q_norm, k_hat, k_norm, pair, cost, inside, a32, b32 = _ot_cost(
             Q, K, QV, KV, cloud, n, m, D, HAS_QV, HAS_KV, BLOCK_N, BLOCK_M, BLOCK_D)
-        u = tl.load(U + cloud.to(tl.int64) * n + rows, mask=rows < n, other=0.0)
-        v = tl.load(V + cloud.to(tl.int64) * m + cols, mask=cols < m, other=0.0)
+        u = tl.load(U + tl.cast(cloud, tl.int64) * n + rows, mask=rows < n, other=0.0)
+        v = tl.load(V + tl.cast(cloud, tl.int64) * m + cols, mask=cols < m, other=0.0)
         kernel = tl.where(inside, tl.exp(-cost.to(tl.float64) * inv_eps), 0.0)
         plan = (u[:, None] * kernel * v[None, :]).to(tl.float32)
         # d<π, C>/dC = π with π held fixed, zero where the cost was masked; C = 1 − q̂ k̂ᵀ
@@ -408,3 +408,239 @@ def discriminator_loss(q, k, q_valid, k_valid, discriminator: torch.nn.Sequentia
     highway, first, _, last = discriminator
     return DiscriminatorLoss.apply(q, k, q_valid, k_valid, highway.proj.weight, highway.proj.bias, first.weight,
                                    first.bias, last.weight, last.bias)
+
+
+# ---- align-ct: the critic (a highway network), the navigator and the conditional transport -------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _critic_features(x, WP, BP, W1, B1, W2, B2, D, HIDDEN, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+        hid = tl.arange(0, BLOCK_H)
+        _, _, _, _, hidden = _highway_forward(x, WP, BP, W1, B1, D, HIDDEN, BLOCK_D, BLOCK_H)
+        out = tl.dot(hidden, tl.trans(_load_matrix(W2, hid, hid, HIDDEN, HIDDEN)), input_precision="ieee") \
+            + _load_vector(B2, hid, HIDDEN)[None, :]
+        return out, hidden
+
+    @triton.jit
+    def _navigator_features(x, NW1, NB1, NW2, NB2, D, HIDDEN, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+        dims = tl.arange(0, BLOCK_D)
+        hid = tl.arange(0, BLOCK_H)
+        pre = tl.dot(x, tl.trans(_load_matrix(NW1, hid, dims, HIDDEN, D)), input_precision="ieee") \
+            + _load_vector(NB1, hid, HIDDEN)[None, :]
+        hidden = tl.maximum(pre, 0.0)
+        out = tl.dot(hidden, tl.trans(_load_matrix(NW2, hid, hid, HIDDEN, HIDDEN)), input_precision="ieee") \
+            + _load_vector(NB2, hid, HIDDEN)[None, :]
+        norm = tl.sqrt(tl.sum(out * out, axis=1))
+        # the authors' navigator_for: x / (‖x‖ + 1e-6)
+        return out / (norm + 1e-6)[:, None], out, norm, pre, hidden
+
+    @triton.jit
+    def _navigator_backward(x, grad_unit, NW1, NB1, NW2, NB2, D, HIDDEN, BLOCK_D: tl.constexpr,
+                            BLOCK_H: tl.constexpr):
+        dims = tl.arange(0, BLOCK_D)
+        hid = tl.arange(0, BLOCK_H)
+        _, out, norm, pre, hidden = _navigator_features(x, NW1, NB1, NW2, NB2, D, HIDDEN, BLOCK_D, BLOCK_H)
+        shifted = norm + 1e-6
+        # through out / (‖out‖ + 1e-6); the norm's own gradient is 0 where the norm is (as torch's)
+        radial = tl.sum(out * grad_unit, axis=1)
+        grad_out = grad_unit / shifted[:, None] \
+            - tl.where(norm > 0, radial / (tl.maximum(norm, 1e-30) * shifted * shifted), 0.0)[:, None] * out
+        grad_w2 = tl.dot(tl.trans(grad_out), hidden, input_precision="ieee")
+        grad_b2 = tl.sum(grad_out, axis=0)
+        grad_pre = tl.where(pre > 0, tl.dot(grad_out, _load_matrix(NW2, hid, hid, HIDDEN, HIDDEN),
+                                            input_precision="ieee"), 0.0)
+        grad_w1 = tl.dot(tl.trans(grad_pre), x, input_precision="ieee")
+        grad_b1 = tl.sum(grad_pre, axis=0)
+        grad_x = tl.dot(grad_pre, _load_matrix(NW1, hid, dims, HIDDEN, D), input_precision="ieee")
+        return grad_x, grad_w1, grad_b1, grad_w2, grad_b2
+
+    @triton.jit
+    def _critic_backward(x, grad_features, WP, BP, W1, B1, W2, B2, D, HIDDEN, BLOCK_D: tl.constexpr,
+                         BLOCK_H: tl.constexpr):
+        """x's gradient and the critic's weights' (as the loss's: the caller reverses them)."""
+        hid = tl.arange(0, BLOCK_H)
+        gate, transform_pre, mixed, hidden_pre, hidden = _highway_forward(x, WP, BP, W1, B1, D, HIDDEN, BLOCK_D,
+                                                                          BLOCK_H)
+        grad_w2 = tl.dot(tl.trans(grad_features), hidden, input_precision="ieee")
+        grad_b2 = tl.sum(grad_features, axis=0)
+        grad_hidden = tl.dot(grad_features, _load_matrix(W2, hid, hid, HIDDEN, HIDDEN), input_precision="ieee")
+        grad_x, grad_wg, grad_bg, grad_wt, grad_bt, grad_w1, grad_b1 = _highway_backward(
+            x, gate, transform_pre, mixed, hidden_pre, grad_hidden, W1, WP, D, HIDDEN, BLOCK_D, BLOCK_H)
+        return grad_x, grad_wg, grad_bg, grad_wt, grad_bt, grad_w1, grad_b1, grad_w2, grad_b2
+
+    @triton.jit
+    def _transport_kernel(Q, K, QV, KV, WP, BP, W1, B1, W2, B2, NW1, NB1, NW2, NB2, LOSS, GRAD, DQ, DK,
+                          GWP, GBP, GW1, GB1, GW2, GB2, GNW1, GNB1, GNW2, GNB2,
+                          clouds, n, m, D, HIDDEN, rho,
+                          HAS_QV: tl.constexpr, HAS_KV: tl.constexpr, BACKWARD: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_H: tl.constexpr):
+        """align-ct's loss, the mean over clouds of ρ Σ_i a_i Σ_j π(k_j|q_i) c_ij + (1 − ρ) Σ_j b_j Σ_i π(q_i|k_j) c_ij
+        (`CTAlignmentAttention.alignment_loss`); program `pid` takes the clouds pid, pid + programs, ...
+        BACKWARD: recompute, and write dq, dk and this program's sums of the weights' gradients (the critic's
+        reversed: it maximises the loss)."""
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        rows = tl.arange(0, BLOCK_N)
+        cols = tl.arange(0, BLOCK_M)
+        dims = tl.arange(0, BLOCK_D)
+        hid = tl.arange(0, BLOCK_H)
+        lowest = -3.4028234663852886e38  # torch.finfo(torch.float32).min, the eager masked_fill's
+        loss = 0.0
+        upstream = 0.0
+        if BACKWARD:
+            upstream = tl.load(GRAD).to(tl.float32) / clouds
+        c_wg = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+        c_wt = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+        c_bg = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        c_bt = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        c_w1 = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+        c_b1 = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        c_w2 = tl.zeros((BLOCK_H, BLOCK_H), dtype=tl.float32)
+        c_b2 = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        n_w1 = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+        n_b1 = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        n_w2 = tl.zeros((BLOCK_H, BLOCK_H), dtype=tl.float32)
+        n_b2 = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for cloud in range(pid, clouds, programs):
+            q = _load_cloud(Q, cloud, rows, dims, n, D)
+            k = _load_cloud(K, cloud, cols, dims, m, D)
+            q_valid = _valid(QV, tl.cast(cloud, tl.int64) * n, rows, n, HAS_QV)
+            k_valid = _valid(KV, tl.cast(cloud, tl.int64) * m, cols, m, HAS_KV)
+            pair = q_valid[:, None] & k_valid[None, :]
+            a = _uniform_mass(q_valid, rows, n)
+            b = _uniform_mass(k_valid, cols, m)
+            # the critic's cost c = 1 − cos(τ_η(q), τ_η(k)), 0 off the valid pairs
+            q_features, _ = _critic_features(q, WP, BP, W1, B1, W2, B2, D, HIDDEN, BLOCK_D, BLOCK_H)
+            k_features, _ = _critic_features(k, WP, BP, W1, B1, W2, B2, D, HIDDEN, BLOCK_D, BLOCK_H)
+            q_unit, q_norm = _normalized(q_features)
+            k_unit, k_norm = _normalized(k_features)
+            cost = tl.where(pair, 1.0 - tl.dot(q_unit, tl.trans(k_unit), input_precision="ieee"), 0.0)
+            # the navigator's affinity and the two conditional plans (invalid points at float32's lowest, as the
+            # eager masked_fill; the tile's padding at −inf, outside the softmax)
+            q_nav, _, _, _, _ = _navigator_features(q, NW1, NB1, NW2, NB2, D, HIDDEN, BLOCK_D, BLOCK_H)
+            k_nav, _, _, _, _ = _navigator_features(k, NW1, NB1, NW2, NB2, D, HIDDEN, BLOCK_D, BLOCK_H)
+            affinity = tl.dot(q_nav, tl.trans(k_nav), input_precision="ieee")
+            forward_logits = tl.where((cols < m)[None, :], tl.where(k_valid[None, :], affinity, lowest), float("-inf"))
+            forward_plan = tl.exp(forward_logits - tl.max(forward_logits, axis=1)[:, None])
+            forward_plan = forward_plan / tl.sum(forward_plan, axis=1)[:, None]
+            backward_logits = tl.where((rows < n)[:, None], tl.where(q_valid[:, None], affinity, lowest), float("-inf"))
+            backward_plan = tl.exp(backward_logits - tl.max(backward_logits, axis=0)[None, :])
+            backward_plan = backward_plan / tl.sum(backward_plan, axis=0)[None, :]
+            forward_ct = tl.sum(a * tl.sum(forward_plan * cost, axis=1), axis=0)
+            backward_ct = tl.sum(b * tl.sum(backward_plan * cost, axis=0), axis=0)
+            loss += rho * forward_ct + (1 - rho) * backward_ct
+            if BACKWARD:
+                inside = (rows[:, None] < n) & (cols[None, :] < m)
+                grad_forward = upstream * rho * a[:, None] * cost
+                grad_backward = upstream * (1 - rho) * b[None, :] * cost
+                # softmax backward per row (per column for π(q|k)); masked_fill passes no gradient to what it filled
+                grad_affinity = tl.where(k_valid[None, :], forward_plan * (
+                    grad_forward - tl.sum(forward_plan * grad_forward, axis=1)[:, None]), 0.0) \
+                    + tl.where(q_valid[:, None], backward_plan * (
+                        grad_backward - tl.sum(backward_plan * grad_backward, axis=0)[None, :]), 0.0)
+                grad_affinity = tl.where(inside, grad_affinity, 0.0)
+                grad_cos = -tl.where(pair, upstream * (rho * a[:, None] * forward_plan
+                                                       + (1 - rho) * b[None, :] * backward_plan), 0.0)
+                grad_q_features = _normalized_backward(q_unit, q_norm, tl.dot(grad_cos, k_unit, input_precision="ieee"))
+                grad_k_features = _normalized_backward(
+                    k_unit, k_norm, tl.dot(tl.trans(grad_cos), q_unit, input_precision="ieee"))
+                grad_q_nav = tl.dot(grad_affinity, k_nav, input_precision="ieee")
+                grad_k_nav = tl.dot(tl.trans(grad_affinity), q_nav, input_precision="ieee")
+                grad_q, g_wg, g_bg, g_wt, g_bt, g_w1, g_b1, g_w2, g_b2 = _critic_backward(
+                    q, grad_q_features, WP, BP, W1, B1, W2, B2, D, HIDDEN, BLOCK_D, BLOCK_H)
+                c_wg += g_wg
+                c_bg += g_bg
+                c_wt += g_wt
+                c_bt += g_bt
+                c_w1 += g_w1
+                c_b1 += g_b1
+                c_w2 += g_w2
+                c_b2 += g_b2
+                grad_k, g_wg, g_bg, g_wt, g_bt, g_w1, g_b1, g_w2, g_b2 = _critic_backward(
+                    k, grad_k_features, WP, BP, W1, B1, W2, B2, D, HIDDEN, BLOCK_D, BLOCK_H)
+                c_wg += g_wg
+                c_bg += g_bg
+                c_wt += g_wt
+                c_bt += g_bt
+                c_w1 += g_w1
+                c_b1 += g_b1
+                c_w2 += g_w2
+                c_b2 += g_b2
+                nav_q, g_w1, g_b1, g_w2, g_b2 = _navigator_backward(q, grad_q_nav, NW1, NB1, NW2, NB2, D, HIDDEN,
+                                                                    BLOCK_D, BLOCK_H)
+                n_w1 += g_w1
+                n_b1 += g_b1
+                n_w2 += g_w2
+                n_b2 += g_b2
+                nav_k, g_w1, g_b1, g_w2, g_b2 = _navigator_backward(k, grad_k_nav, NW1, NB1, NW2, NB2, D, HIDDEN,
+                                                                    BLOCK_D, BLOCK_H)
+                n_w1 += g_w1
+                n_b1 += g_b1
+                n_w2 += g_w2
+                n_b2 += g_b2
+                _store_cloud(DQ, cloud, rows, dims, n, D, grad_q + nav_q)
+                _store_cloud(DK, cloud, cols, dims, m, D, grad_k + nav_k)
+        if BACKWARD:
+            # the critic through its two gradient reversals: its weights get the loss's gradient negated
+            _store_matrix(GWP + pid * 2 * D * D, dims, dims, D, D, -c_wg)
+            _store_matrix(GWP + pid * 2 * D * D + D * D, dims, dims, D, D, -c_wt)
+            tl.store(GBP + pid * 2 * D + dims, -c_bg, mask=dims < D)
+            tl.store(GBP + pid * 2 * D + D + dims, -c_bt, mask=dims < D)
+            _store_matrix(GW1 + pid * HIDDEN * D, hid, dims, HIDDEN, D, -c_w1)
+            tl.store(GB1 + pid * HIDDEN + hid, -c_b1, mask=hid < HIDDEN)
+            _store_matrix(GW2 + pid * HIDDEN * HIDDEN, hid, hid, HIDDEN, HIDDEN, -c_w2)
+            tl.store(GB2 + pid * HIDDEN + hid, -c_b2, mask=hid < HIDDEN)
+            _store_matrix(GNW1 + pid * HIDDEN * D, hid, dims, HIDDEN, D, n_w1)
+            tl.store(GNB1 + pid * HIDDEN + hid, n_b1, mask=hid < HIDDEN)
+            _store_matrix(GNW2 + pid * HIDDEN * HIDDEN, hid, hid, HIDDEN, HIDDEN, n_w2)
+            tl.store(GNB2 + pid * HIDDEN + hid, n_b2, mask=hid < HIDDEN)
+        else:
+            tl.store(LOSS + pid, loss / clouds)
+
+
+class TransportLoss(torch.autograd.Function):
+    """align-ct's bidirectional conditional transport loss, the critic's gradients reversed."""
+
+    @staticmethod
+    def forward(ctx, q, k, q_valid, k_valid, rho: float, *params):
+        q, k = q.contiguous(), k.contiguous()
+        clouds, n, dim = q.shape
+        m, hidden = k.shape[1], params[2].shape[0]
+        qv, kv = _valid_or_none(q_valid, q), _valid_or_none(k_valid, q)
+        params = [p.contiguous() for p in params]
+        programs = max(1, min(PROGRAMS, clouds))
+        losses = torch.empty(programs, dtype=torch.float32, device=q.device)
+        flags = (q_valid is not None, k_valid is not None)
+        blocks = (_block(n), _block(m), _block(dim), _block(hidden))
+        empty = torch.empty(0, dtype=torch.float32, device=q.device)
+        _transport_kernel[(programs,)](q, k, qv, kv, *params, losses, empty, empty, empty, *([empty] * 10),
+                                       clouds, n, m, dim, hidden, rho, *flags, False, *blocks)
+        ctx.save_for_backward(q, k, qv, kv, *params)
+        ctx.setup = (rho, hidden, programs, flags, blocks)
+        return losses.sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, qv, kv, *params = ctx.saved_tensors
+        rho, hidden, programs, flags, blocks = ctx.setup
+        clouds, n, dim = q.shape
+        m = k.shape[1]
+        grad_q, grad_k = torch.empty_like(q), torch.empty_like(k)
+        partial = [torch.empty((programs, *p.shape), dtype=torch.float32, device=q.device) for p in params]
+        empty = torch.empty(0, dtype=torch.float32, device=q.device)
+        _transport_kernel[(programs,)](q, k, qv, kv, *params, empty, grad.float().reshape(1), grad_q, grad_k,
+                                       *partial, clouds, n, m, dim, hidden, rho, *flags, True, *blocks)
+        return grad_q, grad_k, None, None, None, *[s.sum(0).to(p.dtype) for s, p in zip(partial, params)]
+
+
+def transport_loss(q, k, q_valid, k_valid, rho: float, critic: torch.nn.Sequential,
+                   navigator: torch.nn.Sequential) -> torch.Tensor:
+    """align-ct's loss: q [C, n, d], k [C, m, d], validity [C, n] / [C, m] or None; `critic` is
+    `alignment.highway_mlp(d, hidden, hidden)`, `navigator` Linear(d, hidden), ReLU, Linear(hidden, hidden)."""
+    highway, first, _, last = critic
+    nav_first, _, nav_last = navigator
+    return TransportLoss.apply(q, k, q_valid, k_valid, rho, highway.proj.weight, highway.proj.bias, first.weight,
+                               first.bias, last.weight, last.bias, nav_first.weight, nav_first.bias, nav_last.weight,
+                               nav_last.bias)

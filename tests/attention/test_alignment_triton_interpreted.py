@@ -99,3 +99,12 @@ def test_the_discriminator_kernel_matches_the_eager_regulariser(padded, config):
     assert not found["missing"], found
     assert found["loss"] <= 1e-5, found
     assert max(found["grads"].values()) <= 1e-5, found
+
+
+@pytest.mark.parametrize("padded, config", [(False, {}), (True, {"rho": 0.3})])
+def test_the_transport_kernel_matches_the_eager_regulariser(padded, config):
+    found = check("align-ct", config, padded)
+    assert found["nodes"] == ["TransportLossBackward"], found
+    assert not found["missing"], found
+    assert found["loss"] <= 1e-5, found
+    assert max(found["grads"].values()) <= 1e-5, found

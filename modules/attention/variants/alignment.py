@@ -582,6 +582,10 @@ class CTAlignmentAttention(AlignmentAttention):
         return q @ k.transpose(-1, -2)
 
     def alignment_loss(self, clouds: PointClouds) -> Tensor:
+        if self.fused_loss_fits(clouds):
+            # Both networks forward and backward, the cost, the affinity and the two plans per cloud on chip
+            return triton_alignment.transport_loss(clouds.q, clouds.k, clouds.q_valid, clouds.k_valid, self.config.rho,
+                                                   self.critic, self.navigator)
         cost = self.critic_cost(clouds)
         affinity = self.navigator_log_affinity(clouds)
         fill = torch.finfo(affinity.dtype).min
