@@ -76,3 +76,40 @@ def test_gmm_triton_path_matches_its_eager_path(config, length, dim, padded):
     assert set(errors) >= {"out", "q", "k", "v", "log_alpha"}, found
     assert max(errors.values()) <= 1e-5, errors
 
+
+@pytest.mark.parametrize("config, num_queries, length, padded", [
+    # a learned α per head and the T5 position table (32 buckets: past 16 positions the logarithmic ones), padding
+    ({"name": "fenchel", "learn_alpha": True, "alpha": 0.8}, 40, 40, 5),
+    # a fixed α away from 1, fewer queries than keys (queries are the last positions, as the eager path aligns them)
+    ({"name": "fenchel", "alpha": 1.7, "max_distance": 24}, 20, 45, 0),
+    # the uniform prior with a fixed α of 1: the plain scaled dot product
+    ({"name": "fenchel", "prior": "uniform"}, 33, 33, 3),
+])
+def test_fenchel_triton_path_matches_its_eager_path(config, num_queries, length, padded):
+    found = run_check(config, 2, 3, num_queries, length, 16, padded, 0.3)
+    assert found["path"] == "triton-softmax", found
+    errors = dict(zip(found["names"], found["errors"]))
+    if config.get("prior") != "uniform":
+        assert "position_bias.weight" in errors, found
+    assert max(errors.values()) <= 1e-5, errors
+
+
+@pytest.mark.parametrize("config", [{"name": "gmm"}, {"name": "fenchel", "learn_alpha": True}])
+def test_dropout_and_per_pair_masks_keep_the_sdpa_form(config):
+    """The kernel has no attention dropout and takes a mask per key only: a call with dropout, or with a causal mask,
+    keeps the SDPA form (no Triton kernel runs here: the paths are chosen, SDPA runs on CPU)."""
+    import torch
+
+    from modules.attention import AttentionSite, DenseGroups, build_attention
+    from modules.device_policy import triton_kernels_anywhere
+
+    kernel = build_attention(config, num_heads=2, head_dim=16, site=AttentionSite("text", "self", sequence=True)).train()
+    q, k, v = (torch.randn(2, 2, 8, 16) for _ in range(3))
+    causal = DenseGroups.from_key_padding(torch.ones(2, 8, dtype=torch.bool), causal=True)
+    with triton_kernels_anywhere():
+        fused = kernel.fused_attention(q, k, DenseGroups(), scale=0.25)
+        assert fused.library is not None and fused.library.path == "triton-softmax"
+        out, _ = kernel(q, k, v, DenseGroups(), need_weights=False, dropout_p=0.1)
+        assert kernel.last_path == "sdpa" and out.shape == q.shape
+        kernel(q, k, v, causal, need_weights=False)
+        assert kernel.last_path == "sdpa"

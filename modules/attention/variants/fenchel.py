@@ -52,7 +52,7 @@ from annotated_types import Ge, Gt, Interval
 import torch
 from torch import Tensor, nn
 
-from ...device_policy import takes_cuda_path
+from ...device_policy import takes_cuda_path, takes_triton_path
 from ..groups import DenseGroups, Groups, host_reads_are_cheap
 from ..kernel import (
     AttentionConfig,
@@ -154,6 +154,32 @@ def bucket_table(num_buckets: int, max_distance: int, length: int, device: torch
     while len(_bucket_tables) > BUCKET_TABLES:
         _bucket_tables.popitem(last=False)
     return table
+
+
+_relative_bucket_lookups: "OrderedDict[tuple[int, int, torch.device], Tensor]" = OrderedDict()
+
+
+def relative_buckets(num_buckets: int, max_distance: int, length: int, device: torch.device) -> Tensor:
+    """int32 [2·length - 1]: the T5 bucket of each relative position key - query from 1 - length to length - 1, what
+    the Triton kernel reads (triton_softmax.py) for the position prior; the integers of `t5_relative_position_bucket`,
+    as `bucket_table` lays them out. One kept per (num_buckets, max_distance, device), grown to the next power of two,
+    at most BUCKET_TABLES (LRU): a call then slices it instead of bucketing again; a fake tensor is never kept."""
+    device = torch.device(device)
+    key = (num_buckets, max_distance, device)
+    lookup = _relative_bucket_lookups.get(key)
+    if lookup is None or lookup.shape[0] < 2 * length - 1:
+        size = 1 << max(length - 1, 0).bit_length()
+        with torch.inference_mode(False):
+            lookup = t5_relative_position_bucket(torch.arange(1 - size, size, device=device), num_buckets=num_buckets,
+                                                 max_distance=max_distance).to(torch.int32)
+        if type(lookup) is not Tensor:
+            return lookup[size - length:size + length - 1]
+        _relative_bucket_lookups[key] = lookup
+    _relative_bucket_lookups.move_to_end(key)
+    while len(_relative_bucket_lookups) > BUCKET_TABLES:
+        _relative_bucket_lookups.popitem(last=False)
+    middle = (lookup.shape[0] - 1) // 2
+    return lookup[middle - (length - 1):middle + length]
 
 
 @dataclass(frozen=True)
@@ -306,6 +332,9 @@ class FenchelAttention(AttentionKernel):
 
     def fused_attention(self, q: Tensor, k: Tensor, groups: Groups, *, scale: float) -> FusedAttention | None:
         # softmax(α·scale·<q,k> + log u) is the fused kernel with q scaled per head and an additive bias.
+        triton_form = self._triton_form(q, k, groups, scale)
+        if triton_form is not None:
+            return triton_form
         flex = self._flex_form(q, k, groups, scale)
         raw_q = q
         if self.fixed_alpha != 1.0:
@@ -318,6 +347,48 @@ class FenchelAttention(AttentionKernel):
             chunked = _BiasGradientBlocks(q, k, bias, groups, scale, *blocks)
             return FusedAttention(q, k, scale, bias, diagnostics=diagnostics, library=LibraryForm("sdpa", chunked.run))
         return FusedAttention(q, k, scale, bias, flex=flex, diagnostics=diagnostics)
+
+    def _triton_form(self, q: Tensor, k: Tensor, groups: Groups, scale: float) -> FusedAttention | None:
+        """The project's Triton softmax kernel (modules/attention/triton_softmax.py) where the device policy runs it
+        (`takes_triton_path`): α per head and the position prior's bucket table read in each score tile, their
+        gradients summed out of the tiles. Through SDPA the prior is an [H, Lq, Lk] float bias that needs a gradient,
+        which CUDA's memory-efficient kernel writes at [B, H, Lq, Lk] for autograd to sum (3.0x SDPA softmax's bytes
+        touched on the GPU cost page at B=32, H=12, L=512, d=64, 8.7x at L=2048), and α·q is a full-tensor pass each
+        way. Dense groups with no mask or a key-padding one (under which the degree prior is uniform), a head
+        dimension the kernel takes, no attention dropout (the kernel has none: with dropout the SDPA form stays), no
+        FlexAttention asked for; None elsewhere."""
+        if not takes_triton_path(q) or self.call_dropout != 0.0 or flex_wanted():
+            return None
+        if not isinstance(groups, DenseGroups) or q.shape[-1] != k.shape[-1] or q.shape[-2] > k.shape[-2]:
+            return None
+        mask = groups.mask
+        if mask is not None and not (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1):
+            return None  # a mask per pair or per head (causal, windows; the degree prior's): the SDPA form
+        from .. import triton_softmax
+        if triton_softmax.triton is None or not triton_softmax.HEAD_DIMS[0] <= q.shape[-1] <= triton_softmax.HEAD_DIMS[1]:
+            return None
+        table = lookup = None
+        if self.position_bias is not None and self.site.sequence:
+            table = self.position_bias.weight.t()  # [H, buckets]
+            lookup = self._relative_buckets(k.shape[-2], k.device)
+        alpha = None if self.fixed_alpha == 1.0 else self.alpha()
+        key_valid = None if mask is None else mask[:, 0, 0, :]
+
+        def run(v: Tensor) -> Tensor:
+            device = v.device.type
+            # not on autocast's lists: cast as SDPA would be (the kernel forms the scores in float32 whatever it is given)
+            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else v.dtype
+            return triton_softmax.biased_softmax_attention(q.to(dtype), k.to(dtype), v.to(dtype), scale=scale, a=alpha,
+                                                           table=table, lookup=lookup, key_valid=key_valid)
+
+        # α is a parameter read: the fused path keeps that curve; prior_tv needs the weights (eager calls only)
+        diagnostics = {"alpha": self.alpha().mean().detach()} if self.measures("alpha") else {}
+        return FusedAttention(None, None, scale, diagnostics=diagnostics,
+                              library=LibraryForm("triton-softmax", run, fits=lambda v: v.shape == k.shape))
+
+    def _relative_buckets(self, num_keys: int, device: torch.device) -> Tensor:
+        """int32 [2·Lk - 1]: the T5 bucket of each key - query position from 1 - Lk to Lk - 1 (`relative_buckets`)."""
+        return relative_buckets(self.config.num_buckets, self.config.max_distance, num_keys, device)
 
     def _bias_gradient_blocks(self, q: Tensor, k: Tensor, bias: Tensor | None, groups: Groups) -> tuple[int, int] | None:
         """(samples, heads) per SDPA call where the fused call runs in blocks (`_BiasGradientBlocks`), None for one call.

@@ -42,7 +42,10 @@ Fast path: with β = 0 and no adaptation, dense groups with need_weights=False r
 forward+backward at B=8, H=8, L=256, d=64 measured ~1.05x softmax with prior="magnitude" and ~1.3-1.45x with
 the learned coupling, whose per-key bias makes SDPA work on head dim 65 (a float mask costs the same); on the CUDA
 path q' and k' are padded to 72 for CUDA's memory-efficient kernel (v left at 64: `_fused_width`), and they and
-their gradients are built by one autograd Function (`_PaddedMixtureForm`).
+their gradients are built by one autograd Function (`_PaddedMixtureForm`). Where the device policy runs the project's
+Triton kernels (`takes_triton_path`: a CUDA tensor with Triton installed), without attention dropout and with at most a
+key-padding mask, the key terms are formed in the score tiles of our own flash-style softmax kernel instead
+(modules/attention/triton_softmax.py, path `triton-softmax`, `_triton_form`).
 Dropout (in `forward`) applies to the final weights only, not to the EM / adaptation E-steps.
 """
 
