@@ -94,9 +94,19 @@ def triton_installed() -> bool:
 
 
 def takes_triton_path(x: torch.Tensor | torch.device | str) -> bool:
-    """Whether a call on `x` runs the project's own Triton kernels: on a CUDA tensor where Triton is installed, or
-    anywhere inside `triton_kernels_anywhere`. Not "as on CUDA" alone: a Triton kernel cannot run on CPU tensors
-    outside the interpreter, so a CPU run as on CUDA takes these kernels only where their launches are counted."""
-    if _triton_anywhere:
-        return triton_installed()
-    return _device_type(x) == "cuda" and triton_installed()
+    """Whether a call on `x` runs the project's own Triton kernels (each launch a custom op, `attnbench::*`, with a
+    fake form): where Triton is installed, on a CUDA tensor; as on CUDA, on a fake tensor (FakeTensorMode: the ops'
+    fake forms give the outputs' shapes, nothing launches, and a dispatch mode sees each launch as one op); and anywhere
+    inside `triton_kernels_anywhere`. Not for real CPU tensors as on CUDA: a Triton kernel cannot run on them outside
+    the interpreter, so those keep the CUDA path's torch forms (SDPA)."""
+    if not triton_installed():
+        return False
+    if _triton_anywhere or _device_type(x) == "cuda":
+        return True
+    return _as_cuda and _is_fake(x)
+
+
+def _is_fake(x) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(x, FakeTensor)

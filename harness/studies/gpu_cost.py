@@ -6,7 +6,10 @@ the gpu-perf shapes (H = 12, d = 64; L = 512 and 2048 at B = 32, L = 8192 at B =
 by a dispatch mode below autograd (`CostCounter`):
 
 - kernels launched: every ATen op that launches work (views, metadata and allocations are not kernels), and each
-  Triton launch (AdaSplash's kernels), with its tensor arguments' bytes;
+  Triton launch: the project's are custom ops (`attnbench::*`, AdaSplash's kernels among them) whose fake forms run
+  on fake tensors (the device policy takes the Triton path there, as a GPU with Triton does), each counted as an op
+  with what it reads (its arguments) and writes (its results, or the buffers it fills); a plugin's own launch
+  outside a custom op counts with its tensor arguments' bytes;
 - host syncs: every op that must read the device on the host (`.item()`, `bool(t)`, nonzero, boolean indexing,
   ...: the list of tests/modules/host_syncs.py), with the line that asked for it;
 - bytes touched: the sum over kernels of their input and output tensors' bytes (a broadcast dimension counts once;
@@ -95,9 +98,14 @@ NOT_KERNELS = {
 """ATen ops that launch nothing on a GPU: allocations, aliases and metadata (views are found by their schema)."""
 
 
+KERNEL_NAMESPACES = ("aten", "prims", "attnbench")
+"""Ops that launch device work: ATen's, and the project's Triton launches, each a custom op `attnbench::*` whose
+tensors are its arguments and results."""
+
+
 def is_kernel(func) -> bool:
-    """Whether an ATen op launches device work (a view or an allocation does not)."""
-    if func.namespace not in ("aten", "prims"):
+    """Whether an op launches device work (a view or an allocation does not)."""
+    if func.namespace not in KERNEL_NAMESPACES:
         return False
     name = func._schema.name
     if name in NOT_KERNELS or name.startswith("prim::"):
@@ -182,6 +190,10 @@ def op_bytes(func, args, kwargs, out) -> int:
     for argument, value in _arguments(func, args, kwargs):
         if argument.is_out or (argument.name == "self" and name in SELF_NOT_READ):
             continue
+        if func.namespace == "attnbench" and argument.alias_info is not None and argument.alias_info.is_write:
+            # a buffer a launch writes into (made outside it, e.g. zeroed by a counted fill): written once
+            total += sum(touched_bytes(t) for t in _tensors(value))
+            continue
         if argument.name == "self" and name in GATHERS:
             total += sum(touched_bytes(t) for t in outputs[:1])
             continue
@@ -232,6 +244,8 @@ class CostCounter(TorchDispatchMode):
         self.phase_syncs: Counter = Counter()
         self.phase_where: Counter = Counter()
         self.sdpa_backends: Counter = Counter()
+        self.flops_unknown: Counter = Counter()
+        """Launches whose FLOPs no formula gives (a Triton kernel without a registered flop formula)."""
 
     # -- storage ----------------------------------------------------------------------------------------------
     def track(self, *tensors: Any) -> None:
@@ -267,6 +281,8 @@ class CostCounter(TorchDispatchMode):
         self.by_kernel[name] += 1
         self.bytes += sum(touched_bytes(t) for t in [*reads, *writes] if isinstance(t, torch.Tensor))
         self.flops += flops
+        if not flops and name.startswith("triton "):
+            self.flops_unknown[name] += 1
 
     def sync(self, what: str) -> None:
         at = _caller() if self.where else ""
@@ -310,6 +326,8 @@ class CostCounter(TorchDispatchMode):
             self.by_kernel[func._schema.name] += 1
             self.bytes += op_bytes(func, args, kwargs, out)
             self.flops += _flops(func, args, kwargs, out)
+            if func.namespace == "attnbench" and func._overloadpacket not in _flop_registry():
+                self.flops_unknown[func._schema.name] += 1
         if self.storage:
             self._release()
             self.track(*[t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)])
@@ -321,10 +339,14 @@ def _boolean_index(args) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (indices or ()))
 
 
-def _flops(func, args, kwargs, out) -> int:
+def _flop_registry() -> dict:
     from torch.utils.flop_counter import flop_registry
 
-    formula = flop_registry.get(func._overloadpacket)
+    return flop_registry
+
+
+def _flops(func, args, kwargs, out) -> int:
+    formula = _flop_registry().get(func._overloadpacket)
     if formula is None:
         return 0
     try:
@@ -469,12 +491,13 @@ class HostReads(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-# ---- Triton launches (AdaSplash) ----------------------------------------------------------------------------------
+# ---- Triton launches outside a custom op -----------------------------------------------------------------------------
 
 @contextmanager
 def triton_launches_counted(counter: CostCounter) -> Iterator[bool]:
-    """Triton kernels launched inside count as kernels with their tensor arguments' bytes, and do not run (there is
-    no GPU). Yields whether Triton is here to patch."""
+    """Triton kernels launched directly inside (a plugin's own kernel, not wrapped in a custom op as the project's are:
+    on fake tensors those run their fake forms and launch nothing) count as kernels with their tensor arguments' bytes,
+    and do not run (there is no GPU). Yields whether Triton is here to patch."""
     try:
         from triton.runtime.jit import KernelInterface
     except ImportError:
@@ -500,17 +523,6 @@ def triton_launches_counted(counter: CostCounter) -> Iterator[bool]:
         KernelInterface.__getitem__ = original
 
 
-@contextmanager
-def library_kernels_as_on_cuda(counter: CostCounter) -> Iterator[None]:
-    """Where Triton is installed, every call that takes Triton kernels on a GPU (AdaSplash's, ours: the device policy's
-    `takes_triton_path`) takes them here, and their launches are counted instead of run: the page then counts the
-    path a GPU with the same packages takes."""
-    from modules.device_policy import triton_kernels_anywhere
-
-    with triton_launches_counted(counter) as patched, triton_kernels_anywhere(patched):
-        yield
-
-
 # ---- one variant's forward+backward ---------------------------------------------------------------------------------
 
 @dataclass
@@ -526,6 +538,8 @@ class Count:
     peak: float = 0.0
     saved: float = 0.0
     flops: float = 0.0
+    flops_unknown: tuple = ()
+    """Launches counted without FLOPs (Triton kernels no flop formula describes): the row's FLOPs leave them out."""
     method: str = "fake"
     """'fake' (fake tensors at the full shape) or 'real x<B·H>' (real tensors at B = H = 1, scaled)."""
     error: str = ""
@@ -573,7 +587,7 @@ def count_step(name: str, length: int, batch: int, *, fake: bool = True, heads: 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()
     gc.disable()
     try:
-        with behave_as_cuda(), library_kernels_as_on_cuda(counter), fake_mode:
+        with behave_as_cuda(), triton_launches_counted(counter), fake_mode:
             generator = None if fake else torch.Generator().manual_seed(0)
             q, k, v = (torch.randn(batch, heads, length, DIM, generator=generator).requires_grad_() for _ in range(3))
             counter.track(q, k, v, *kernel.parameters(), *kernel.buffers())
@@ -650,6 +664,7 @@ def count_variant(name: str, length: int, batch: int, shorter: Count | None = No
     row.sync_where = {f"{what} at {where}": n for (what, where), n in sorted(counter.syncs.items())}
     row.bytes, row.peak, row.saved, row.flops = (counter.bytes * scale, counter.peak * scale, saved * scale,
                                                  counter.flops * scale)
+    row.flops_unknown = tuple(sorted(counter.flops_unknown))
     return row
 
 
@@ -841,8 +856,13 @@ def dense_table(rows: list[Count], length: int, batch: int) -> list[str]:
             continue
         lines.append(f"| {r.variant} | {r.path} | {r.kernels} | {r.syncs} | {_gb(r.bytes)} | {_ratio(r.bytes, base.bytes if base else 0)} | "
                      f"{_gb(r.peak)} | {_ratio(r.peak, base.peak if base else 0)} | {_gb(r.saved)} | {r.saved / r.flash_ideal:.2f} | "
-                     f"{r.flops / 1e9:.1f} | {_ratio(r.flops, base.flops if base else 0)} | {r.method} |")
+                     f"{_gflop(r)} | {'' if r.flops_unknown else _ratio(r.flops, base.flops if base else 0)} | {r.method} |")
     return lines
+
+
+def _gflop(r: Count) -> str:
+    """The row's GFLOP, or what it leaves out: a Triton launch no flop formula describes."""
+    return f"{r.flops / 1e9:.1f}" if not r.flops_unknown else f"{r.flops / 1e9:.1f} + Triton's (not counted)"
 
 
 def sync_lines(rows: list[Count]) -> list[str]:
@@ -1041,7 +1061,8 @@ def csv_text(counts: dict[tuple[str, int], Count]) -> str:
                              "host_syncs": r.syncs, "bytes_touched": int(r.bytes), "bytes_x_sdpa": _ratio(r.bytes, base.bytes if base else 0),
                              "peak_live_bytes": int(r.peak), "peak_x_sdpa": _ratio(r.peak, base.peak if base else 0),
                              "saved_bytes": int(r.saved), "saved_x_flash": f"{r.saved / r.flash_ideal:.2f}", "flops": int(r.flops),
-                             "flops_x_sdpa": _ratio(r.flops, base.flops if base else 0), "counted": r.method, "error": ""})
+                             "flops_x_sdpa": "" if r.flops_unknown else _ratio(r.flops, base.flops if base else 0),
+                             "counted": r.method, "error": ""})
     return out.getvalue()
 
 
@@ -1063,9 +1084,12 @@ def page_text(counts: dict[tuple[str, int], Count], cora: dict | None, measured:
               "FlashAttention's q, k, v, out and logsumexp. Counted 'real ×N': on real tensors at B = H = 1 (the variant's code "
               "reads values, which fake tensors cannot give), its bytes, peak, saved bytes and FLOPs × N = B·H. A kernel's bytes "
               "are what it reads and writes once each (a tensor only written, or only its shape read, counts once; a gather "
-              "reads what it returns; a scatter reads and writes where its source lands); a Triton kernel counts its tensor "
-              "arguments once, so that a kernel that passes over its inputs several times (AdaSplash's and the learned-α "
-              "kernel's τ searches) is counted at its floor. Fused SDPA's gradients come back in q, k and v's layout, as on CUDA.", ""]
+              "reads what it returns; a scatter reads and writes where its source lands); a Triton launch (a custom op, "
+              "`attnbench::*`) counts its arguments read and its results (or the buffers it fills) written once, so that a "
+              "kernel that passes over its inputs several times (AdaSplash's and the learned-α kernel's τ searches) is counted "
+              "at its floor. GFLOP: ATen's flop formulas, and a Triton launch's where its module registers one; a row marked "
+              "'Triton's (not counted)' leaves out launches without one. Fused SDPA's gradients come back in q, k and v's "
+              "layout, as on CUDA.", ""]
     for length, batch in DENSE:
         rows = [r for (name, L), r in counts.items() if L == length]
         if rows:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
 try:
     import triton
@@ -232,25 +233,103 @@ def _block_d(dim: int) -> int:
     return max(16, 1 << (dim - 1).bit_length())
 
 
+# Each launch is a functional custom op (attnbench::*): what it reads are its arguments, what it writes its results. A
+# dispatch mode (the GPU cost page, a profiler) sees one op per launch, and FakeTensorMode its fake form (shapes only).
+@torch.library.custom_op("attnbench::entmax_tau", mutates_args=())
+def entmax_tau(q: torch.Tensor, k: torch.Tensor, alpha: torch.Tensor, scale: float, niter: int) -> torch.Tensor:
+    """τ per query row [B, H, L] (float32) by Halley-bisection over key tiles."""
+    batch, heads, length, dim = q.shape
+    tau = torch.empty((batch, heads, length), device=q.device, dtype=torch.float32)
+    _tau_kernel[(triton.cdiv(length, BLOCK_M), heads, batch)](
+        q, k, alpha, tau, scale, math.log2(length), heads, length, dim, niter, BLOCK_M, BLOCK_N, _block_d(dim),
+        num_stages=NUM_STAGES)
+    return tau
+
+
+@entmax_tau.register_fake
+def _(q, k, alpha, scale, niter):
+    return q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("attnbench::entmax_output", mutates_args=())
+def entmax_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor, tau: torch.Tensor,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(output, Z per row, o2 = Σ_j s_ij v_j / Σ_j s_ij in float32) from τ."""
+    batch, heads, length, dim = q.shape
+    norm = torch.empty_like(tau)
+    out = torch.empty_like(v)
+    out2 = torch.empty(v.shape, device=v.device, dtype=torch.float32)
+    _output_kernel[(triton.cdiv(length, BLOCK_M), heads, batch)](
+        q, k, v, alpha, tau, norm, out, out2, scale, heads, length, dim, BLOCK_M, BLOCK_N, _block_d(dim),
+        num_stages=NUM_STAGES)
+    return out, norm, out2
+
+
+@entmax_output.register_fake
+def _(q, k, v, alpha, tau, scale):
+    return torch.empty_like(v), torch.empty_like(tau), v.new_empty(v.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("attnbench::entmax_key_grad", mutates_args=())
+def entmax_key_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, alpha: torch.Tensor,
+                    tau: torch.Tensor, norm: torch.Tensor, delta: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dk, dv), one pass per key block over the query tiles."""
+    batch, heads, length, dim = q.shape
+    grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
+    _key_grad_kernel[(triton.cdiv(length, BLOCK_N), heads, batch)](
+        q, k, v, grad_out, alpha, tau, norm, delta, grad_k, grad_v, scale, heads, length, dim,
+        BLOCK_M, BLOCK_N, _block_d(dim), num_stages=NUM_STAGES)
+    return grad_k, grad_v
+
+
+@entmax_key_grad.register_fake
+def _(q, k, v, grad_out, alpha, tau, norm, delta, scale):
+    return torch.empty_like(k), torch.empty_like(v)
+
+
+@torch.library.custom_op("attnbench::entmax_query_grad", mutates_args=())
+def entmax_query_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, alpha: torch.Tensor,
+                      tau: torch.Tensor, norm: torch.Tensor, delta: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dq, dα per query row), one pass per query block over the key tiles."""
+    batch, heads, length, dim = q.shape
+    grad_q, grad_alpha_rows = torch.empty_like(q), torch.empty_like(tau)
+    _query_grad_kernel[(triton.cdiv(length, BLOCK_M), heads, batch)](
+        q, k, v, grad_out, alpha, tau, norm, delta, grad_q, grad_alpha_rows, scale, heads, length, dim,
+        BLOCK_M, BLOCK_N, _block_d(dim), num_stages=NUM_STAGES)
+    return grad_q, grad_alpha_rows
+
+
+@entmax_query_grad.register_fake
+def _(q, k, v, grad_out, alpha, tau, norm, delta, scale):
+    return torch.empty_like(q), torch.empty_like(tau)
+
+
+def _products(q_shape, passes: int) -> int:
+    """FLOPs of `passes` [L x d] by [d x L] products (or [L x L] by [L x d]) per (sample, head)."""
+    batch, heads, length, dim = q_shape
+    return passes * 2 * batch * heads * length * length * dim
+
+
+# What each launch computes, for FLOP counters (torch.utils.flop_counter; the GPU cost page): its tile products.
+register_flop_formula(torch.ops.attnbench.entmax_tau)(
+    lambda q, k, alpha, scale, niter, *_, **__: _products(q, 1 + niter))  # the row maxima, then each solver pass
+register_flop_formula(torch.ops.attnbench.entmax_output)(
+    lambda q, *_, **__: _products(q, 3))  # scores, p·v, s·v
+register_flop_formula(torch.ops.attnbench.entmax_key_grad)(
+    lambda q, *_, **__: _products(q, 4))  # scores, pᵀ·do, do·vᵀ, dSᵀ·q
+register_flop_formula(torch.ops.attnbench.entmax_query_grad)(
+    lambda q, *_, **__: _products(q, 3))  # scores, do·vᵀ, dS·k
+
+
 class LearnedAlphaEntmaxAttention(torch.autograd.Function):
     """entmax_α(scale·q kᵀ) v with α [H] per head, q, k, v [B, H, L, d] of one length; gradients for q, k, v and α."""
 
     @staticmethod
     def forward(ctx, q, k, v, alpha, scale: float, niter: int):
-        batch, heads, length, dim = q.shape
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         alpha = alpha.detach().float().contiguous()
-        tau = torch.empty((batch, heads, length), device=q.device, dtype=torch.float32)
-        norm = torch.empty_like(tau)
-        out = torch.empty_like(v)
-        out2 = torch.empty(v.shape, device=v.device, dtype=torch.float32)
-        block_d = _block_d(dim)
-        _tau_kernel[(triton.cdiv(length, BLOCK_M), heads, batch)](
-            q, k, alpha, tau, scale, math.log2(length), heads, length, dim, niter, BLOCK_M, BLOCK_N, block_d,
-            num_stages=NUM_STAGES)
-        _output_kernel[(triton.cdiv(length, BLOCK_M), heads, batch)](
-            q, k, v, alpha, tau, norm, out, out2, scale, heads, length, dim, BLOCK_M, BLOCK_N, block_d,
-            num_stages=NUM_STAGES)
+        tau = entmax_tau(q, k, alpha, scale, niter)
+        out, norm, out2 = entmax_output(q, k, v, alpha, tau, scale)
         ctx.save_for_backward(q, k, v, alpha, tau, norm, out2)
         ctx.scale = scale
         return out
@@ -258,18 +337,10 @@ class LearnedAlphaEntmaxAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, alpha, tau, norm, out2 = ctx.saved_tensors
-        batch, heads, length, dim = q.shape
         grad_out = grad_out.contiguous()
         delta = (grad_out.float() * out2).sum(-1)
-        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        grad_alpha_rows = torch.empty_like(tau)
-        block_d = _block_d(dim)
-        _key_grad_kernel[(triton.cdiv(length, BLOCK_N), heads, batch)](
-            q, k, v, grad_out, alpha, tau, norm, delta, grad_k, grad_v, ctx.scale, heads, length, dim,
-            BLOCK_M, BLOCK_N, block_d, num_stages=NUM_STAGES)
-        _query_grad_kernel[(triton.cdiv(length, BLOCK_M), heads, batch)](
-            q, k, v, grad_out, alpha, tau, norm, delta, grad_q, grad_alpha_rows, ctx.scale, heads, length, dim,
-            BLOCK_M, BLOCK_N, block_d, num_stages=NUM_STAGES)
+        grad_k, grad_v = entmax_key_grad(q, k, v, grad_out, alpha, tau, norm, delta, ctx.scale)
+        grad_q, grad_alpha_rows = entmax_query_grad(q, k, v, grad_out, alpha, tau, norm, delta, ctx.scale)
         grad_alpha = grad_alpha_rows.sum((0, 2)) if ctx.needs_input_grad[3] else None
         return grad_q, grad_k, grad_v, grad_alpha, None, None
 

@@ -32,6 +32,28 @@ def test_the_policy_answers_by_device_and_as_on_cuda():
     assert not as_on_cuda()
 
 
+def test_triton_kernels_run_on_cuda_on_fake_tensors_as_on_cuda_and_inside_triton_kernels_anywhere(monkeypatch):
+    """Real CPU tensors as on CUDA keep the torch forms (a Triton kernel cannot run on them); a fake tensor as on CUDA
+    takes the Triton path (the launches are custom ops whose fake forms run); without Triton, nothing does."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from modules import device_policy
+
+    monkeypatch.setattr(device_policy, "triton_installed", lambda: True)
+    cpu = torch.zeros(2)
+    with FakeTensorMode():
+        fake = torch.zeros(2)
+    assert not device_policy.takes_triton_path(cpu) and not device_policy.takes_triton_path(fake)
+    assert device_policy.takes_triton_path(torch.device("cuda"))
+    with behave_as_cuda():
+        assert not device_policy.takes_triton_path(cpu) and device_policy.takes_triton_path(fake)
+    with device_policy.triton_kernels_anywhere():
+        assert device_policy.takes_triton_path(cpu)
+    monkeypatch.setattr(device_policy, "triton_installed", lambda: False)
+    with behave_as_cuda(), device_policy.triton_kernels_anywhere():
+        assert not device_policy.takes_triton_path(fake) and not device_policy.takes_triton_path(torch.device("cuda"))
+
+
 def test_query_blocks_follow_the_policy(monkeypatch):
     """A row-separable kernel's eager call runs in query blocks on the CUDA path when its weights pass the budget:
     on CPU tensors too under the policy, never without it."""

@@ -99,6 +99,32 @@ def test_the_counter_charges_each_kernel_what_it_moves():
         assert counter.bytes == expected, (counter.by_kernel, counter.bytes, expected)
 
 
+def test_a_triton_launch_s_custom_op_counts_as_one_kernel_reading_its_arguments_and_writing_its_results():
+    """The project wraps each Triton launch in a custom op (attnbench::*): counted as one kernel, its tensor arguments
+    read once, its results written once, a buffer it fills (a mutated argument) written once; its FLOPs where a
+    formula is registered, else the launch is named among those left out."""
+    pytest.importorskip("triton")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from modules.attention import adasplash_full_length, triton_entmax
+
+    element = gpu_cost.FLOAT_BYTES
+    with FakeTensorMode():
+        q, k, v = (torch.zeros(2, 3, 128, 64) for _ in range(3))
+        alpha = torch.zeros(3)
+        taus = torch.zeros(2, 3, 128)
+        counter = gpu_cost.CostCounter(where=False)
+        with counter:
+            tau = triton_entmax.entmax_tau(q, k, alpha, 0.125, 5)
+            adasplash_full_length.adasplash_tau(q, k, taus, None, 1.5, 0.125, 5, False)
+    assert tau.shape == (2, 3, 128) and counter.kernels == 2
+    assert counter.by_kernel == {"attnbench::entmax_tau": 1, "attnbench::adasplash_tau": 1}
+    tensor, rows = 2 * 3 * 128 * 64 * element, 2 * 3 * 128 * element
+    # entmax_tau reads q, k, α and writes τ; adasplash_tau reads q, k and fills τ
+    assert counter.bytes == (2 * tensor + 3 * element + rows) + (2 * tensor + rows)
+    assert counter.flops == 2 * (1 + 5) * 2 * 2 * 3 * 128 * 128 * 64 and not counter.flops_unknown
+
+
 def test_the_counter_sees_syncs_views_and_bytes():
     """Floating elements at bf16's 2 bytes, bools at 1; a view launches nothing; a host read and a boolean index
     are syncs."""
