@@ -170,15 +170,26 @@ def test_noisy_blocks_of_samples_equal_the_whole_call_under_held_noise(name, sam
 
 @pytest.mark.parametrize("name", ["bam-weibull", "bam-lognormal"])
 @pytest.mark.parametrize("length", [512, 2048])
-def test_the_page_s_counts_keep_one_block_of_noise_and_no_host_sync(name, length):
+@pytest.mark.parametrize("form", ["triton", "sdpa"])
+def test_the_page_s_counts_keep_one_block_of_noise_and_no_host_sync(monkeypatch, name, length, form):
     """The GPU cost page's shapes (B = 32, H = 12, L = 512 and 2048, d = 64; fake tensors): peak live within 1.5 x
-    SDPA softmax's, saved for backward within 1.5 x FlashAttention's, no host sync."""
+    SDPA softmax's, saved for backward within 1.5 x FlashAttention's, no host sync. Where Triton is installed the page
+    takes the kernel that draws the noise inside (`triton-noisy-softmax`): then bytes touched within 2 x SDPA's too.
+    The SDPA form (where Triton is missing, and under attention dropout) is counted with the kernel taken away."""
     from harness.studies import gpu_cost
+    from modules.attention.variants import bam
+    from modules.device_policy import triton_installed
 
+    if form == "sdpa":
+        monkeypatch.setattr(bam, "_noisy_kernel_module", lambda: None)
     base, _, _ = gpu_cost.count_step("softmax", length, 32)
     counter, saved, path = gpu_cost.count_step(name, length, 32)
     row = gpu_cost.Count(name, length, 32)
-    assert path == "sdpa"
+    if form == "triton" and triton_installed():
+        assert path == "triton-noisy-softmax"
+        assert counter.bytes <= 2.0 * base.bytes, counter.bytes / base.bytes
+    else:
+        assert path == "sdpa"
     assert counter.peak <= 1.5 * base.peak, counter.peak / base.peak
     assert saved <= 1.5 * row.flash_ideal, saved / row.flash_ideal
     assert sum(counter.syncs.values()) == 0, counter.syncs

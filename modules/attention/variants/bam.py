@@ -53,6 +53,7 @@ import dataclasses
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated, Any, Callable, ClassVar, Iterator
 
 from annotated_types import Ge, Gt
@@ -61,7 +62,7 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ...device_policy import takes_cuda_path
+from ...device_policy import takes_cuda_path, takes_triton_path
 from ..groups import DenseGroups, Groups
 from ..kernel import (AttentionConfig, AttentionKernel, AttentionResult, AttentionSite, FusedAttention, HeadShape, LibraryForm,
                       MechanismDiagnostic,
@@ -419,6 +420,13 @@ def _lse_backward_chunks(q: Tensor) -> tuple[int, int]:
     return 0, q.shape[0]
 
 
+def _noisy_kernel_module():
+    """modules/attention/triton_noisy_softmax.py where Triton is installed, else None."""
+    from .. import triton_noisy_softmax
+
+    return triton_noisy_softmax if triton_noisy_softmax.triton is not None else None
+
+
 def _forced_rows() -> int | None:
     """The query blocks `query_blocks` forces (tests), or None."""
     from .. import backends
@@ -464,20 +472,35 @@ class _PairSums:
     and a_i = lse_i - scale <q_i, kbar>, log w_ij = scale <q_i, kc_j> - a_i; over a query's n valid keys it sums to
     -n a_i and its square to scale^2 q_i^T (kc^T kc) q_i + n a_i^2, so neither sum cancels large terms."""
 
-    def __init__(self, q: Tensor, k: Tensor, lse: Tensor, groups: DenseGroups, scale: float):
-        self.q, self.scale, self.shape = q, scale, lse.shape
+    def __init__(self, q: Tensor, k: Tensor, lse: Tensor | None, groups: DenseGroups, scale: float,
+                 centred: tuple[Tensor, Tensor] | None = None):
+        """From the rows' logsumexp `lse`, or from `centred` = (a_i, sum over the valid keys of (scale <q_i, kc_j>)^2
+        or an empty tensor where not wanted) as the Triton kernel returns them with their gradients: then the key mean
+        is formed only where a per-key sum needs it (`_times_centred`), and no q- or k-sized product is."""
+        self.q, self.k, self.scale = q, k, scale
         mask = groups.mask  # per key: [B|1, 1|H, 1, Lk]
-        self.keys = None if mask is None else mask.to(q.dtype)
+        # the sums' dtype: q's, or the kernel's float32 where q may be 16-bit (a bf16 count of keys is exact to 256)
+        dtype = q.dtype if centred is None else torch.promote_types(q.dtype, centred[0].dtype)
+        self.keys = None if mask is None else mask.to(dtype)
         if self.keys is None:
             self.n: Tensor | float = float(k.shape[-2])
-            key_mean = k.mean(-2, keepdim=True)
         else:
             self.n = self.keys.sum(-1)  # [B|1, 1|H, 1]
-            key_mean = torch.matmul(self.keys, k) / self.n.clamp_min(1).unsqueeze(-1)
-        self.k, self.key_mean = k, key_mean
-        self.a = lse - scale * torch.matmul(q, key_mean.transpose(-1, -2)).squeeze(-1)
+        if centred is None:
+            self.a = lse - scale * torch.matmul(q, self.key_mean.transpose(-1, -2)).squeeze(-1)
+            self.squares = None
+        else:
+            self.a, self.squares = centred
+        self.shape = self.a.shape
         rows = groups.valid_queries  # [B|1, 1|H, Lq] or None (every query is valid and has keys)
-        self.rows = None if rows is None else rows.to(q.dtype)
+        self.rows = None if rows is None else rows.to(dtype)
+
+    @cached_property
+    def key_mean(self) -> Tensor:
+        """The mean of each sample's valid keys, [B, H, 1, d]."""
+        if self.keys is None:
+            return self.k.mean(-2, keepdim=True)
+        return torch.matmul(self.keys, self.k) / self.n.clamp_min(1).unsqueeze(-1)
 
     def _times_centred(self, left: Tensor | None) -> Tensor:
         """left @ kc ([B, H, 1, Lk] @ [B, H, Lk, d]), or kc^T kc where left is None; checkpointed, so that the
@@ -519,6 +542,8 @@ class _PairSums:
 
     def squared_log_weights(self) -> Tensor:
         """Sum of (log w_ij)^2."""
+        if self.squares is not None:
+            return self.over_rows(self.squares + self.n * self.a.square())
         # sum_i q_i^T M q_i over valid queries as <M, Q^T diag(rows) Q>: d x d products, nothing of q's size formed
         moments = self._times_centred(None)  # [B, H, d, d]
         # rows are 0 or 1, so (q rows)^T (q rows) = Q^T diag(rows) Q
@@ -808,15 +833,18 @@ class BayesianAttention(AttentionKernel):
         they were), at evaluation with `mc_samples` > 1 (an average of several softmaxes is not one), and where the
         mask is per query (causal): the prior and the key moments assume every query of a sample sees the same keys.
         What stays L x L: the noise, written twice (the forward's draw, the backward's redraw) and read by SDPA three
-        times (forward, its recomputation, backward), as any additive bias is; a kernel drawing the noise inside
-        (FlexAttention's score_mod with a counter-based generator) would spare all of it.
+        times (forward, its recomputation, backward), as any additive bias is. Where the project's Triton kernels run
+        (`takes_triton_path`), a training call without attention dropout draws the noise inside a kernel of our own
+        instead (`_noisy_kernel_attention`), which spares all of it and the logsumexp's passes too.
         Not yet run on a GPU: `make gpu-perf` checks it against eager (forward, gradients) and times it."""
-        if not isinstance(groups, DenseGroups) or not (takes_cuda_path(q) or _fused_on_cpu):
-            return None
-        if groups.mask is not None and groups.mask.shape[-2] > 1:
+        if not isinstance(groups, DenseGroups) or (groups.mask is not None and groups.mask.shape[-2] > 1):
             return None
         draws = self.draws()
         if draws > 1:
+            return None
+        if draws and self._takes_noisy_kernel(q, k):
+            return self._noisy_kernel_attention(q, k, groups, scale)
+        if not (takes_cuda_path(q) or _fused_on_cpu):
             return None
         rows = self._fused_rows(groups, q, k)
         samples, block_rows = self._fused_blocks(q, k, rows)
@@ -834,6 +862,67 @@ class BayesianAttention(AttentionKernel):
             return FusedAttention(q, k, scale, None, aux_losses={"kl": kl}, diagnostics=diagnostics,
                                   library=LibraryForm("sdpa", blocks.run))
         return FusedAttention(q, k, scale, blocks.whole_bias(), aux_losses={"kl": kl}, diagnostics=diagnostics)
+
+    sampler: ClassVar[str] = ""
+    """The Triton kernel's sampler (modules/attention/triton_noisy_softmax.py SAMPLERS)."""
+
+    def _noise_parameter(self) -> float:
+        """The kernel's noise scale: 1/k (Weibull) or sigma (Lognormal)."""
+        raise NotImplementedError
+
+    def _takes_noisy_kernel(self, q: Tensor, k: Tensor) -> bool:
+        """Whether a training call runs the Triton kernel that draws its noise inside (`_noisy_kernel_attention`):
+        where the device policy takes the project's Triton kernels, without attention dropout (the kernel has none;
+        SDPA's form keeps it), with q and k of one batch and head count, and unless a check holds the noise
+        (`draw_noise` set on the kernel: the kernel's draw cannot be the held one)."""
+        return (self.call_dropout == 0.0 and takes_triton_path(q) and "draw_noise" not in vars(self)
+                and q.shape[:2] == k.shape[:2] and _noisy_kernel_module() is not None)
+
+    def _noisy_kernel_attention(self, q: Tensor, k: Tensor, groups: DenseGroups, scale: float) -> FusedAttention:
+        """The sampled attention in one Triton kernel (path `triton-noisy-softmax`): the noise n_ij is drawn inside the
+        kernel from a counter-based generator keyed by a seed drawn on the device from the run's noise stream
+        (`noise_generator`), and regenerated by its backward, so no L x L tensor is ever written. The same forward
+        pass gives what the closed-form KL needs (`_PairSums`: each row's logsumexp of the scores against the keys
+        less their mean, and for the Lognormal the row's sum of those scores squared), with their gradients in the
+        kernel's backward, so that the KL costs no pass of its own over q or k; `sample_tv`, where measured, is one
+        more launch over q and k. The KL and `sample_tv` are filled in when the output is computed (`run`). Which
+        uniforms or normals the kernel draws differs from torch's stream: the same distribution, not the eager
+        path's numbers. gpu-perf's check holds the noise (`draw_noise`), which no in-kernel draw can follow: there
+        the SDPA form runs, and tests/attention/test_bam_triton_interpreted.py checks this one (Triton's
+        interpreter) against its own draw written out as a bias."""
+        module = _noisy_kernel_module()
+        aux: dict[str, Tensor] = {}
+        diagnostics: dict[str, Tensor] = {}
+        measure = mechanism_diagnostics_on()
+        sampler, param = self.sampler, self._noise_parameter()
+
+        def run(v: Tensor) -> Tensor:
+            # below 2^31: the kernel keys each (sample, head) plane's stream by seed + plane * 2^32, one key per pair
+            seed = torch.randint(0, 2**31, (1,), generator=self.noise_generator, device=q.device)
+            key_mean = module.mean_key(k, groups.mask)
+            out, centred_lse, squares, _, gap = module.noisy_softmax_attention(
+                q, k, v, key_mean, groups.mask, seed, scale, sampler, param, want_squares=self._kl_needs_squares(),
+                want_gap=measure)
+            if self.key_prior is None:  # the kernel's float32 row sums are all the KL reads: no float32 copy of q, k
+                aux["kl"] = self._closed_kl(q, k, None, None, groups, scale, centred=(centred_lse, squares))
+            else:
+                with full_precision(q, k) as (precise_q, precise_k):
+                    prior = self.prior_over_keys(precise_k, groups)
+                    aux["kl"] = self._closed_kl(precise_q, precise_k, None, prior, groups, scale,
+                                                centred=(centred_lse, squares))
+            if measure:
+                spread = module.row_spread(q, k, key_mean, groups.mask, seed, centred_lse, gap, scale, sampler, param)
+                valid = groups.valid_queries
+                if valid is None:
+                    total, counted = spread.sum(), float(spread.numel())
+                else:
+                    total = (spread * valid).sum()
+                    counted = valid.expand(spread.shape).sum().to(spread.dtype).clamp_min(1)
+                diagnostics["sample_tv"] = (0.5 * total / counted).detach()
+            return out
+
+        return FusedAttention(q, k, scale, None, aux_losses=aux, diagnostics=diagnostics,
+                              library=LibraryForm("triton-noisy-softmax", run, fits=lambda v: v.shape == k.shape))
 
     def _fused_rows(self, groups: Groups, q: Tensor, k: Tensor) -> int:
         """Queries per block of the fused path (FUSED_BLOCK_SIZE; `query_blocks` forces it in tests)."""
@@ -854,10 +943,15 @@ class BayesianAttention(AttentionKernel):
         samples = batch * rows // length
         return (samples, length) if samples >= 1 else (1, batch * rows)
 
-    def _closed_kl(self, q: Tensor, k: Tensor, lse: Tensor, prior: tuple[Tensor, Tensor] | None, groups: DenseGroups,
-                   scale: float) -> Tensor:
-        """`mean_kl` of the weights softmax(scale q k^T) without forming them (`_PairSums`)."""
+    def _closed_kl(self, q: Tensor, k: Tensor, lse: Tensor | None, prior: tuple[Tensor, Tensor] | None,
+                   groups: DenseGroups, scale: float, centred: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """`mean_kl` of the weights softmax(scale q k^T) without forming them (`_PairSums`), from the rows' logsumexp
+        `lse`, or from `centred` (the Triton kernel's per-row sums, as `_PairSums` takes them)."""
         raise NotImplementedError
+
+    def _kl_needs_squares(self) -> bool:
+        """Whether `_closed_kl` sums (log w_ij)^2 (`_PairSums.squared_log_weights`)."""
+        return False
 
     def _evaluated_sample_tv(self, mean: Tensor, groups: Groups) -> Tensor:
         """`sample_tv` where evaluation uses the mean weights: the distance one training draw would move them at these
@@ -907,6 +1001,10 @@ class WeibullAttention(BayesianAttention):
     Config = WeibullConfig
     softmax_limit = {"k": 1e8, "kl_weight": 0.0}
     softmax_limit_atol = 1e-6
+    sampler = "weibull"
+
+    def _noise_parameter(self) -> float:
+        return 1.0 / self.config.k
 
     def rsample(self, mean: Tensor) -> Tensor:
         return weibull_rsample(mean, self.config.k, self.draw_noise(mean, "uniform"))
@@ -927,9 +1025,9 @@ class WeibullAttention(BayesianAttention):
         torch.special.xlogy(-1.0, uniform, out=uniform)
         return torch.special.xlogy(1.0 / self.config.k, uniform, out=uniform)
 
-    def _closed_kl(self, q, k, lse, prior, groups, scale):
+    def _closed_kl(self, q, k, lse, prior, groups, scale, centred=None):
         c = self.config
-        sums = _PairSums(q, k, lse, groups, scale)
+        sums = _PairSums(q, k, lse, groups, scale, centred)
         pairs = sums.pairs
         log_gamma_k = math.lgamma(1.0 + 1.0 / c.k)
         sum_lam = sums.queries * math.exp(-log_gamma_k)
@@ -975,6 +1073,10 @@ class LognormalAttention(BayesianAttention):
     Config = LognormalConfig
     softmax_limit = {"sigma": 1e-8, "kl_weight": 0.0}
     softmax_limit_atol = 1e-6
+    sampler = "lognormal"
+
+    def _noise_parameter(self) -> float:
+        return self.config.sigma
 
     def rsample(self, mean: Tensor) -> Tensor:
         return lognormal_rsample(mean, self.config.sigma, self.draw_noise(mean, "normal"))
@@ -987,9 +1089,12 @@ class LognormalAttention(BayesianAttention):
         return torch.normal(0.0, self.config.sigma, mean.shape, generator=self.noise_generator, dtype=mean.dtype,
                             device=mean.device)
 
-    def _closed_kl(self, q, k, lse, prior, groups, scale):
+    def _kl_needs_squares(self):
+        return True
+
+    def _closed_kl(self, q, k, lse, prior, groups, scale, centred=None):
         c = self.config
-        sums = _PairSums(q, k, lse, groups, scale)
+        sums = _PairSums(q, k, lse, groups, scale, centred)
         pairs = sums.pairs
         shift = 0.5 * c.sigma**2
         sum_sq_log, sum_log = sums.squared_log_weights(), sums.log_weights()
