@@ -30,7 +30,10 @@ float32 inputs; "tf32" for 16-bit ones, exact on their values).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
 try:
     import triton
@@ -334,17 +337,149 @@ def _precision(x: torch.Tensor) -> str:
     return "tf32" if x.dtype in (torch.float16, torch.bfloat16) else "ieee"
 
 
-def _key_layout(key_mask: torch.Tensor | None, batch: int, heads: int, length: int):
-    """The per-key mask ([B|1, 1|H, 1, Lk] bool, or None) as int8 [B|1, H|1, Lk] with its batch and head strides (0
-    where it broadcasts); a placeholder where there is none."""
+def _key_layout(key_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """The per-key mask ([B|1, 1|H, 1, Lk] bool, or None) as int8 [B|1, H|1, Lk]."""
     if key_mask is None:
-        return None, 0, 0
-    keys = key_mask.reshape(key_mask.shape[0], key_mask.shape[1], key_mask.shape[-1]).to(torch.int8).contiguous()
-    if keys.shape[-1] != length:
-        raise ValueError(f"the key mask covers {keys.shape[-1]} keys, the call has {length}")
-    stride_b = keys.stride(0) if keys.shape[0] > 1 else 0
-    stride_h = keys.stride(1) if keys.shape[1] > 1 else 0
-    return keys, stride_b, stride_h
+        return None
+    if key_mask.shape[-1] != length:
+        raise ValueError(f"the key mask covers {key_mask.shape[-1]} keys, the call has {length}")
+    return key_mask.reshape(key_mask.shape[0], key_mask.shape[1], length).to(torch.int8).contiguous()
+
+
+def _keys_strides(keys: Optional[torch.Tensor]) -> tuple[int, int]:
+    """The batch and head strides of the int8 key mask [B|1, H|1, Lk] (0 where it broadcasts)."""
+    if keys is None:
+        return 0, 0
+    return (keys.stride(0) if keys.shape[0] > 1 else 0), (keys.stride(1) if keys.shape[1] > 1 else 0)
+
+
+# Each launch is a functional custom op (attnbench::*): what it reads are its arguments, what it writes its results. A
+# dispatch mode (the GPU cost page, a profiler) sees one op per launch, and FakeTensorMode its fake form (shapes only).
+@torch.library.custom_op("attnbench::noisy_softmax_forward", mutates_args=())
+def noisy_softmax_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kbar: torch.Tensor,
+                          keys: Optional[torch.Tensor], seed: torch.Tensor, scale: float, sampler: int, param: float,
+                          want_squares: bool, want_gap: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(output, sampled rows' logsumexp, clean rows' logsumexp, their squared scores' sums, the gap), the last two
+    empty where not wanted; one pass over K and V per query tile."""
+    batch, heads, num_queries, dim = q.shape
+    num_keys = k.shape[-2]
+    stride_b, stride_h = _keys_strides(keys)
+    lse_noisy = torch.empty((batch, heads, num_queries), device=q.device, dtype=torch.float32)
+    lse_clean = torch.empty_like(lse_noisy)
+    squares = torch.empty_like(lse_noisy) if want_squares else lse_noisy.new_empty(0)
+    gap = torch.empty_like(lse_noisy) if want_gap else lse_noisy.new_empty(0)
+    out = torch.empty_like(q)
+    _forward_kernel[(triton.cdiv(num_queries, BLOCK_M), heads, batch)](
+        q, k, v, kbar, keys if keys is not None else seed, seed, out, lse_noisy, lse_clean,
+        squares if want_squares else lse_noisy, gap if want_gap else lse_noisy, scale, param, heads, num_queries,
+        num_keys, dim, stride_b, stride_h, keys is not None, want_squares, want_gap, sampler, _precision(q),
+        BLOCK_M, BLOCK_N, _block_d(dim), num_stages=NUM_STAGES)
+    return out, lse_noisy, lse_clean, squares, gap
+
+
+@noisy_softmax_forward.register_fake
+def _(q, k, v, kbar, keys, seed, scale, sampler, param, want_squares, want_gap):
+    rows = q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return (torch.empty_like(q), rows, torch.empty_like(rows), torch.empty_like(rows) if want_squares else rows.new_empty(0),
+            torch.empty_like(rows) if want_gap else rows.new_empty(0))
+
+
+@torch.library.custom_op("attnbench::noisy_softmax_query_grad", mutates_args=())
+def noisy_softmax_query_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kbar: torch.Tensor,
+                             keys: Optional[torch.Tensor], seed: torch.Tensor, grad_out: torch.Tensor,
+                             out: torch.Tensor, lse_noisy: torch.Tensor, lse_clean: torch.Tensor,
+                             grad_lse: Optional[torch.Tensor], grad_squares: Optional[torch.Tensor], scale: float,
+                             sampler: int, param: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, δ per row, r per row: the row sums of the KL's terms of dS, empty where the KL passes no gradient); one pass
+    over the key tiles per query block."""
+    batch, heads, num_queries, dim = q.shape
+    num_keys = k.shape[-2]
+    stride_b, stride_h = _keys_strides(keys)
+    has_kl = grad_lse is not None or grad_squares is not None
+    delta = torch.empty_like(lse_noisy)
+    row_sums = torch.empty_like(lse_noisy) if has_kl else lse_noisy.new_empty(0)
+    grad_q = torch.empty_like(q)
+    # where a gradient is absent, a row vector stands in for it: the kernel does not read it
+    _query_grad_kernel[(triton.cdiv(num_queries, BLOCK_M), heads, batch)](
+        q, k, v, kbar, keys if keys is not None else seed, seed, grad_out, out, lse_noisy, lse_clean,
+        grad_lse if grad_lse is not None else lse_noisy, grad_squares if grad_squares is not None else lse_noisy,
+        delta, row_sums if has_kl else delta, grad_q, scale, param, heads, num_queries, num_keys, dim, stride_b,
+        stride_h, keys is not None, grad_lse is not None, grad_squares is not None, sampler, _precision(q), BLOCK_M,
+        BLOCK_N, _block_d(dim), num_stages=NUM_STAGES)
+    return grad_q, delta, row_sums
+
+
+@noisy_softmax_query_grad.register_fake
+def _(q, k, v, kbar, keys, seed, grad_out, out, lse_noisy, lse_clean, grad_lse, grad_squares, scale, sampler, param):
+    has_kl = grad_lse is not None or grad_squares is not None
+    return (torch.empty_like(q), torch.empty_like(lse_noisy),
+            torch.empty_like(lse_noisy) if has_kl else lse_noisy.new_empty(0))
+
+
+@torch.library.custom_op("attnbench::noisy_softmax_key_grad", mutates_args=())
+def noisy_softmax_key_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kbar: torch.Tensor,
+                           keys: Optional[torch.Tensor], seed: torch.Tensor, grad_out: torch.Tensor,
+                           lse_noisy: torch.Tensor, lse_clean: torch.Tensor, grad_lse: Optional[torch.Tensor],
+                           grad_squares: Optional[torch.Tensor], delta: torch.Tensor, row_sums: torch.Tensor,
+                           scale: float, sampler: int, param: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dk, dv); one pass over the query tiles per key block."""
+    batch, heads, num_queries, dim = q.shape
+    num_keys = k.shape[-2]
+    stride_b, stride_h = _keys_strides(keys)
+    grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
+    _key_grad_kernel[(triton.cdiv(num_keys, BLOCK_N), heads, batch)](
+        q, k, v, kbar, keys if keys is not None else seed, seed, grad_out, lse_noisy, lse_clean,
+        grad_lse if grad_lse is not None else lse_noisy, grad_squares if grad_squares is not None else lse_noisy,
+        delta, row_sums if row_sums.numel() else delta, grad_k, grad_v, scale, param, heads, num_queries, num_keys,
+        dim, stride_b, stride_h, keys is not None, grad_lse is not None, grad_squares is not None, sampler,
+        _precision(q), BLOCK_M, BLOCK_N, _block_d(dim), num_stages=NUM_STAGES)
+    return grad_k, grad_v
+
+
+@noisy_softmax_key_grad.register_fake
+def _(q, k, v, kbar, keys, seed, grad_out, lse_noisy, lse_clean, grad_lse, grad_squares, delta, row_sums, scale,
+      sampler, param):
+    return torch.empty_like(k), torch.empty_like(v)
+
+
+@torch.library.custom_op("attnbench::noisy_softmax_spread", mutates_args=())
+def noisy_softmax_spread(q: torch.Tensor, k: torch.Tensor, kbar: torch.Tensor, keys: Optional[torch.Tensor],
+                         seed: torch.Tensor, lse_clean: torch.Tensor, gap: torch.Tensor, scale: float, sampler: int,
+                         param: float) -> torch.Tensor:
+    """Σ_j |W_ij - P_ij| per row; one pass over the key tiles per query block."""
+    batch, heads, num_queries, dim = q.shape
+    num_keys = k.shape[-2]
+    stride_b, stride_h = _keys_strides(keys)
+    spread = torch.empty_like(lse_clean)
+    _spread_kernel[(triton.cdiv(num_queries, BLOCK_M), heads, batch)](
+        q, k, kbar, keys if keys is not None else seed, seed, lse_clean, gap, spread, scale, param, heads,
+        num_queries, num_keys, dim, stride_b, stride_h, keys is not None, sampler, _precision(q), BLOCK_M, BLOCK_N,
+        _block_d(dim), num_stages=NUM_STAGES)
+    return spread
+
+
+@noisy_softmax_spread.register_fake
+def _(q, k, kbar, keys, seed, lse_clean, gap, scale, sampler, param):
+    return torch.empty_like(lse_clean)
+
+
+def _products(q_shape, k_shape, passes: int) -> int:
+    """FLOPs of `passes` [Lq x d] by [d x Lk] products (or [Lq x Lk] by [Lk x d]) per (sample, head) (the flop
+    counter hands a formula its tensors' shapes)."""
+    batch, heads, num_queries, dim = q_shape
+    return passes * 2 * batch * heads * num_queries * k_shape[-2] * dim
+
+
+# What each launch computes, for FLOP counters (torch.utils.flop_counter; the GPU cost page): its tile products.
+register_flop_formula(torch.ops.attnbench.noisy_softmax_forward)(
+    lambda q, k, *_, **__: _products(q, k, 2))  # scores, w·v
+register_flop_formula(torch.ops.attnbench.noisy_softmax_query_grad)(
+    lambda q, k, *_, **__: _products(q, k, 3))  # scores, do·vᵀ, dS·k
+register_flop_formula(torch.ops.attnbench.noisy_softmax_key_grad)(
+    lambda q, k, *_, **__: _products(q, k, 4))  # scores, wᵀ·do, do·vᵀ, dSᵀ·q
+register_flop_formula(torch.ops.attnbench.noisy_softmax_spread)(
+    lambda q, k, *_, **__: _products(q, k, 1))  # scores
 
 
 class NoisySoftmaxAttention(torch.autograd.Function):
@@ -352,29 +487,20 @@ class NoisySoftmaxAttention(torch.autograd.Function):
     [B, H, d] float32 the mean of each (sample, head)'s valid keys (given without gradient: the kernels add the
     gradient that reaches k through it); the noise from `seed` (int64 [1], on the device). Returns (output, the clean
     rows' logsumexp a_i = logsumexp_j s_ij [B, H, Lq] float32, Σ_j s_ij² over the valid keys where `want_squares`
-    (else an empty tensor), the sampled rows' logsumexp (no gradient)). The scores' shift by <q_i, kbar> changes no
-    weight; it keeps the KL's sums of log w_ij = s_ij - a_i free of cancellation (bam.py `_PairSums`)."""
+    (else an empty tensor), the sampled rows' logsumexp (no gradient), and the gap between the two logsumexps where
+    `want_gap` (else empty; no gradient)). The scores' shift by <q_i, kbar> changes no weight; it keeps the KL's sums
+    of log w_ij = s_ij - a_i free of cancellation (bam.py `_PairSums`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, kbar, key_mask, seed, scale: float, sampler: int, param: float, want_squares: bool,
                 want_gap: bool):
-        batch, heads, num_queries, dim = q.shape
-        num_keys = k.shape[-2]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         kbar = kbar.detach().float().contiguous()
-        keys, stride_b, stride_h = _key_layout(key_mask, batch, heads, num_keys)
-        lse_noisy = torch.empty((batch, heads, num_queries), device=q.device, dtype=torch.float32)
-        lse_clean = torch.empty_like(lse_noisy)
-        squares = torch.empty_like(lse_noisy) if want_squares else lse_noisy.new_empty(0)
-        gap = torch.empty_like(lse_noisy) if want_gap else lse_noisy.new_empty(0)
-        out = torch.empty_like(q)
-        _forward_kernel[(triton.cdiv(num_queries, BLOCK_M), heads, batch)](
-            q, k, v, kbar, keys if keys is not None else seed, seed, out, lse_noisy, lse_clean,
-            squares if want_squares else lse_noisy, gap if want_gap else lse_noisy, scale, param, heads, num_queries,
-            num_keys, dim, stride_b, stride_h, keys is not None, want_squares, want_gap, sampler, _precision(q),
-            BLOCK_M, BLOCK_N, _block_d(dim), num_stages=NUM_STAGES)
+        keys = _key_layout(key_mask, k.shape[-2])
+        out, lse_noisy, lse_clean, squares, gap = noisy_softmax_forward(q, k, v, kbar, keys, seed, scale, sampler,
+                                                                        param, want_squares, want_gap)
         ctx.save_for_backward(q, k, v, kbar, out, lse_noisy, lse_clean, seed, keys)
-        ctx.layout = (scale, sampler, param, stride_b, stride_h)
+        ctx.layout = (scale, sampler, param)
         ctx.mark_non_differentiable(lse_noisy, gap)
         if not want_squares:
             ctx.mark_non_differentiable(squares)
@@ -383,28 +509,14 @@ class NoisySoftmaxAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse, grad_squares, _grad_noisy, _grad_gap):
         q, k, v, kbar, out, lse_noisy, lse_clean, seed, keys = ctx.saved_tensors
-        scale, sampler, param, stride_b, stride_h = ctx.layout
-        batch, heads, num_queries, dim = q.shape
-        num_keys = k.shape[-2]
+        scale, sampler, param = ctx.layout
         grad_out = grad_out.contiguous()
-        has_grad_lse = grad_lse is not None
-        has_grad_squares = grad_squares is not None and grad_squares.numel() > 0
-        # placeholders where a gradient is absent: row vectors the kernels do not read
-        grad_lse = grad_lse.contiguous() if has_grad_lse else lse_noisy
-        grad_squares = grad_squares.contiguous() if has_grad_squares else lse_noisy
-        delta = torch.empty_like(lse_noisy)
-        row_sums = torch.empty_like(lse_noisy) if has_grad_lse or has_grad_squares else lse_noisy
-        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        keys_arg = keys if keys is not None else seed
-        precision, block_d = _precision(q), _block_d(dim)
-        _query_grad_kernel[(triton.cdiv(num_queries, BLOCK_M), heads, batch)](
-            q, k, v, kbar, keys_arg, seed, grad_out, out, lse_noisy, lse_clean, grad_lse, grad_squares, delta,
-            row_sums, grad_q, scale, param, heads, num_queries, num_keys, dim, stride_b, stride_h, keys is not None,
-            has_grad_lse, has_grad_squares, sampler, precision, BLOCK_M, BLOCK_N, block_d, num_stages=NUM_STAGES)
-        _key_grad_kernel[(triton.cdiv(num_keys, BLOCK_N), heads, batch)](
-            q, k, v, kbar, keys_arg, seed, grad_out, lse_noisy, lse_clean, grad_lse, grad_squares, delta, row_sums,
-            grad_k, grad_v, scale, param, heads, num_queries, num_keys, dim, stride_b, stride_h, keys is not None,
-            has_grad_lse, has_grad_squares, sampler, precision, BLOCK_M, BLOCK_N, block_d, num_stages=NUM_STAGES)
+        grad_lse = grad_lse.contiguous() if grad_lse is not None else None
+        grad_squares = grad_squares.contiguous() if grad_squares is not None and grad_squares.numel() else None
+        grad_q, delta, row_sums = noisy_softmax_query_grad(q, k, v, kbar, keys, seed, grad_out, out, lse_noisy,
+                                                           lse_clean, grad_lse, grad_squares, scale, sampler, param)
+        grad_k, grad_v = noisy_softmax_key_grad(q, k, v, kbar, keys, seed, grad_out, lse_noisy, lse_clean, grad_lse,
+                                                grad_squares, delta, row_sums, scale, sampler, param)
         return grad_q, grad_k, grad_v, None, None, None, None, None, None, None, None
 
 
@@ -431,16 +543,9 @@ def mean_key(k: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
 def row_spread(q, k, kbar, key_mask, seed, lse_clean, gap, scale: float, sampler: str, param: float):
     """Σ_j |W_ij - P_ij| per row [B, H, Lq] float32 (no gradient): the sampled weights' distance from the clean ones,
     for the draw `seed` gave the call whose clean logsumexp, gap (`noisy_softmax_attention`) and kbar these are."""
-    batch, heads, num_queries, dim = q.shape
-    num_keys = k.shape[-2]
-    q, k = q.detach().contiguous(), k.detach().contiguous()
-    keys, stride_b, stride_h = _key_layout(key_mask, batch, heads, num_keys)
-    spread = torch.empty_like(lse_clean)
-    _spread_kernel[(triton.cdiv(num_queries, BLOCK_M), heads, batch)](
-        q, k, kbar.detach().float().contiguous(), keys if keys is not None else seed, seed, lse_clean.detach(),
-        gap.detach(), spread, scale, float(param), heads, num_queries, num_keys, dim, stride_b, stride_h, keys is not None,
-        SAMPLERS[sampler], _precision(q), BLOCK_M, BLOCK_N, _block_d(dim), num_stages=NUM_STAGES)
-    return spread
+    return noisy_softmax_spread(q.detach().contiguous(), k.detach().contiguous(), kbar.detach().float().contiguous(),
+                                _key_layout(key_mask, k.shape[-2]), seed, lse_clean.detach(), gap.detach(), scale,
+                                SAMPLERS[sampler], float(param))
 
 
 def drawn_noise(seed, shape, sampler: str, param: float) -> torch.Tensor:
