@@ -30,6 +30,8 @@ Rows with no valid key give a zero output and zero gradients, as DenseGroups' so
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
 try:
     import triton
@@ -241,9 +243,128 @@ def _block_d(dim: int) -> int:
     return max(16, 1 << (dim - 1).bit_length())
 
 
-def _precision(dtype: torch.dtype) -> str:
+def _precision(dtype: torch.dtype | None) -> str:
     # float32 inputs: full float32 products (the eager path's), not TF32; bf16/fp16 tiles run as they are
     return "ieee"
+
+
+def _terms(a: Tensor, c: Tensor | None, e: Tensor | None, table: Tensor | None, key_valid: Tensor | None,
+           lookup: Tensor | None) -> tuple[list, dict]:
+    """The optional terms as kernel arguments (a tensor the kernel never reads, a, in place of an absent one) and the
+    flags that say which are there."""
+    mask, mask_stride = a, 0
+    if key_valid is not None:
+        mask = key_valid.view(torch.uint8)
+        mask_stride = key_valid.shape[-1] if key_valid.shape[0] > 1 else 0
+    args = [a, a if c is None else c, a if e is None else e, mask, mask_stride, a if lookup is None else lookup,
+            a if table is None else table]
+    flags = dict(NUM_BUCKETS=table.shape[1] if table is not None else 1, HAS_C=c is not None, HAS_E=e is not None,
+                 HAS_T=table is not None, HAS_MASK=key_valid is not None)
+    return args, flags
+
+
+# Each launch is a functional custom op (attnbench::*): what it reads are its arguments, what it writes its results. A
+# dispatch mode (the GPU cost page, a profiler) sees one op per launch, and FakeTensorMode its fake form (shapes only).
+@torch.library.custom_op("attnbench::biased_softmax_forward", mutates_args=())
+def biased_softmax_forward(q: Tensor, k: Tensor, v: Tensor, a: Tensor, c: Tensor | None, e: Tensor | None,
+                           table: Tensor | None, key_valid: Tensor | None, lookup: Tensor | None,
+                           scale: float) -> tuple[Tensor, Tensor]:
+    """(output, row logsumexp [B, H, Lq] float32: +inf on a row without keys), one pass over K and V per query tile."""
+    batch, heads, lq, dim = q.shape
+    lk = k.shape[2]
+    out = v.new_empty((batch, heads, lq, dim))
+    lse = torch.empty((batch, heads, lq), device=q.device, dtype=torch.float32)
+    args, flags = _terms(a, c, e, table, key_valid, lookup)
+    _forward_kernel[(triton.cdiv(lq, BLOCK_M), heads, batch)](
+        q, k, v, *args, out, lse, scale, lq, lk, dim, **flags, PRECISION=_precision(q.dtype),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(dim), num_stages=NUM_STAGES)
+    return out, lse
+
+
+@biased_softmax_forward.register_fake
+def _(q, k, v, a, c, e, table, key_valid, lookup, scale):
+    return v.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("attnbench::biased_softmax_query_grad", mutates_args=())
+def biased_softmax_query_grad(q: Tensor, k: Tensor, v: Tensor, out: Tensor, grad_out: Tensor, a: Tensor,
+                              c: Tensor | None, e: Tensor | None, table: Tensor | None, key_valid: Tensor | None,
+                              lookup: Tensor | None, lse: Tensor, scale: float, need_da: bool,
+                              need_dt: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, δ = do·o per row, a's gradient per program [B, H, query tiles], T's per program [B, H, query tiles,
+    buckets padded]; the last two empty where not asked for), one pass over K and V per query tile."""
+    batch, heads, lq, dim = q.shape
+    lk = k.shape[2]
+    m_blocks = triton.cdiv(lq, BLOCK_M)
+    args, flags = _terms(a, c, e, table, key_valid, lookup)
+    buckets_pad = _buckets_pad(flags["NUM_BUCKETS"])
+    grad_q, delta = torch.empty_like(q), torch.empty_like(lse)
+    da_part = lse.new_empty((batch, heads, m_blocks) if need_da else (0,))
+    dt_part = lse.new_empty((batch, heads, m_blocks, buckets_pad) if need_dt else (0,))
+    _query_grad_kernel[(m_blocks, heads, batch)](
+        q, k, v, out, grad_out, *args, lse, delta, grad_q, da_part if need_da else a, dt_part if need_dt else a,
+        scale, lq, lk, dim, **flags, BUCKETS_PAD=buckets_pad, NEED_DA=need_da, NEED_DT=need_dt,
+        PRECISION=_precision(q.dtype), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(dim),
+        num_stages=NUM_STAGES)
+    return grad_q, delta, da_part, dt_part
+
+
+@biased_softmax_query_grad.register_fake
+def _(q, k, v, out, grad_out, a, c, e, table, key_valid, lookup, lse, scale, need_da, need_dt):
+    batch, heads, lq, _ = q.shape
+    m_blocks = -(-lq // BLOCK_M)
+    buckets_pad = _buckets_pad(table.shape[1] if table is not None else 1)
+    return (torch.empty_like(q), torch.empty_like(lse), lse.new_empty((batch, heads, m_blocks) if need_da else (0,)),
+            lse.new_empty((batch, heads, m_blocks, buckets_pad) if need_dt else (0,)))
+
+
+@torch.library.custom_op("attnbench::biased_softmax_key_grad", mutates_args=())
+def biased_softmax_key_grad(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, a: Tensor, c: Tensor | None,
+                            e: Tensor | None, table: Tensor | None, key_valid: Tensor | None, lookup: Tensor | None,
+                            lse: Tensor, delta: Tensor, scale: float, need_de: bool,
+                            need_dc: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dk, dv, e's gradient [B, H, Lk] float32, c's per program [B, H, key tiles]; the last two empty where not asked
+    for), one pass over Q and dO per key tile."""
+    batch, heads, lq, dim = q.shape
+    lk = k.shape[2]
+    n_blocks = triton.cdiv(lk, BLOCK_N)
+    args, flags = _terms(a, c, e, table, key_valid, lookup)
+    grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
+    grad_e = lse.new_empty((batch, heads, lk) if need_de else (0,))
+    dc_part = lse.new_empty((batch, heads, n_blocks) if need_dc else (0,))
+    _key_grad_kernel[(n_blocks, heads, batch)](
+        q, k, v, grad_out, *args, lse, delta, grad_k, grad_v, grad_e if need_de else a, dc_part if need_dc else a,
+        scale, lq, lk, dim, **flags, NEED_DE=need_de, NEED_DC=need_dc, PRECISION=_precision(q.dtype),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(dim), num_stages=NUM_STAGES)
+    return grad_k, grad_v, grad_e, dc_part
+
+
+@biased_softmax_key_grad.register_fake
+def _(q, k, v, grad_out, a, c, e, table, key_valid, lookup, lse, delta, scale, need_de, need_dc):
+    batch, heads, lk, _ = k.shape
+    n_blocks = -(-lk // BLOCK_N)
+    return (torch.empty_like(k), torch.empty_like(v), lse.new_empty((batch, heads, lk) if need_de else (0,)),
+            lse.new_empty((batch, heads, n_blocks) if need_dc else (0,)))
+
+
+def _buckets_pad(num_buckets: int) -> int:
+    return max(16, 1 << (num_buckets - 1).bit_length())
+
+
+def _products(q_shape, k_shape, passes: int) -> int:
+    """FLOPs of `passes` [Lq x d] by [d x Lk] products (or [Lq x Lk] by [Lk x d]) per (sample, head)."""
+    batch, heads, lq, dim = q_shape
+    return passes * 2 * batch * heads * lq * k_shape[2] * dim
+
+
+# What each launch computes, for FLOP counters (torch.utils.flop_counter, which hands a formula the shapes; the GPU cost
+# page): its tile products.
+register_flop_formula(torch.ops.attnbench.biased_softmax_forward)(
+    lambda q, k, *_, **__: _products(q, k, 2))  # scores, p·v
+register_flop_formula(torch.ops.attnbench.biased_softmax_query_grad)(
+    lambda q, k, *_, **__: _products(q, k, 3))  # scores, do·vᵀ, dS·k
+register_flop_formula(torch.ops.attnbench.biased_softmax_key_grad)(
+    lambda q, k, *_, **__: _products(q, k, 4))  # scores, pᵀ·do, do·vᵀ, dSᵀ·q
 
 
 class BiasedSoftmaxAttention(torch.autograd.Function):
@@ -251,78 +372,43 @@ class BiasedSoftmaxAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, a, c, e, table, key_valid, lookup, scale: float):
-        batch, heads, lq, dim = q.shape
-        lk = k.shape[2]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         a32 = a.detach().float().contiguous()
-        # a tensor the kernel never reads in place of an absent term: the [H] one already passed
-        c32 = c.detach().float().contiguous() if c is not None else a32
-        e32 = e.detach().contiguous() if e is not None else a32
-        t32 = table.detach().float().contiguous() if table is not None else a32
-        lookup = lookup.contiguous() if lookup is not None else a32
-        mask, mask_stride = a32, 0
-        if key_valid is not None:
-            mask = key_valid.contiguous().view(torch.uint8)
-            mask_stride = lk if key_valid.shape[0] > 1 else 0
-        num_buckets = table.shape[1] if table is not None else 1
-        out = v.new_empty((batch, heads, lq, dim))
-        lse = torch.empty((batch, heads, lq), device=q.device, dtype=torch.float32)
-        flags = dict(NUM_BUCKETS=num_buckets, HAS_C=c is not None, HAS_E=e is not None, HAS_T=table is not None,
-                     HAS_MASK=key_valid is not None, PRECISION=_precision(q.dtype))
-        _forward_kernel[(triton.cdiv(lq, BLOCK_M), heads, batch)](
-            q, k, v, a32, c32, e32, mask, mask_stride, lookup, t32, out, lse, scale, lq, lk, dim, **flags,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(dim), num_stages=NUM_STAGES)
-        ctx.save_for_backward(q, k, v, out, lse, a32, c32, e32, t32, mask, lookup)
-        ctx.scale, ctx.mask_stride, ctx.flags = scale, mask_stride, flags
+        c32 = c.detach().float().contiguous() if c is not None else None
+        e32 = e.detach().float().contiguous() if e is not None else None
+        t32 = table.detach().float().contiguous() if table is not None else None
+        lookup = lookup.contiguous() if lookup is not None else None
+        key_valid = key_valid.contiguous() if key_valid is not None else None
+        out, lse = biased_softmax_forward(q, k, v, a32, c32, e32, t32, key_valid, lookup, scale)
+        ctx.save_for_backward(q, k, v, out, lse, a32, c32, e32, t32, key_valid, lookup)
+        ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, a32, c32, e32, t32, mask, lookup = ctx.saved_tensors
-        batch, heads, lq, dim = q.shape
-        lk = k.shape[2]
-        flags = ctx.flags
+        q, k, v, out, lse, a32, c32, e32, t32, key_valid, lookup = ctx.saved_tensors
         needs = ctx.needs_input_grad
         grad_out = grad_out.contiguous()
         if grad_out.dtype != q.dtype:
             grad_out = grad_out.to(q.dtype)
-        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        delta = torch.empty_like(lse)
-        m_blocks, n_blocks = triton.cdiv(lq, BLOCK_M), triton.cdiv(lk, BLOCK_N)
-        need_da, need_dt = bool(needs[3]), bool(flags["HAS_T"] and needs[6])
-        need_dc, need_de = bool(flags["HAS_C"] and needs[4]), bool(flags["HAS_E"] and needs[5])
-        buckets_pad = max(16, triton.next_power_of_2(flags["NUM_BUCKETS"]))
-        # per-program partial sums, reduced below (a tensor the kernel never writes in place of one not asked for)
-        da_part = torch.empty((batch, heads, m_blocks), device=q.device, dtype=torch.float32) if need_da else a32
-        dt_part = (torch.empty((batch, heads, m_blocks, buckets_pad), device=q.device, dtype=torch.float32)
-                   if need_dt else a32)
-        dc_part = torch.empty((batch, heads, n_blocks), device=q.device, dtype=torch.float32) if need_dc else a32
-        grad_e = torch.empty((batch, heads, lk), device=q.device, dtype=torch.float32) if need_de else a32
-        block_d = _block_d(dim)
-        _query_grad_kernel[(m_blocks, heads, batch)](
-            q, k, v, out, grad_out, a32, c32, e32, mask, ctx.mask_stride, lookup, t32, lse, delta, grad_q, da_part,
-            dt_part, ctx.scale, lq, lk, dim, BUCKETS_PAD=buckets_pad, NEED_DA=need_da, NEED_DT=need_dt, **flags,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=block_d, num_stages=NUM_STAGES)
-        _key_grad_kernel[(n_blocks, heads, batch)](
-            q, k, v, grad_out, a32, c32, e32, mask, ctx.mask_stride, lookup, t32, lse, delta, grad_k, grad_v, grad_e,
-            dc_part, ctx.scale, lq, lk, dim, NEED_DE=need_de, NEED_DC=need_dc, **flags,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=block_d, num_stages=NUM_STAGES)
+        need_da, need_dt = bool(needs[3]), bool(t32 is not None and needs[6])
+        need_dc, need_de = bool(c32 is not None and needs[4]), bool(e32 is not None and needs[5])
+        # the dq pass forms δ, which the dk/dv pass reads
+        grad_q, delta, da_part, dt_part = biased_softmax_query_grad(
+            q, k, v, out, grad_out, a32, c32, e32, t32, key_valid, lookup, lse, ctx.scale, need_da, need_dt)
+        grad_k, grad_v, grad_e, dc_part = biased_softmax_key_grad(
+            q, k, v, grad_out, a32, c32, e32, t32, key_valid, lookup, lse, delta, ctx.scale, need_de, need_dc)
         grad_a = da_part.sum((0, 2)) if need_da else None
         grad_c = dc_part.sum((0, 2)) if need_dc else None
-        grad_t = dt_part.sum((0, 2))[:, :flags["NUM_BUCKETS"]] if need_dt else None
+        grad_t = dt_part.sum((0, 2))[:, :t32.shape[1]] if need_dt else None
         return (grad_q, grad_k, grad_v, grad_a, grad_c, grad_e if need_de else None, grad_t, None, None, None)
 
 
 def biased_softmax_attention(q, k, v, *, scale: float, a=None, c=None, e=None, table=None, lookup=None,
                              key_valid=None):
-    """The fused call. q [B, H, Lq, d], k [B, H, Lk, d], v [B, H, Lk, d]; a, c [H] (a = None: 1); e [B, H, Lk];
-    table [H, buckets] with `lookup` the int32 bucket of each relative position key - query from 1 - Lk to Lk - 1
-    (`relative_bucket_lookup`); key_valid [B or 1, Lk] bool (True = a key to attend)."""
+    """The fused call. q [B, H, Lq, d], k [B, H, Lk, d], v [B, H, Lk, d] of one dtype; a, c [H] (a = None: 1); e
+    [B, H, Lk]; table [H, buckets] with `lookup` the int32 bucket of each relative position key - query from 1 - Lk to
+    Lk - 1 (fenchel.relative_buckets); key_valid [B or 1, Lk] bool (True = a key to attend)."""
     if a is None:
         a = torch.ones(q.shape[1], device=q.device, dtype=torch.float32)
     return BiasedSoftmaxAttention.apply(q, k, v, a, c, e, table, key_valid, lookup, scale)
-
-
-def relative_bucket_lookup(bucket_fn, num_keys: int, device) -> torch.Tensor:
-    """int32 [2·num_keys - 1]: bucket_fn(key - query) for key - query = 1 - num_keys … num_keys - 1."""
-    return bucket_fn(torch.arange(1 - num_keys, num_keys, device=device)).to(torch.int32)
