@@ -8,7 +8,8 @@ interpreter (TRITON_INTERPRET=1), in float32:
   (the prior MLP's too), on a padded batch;
 - the variant with noise: the KL as the current fused (SDPA) path computes it, `sample_tv` as the kernel's draw gives
   it, and close to what the SDPA path's draw gives;
-- the noise's statistics (Weibull log-noise and lognormal moments) and the independence of the planes' streams.
+- the noise's statistics (Weibull log-noise and lognormal moments) and the independence of the planes' streams;
+- under bf16 autocast, the kernel in bf16 as SDPA would run.
 Where the path is (not) taken needs no interpreter and runs here.
 
 The interpreter reads TRITON_INTERPRET when a kernel is defined, so each interpreted check runs in a fresh process."""
@@ -181,7 +182,23 @@ print(json.dumps(found))
 STATS_CHECK = r"""
 import json, math
 import torch
+from modules.attention import AttentionSite, DenseGroups, build_attention
 from modules.attention import triton_noisy_softmax as T
+from modules.device_policy import triton_kernels_anywhere
+
+
+def autocast_check():
+    # under bf16 autocast the kernel takes q, k, v in bf16, as SDPA would, and returns bf16; noise off, against eager fp32
+    kernel = build_attention({"name": "bam-weibull", "k": 1e8}, num_heads=2, head_dim=16,
+                             site=AttentionSite("text", "self", sequence=True)).train()
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(3))
+    with triton_kernels_anywhere(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = kernel(q, k, v, DenseGroups(), need_weights=False)
+    path = kernel.last_path
+    exact, _ = kernel(q, k, v, DenseGroups(), need_weights=True)
+    return {"path": path, "dtype": str(out.dtype), "error": float((out.float() - exact).abs().max() / exact.abs().max())}
+
 
 seed = torch.tensor([20201])
 shape = (2, 2, 64, 64)  # 16384 draws, 4096 a plane
@@ -196,7 +213,8 @@ print(json.dumps({
     "normal_mean": float(normal.mean()), "normal_std": float(normal.std()),
     "normal_kurtosis": float(((normal - normal.mean()) ** 4).mean() / normal.var() ** 2),
     "plane_correlation": float(torch.corrcoef(planes).sub(torch.eye(4, dtype=torch.float64)).abs().max()),
-    "finite": bool(torch.isfinite(weibull).all() and torch.isfinite(lognormal).all())}))
+    "finite": bool(torch.isfinite(weibull).all() and torch.isfinite(lognormal).all()),
+    "autocast": autocast_check()}))
 """
 
 
@@ -255,6 +273,9 @@ def test_the_kernel_s_noise_has_the_samplers_distributions():
     assert found["normal_std"] == pytest.approx(1.0, rel=0.03), found
     assert found["normal_kurtosis"] == pytest.approx(3.0, abs=0.3), found
     assert found["plane_correlation"] <= 5 / math.sqrt(draws / 4), found
+    autocast = found["autocast"]  # bf16 inputs and output: within a few of bf16's steps (2^-8) of the fp32 result
+    assert autocast["path"] == "triton-noisy-softmax" and autocast["dtype"] == "torch.bfloat16", autocast
+    assert autocast["error"] <= 2e-2, autocast
 
 
 # ---- where the path is taken (no kernel runs) -----------------------------------------------------------------------

@@ -900,8 +900,12 @@ class BayesianAttention(AttentionKernel):
             # below 2^31: the kernel keys each (sample, head) plane's stream by seed + plane * 2^32, one key per pair
             seed = torch.randint(0, 2**31, (1,), generator=self.noise_generator, device=q.device)
             key_mean = module.mean_key(k, groups.mask)
+            inputs = (q, k, v)
+            device = q.device.type
+            if torch.is_autocast_enabled(device):  # in the autocast dtype, as SDPA would take them
+                inputs = tuple(t.to(torch.get_autocast_dtype(device)) for t in inputs)
             out, centred_lse, squares, _, gap = module.noisy_softmax_attention(
-                q, k, v, key_mean, groups.mask, seed, scale, sampler, param, want_squares=self._kl_needs_squares(),
+                *inputs, key_mean, groups.mask, seed, scale, sampler, param, want_squares=self._kl_needs_squares(),
                 want_gap=measure)
             if self.key_prior is None:  # the kernel's float32 row sums are all the KL reads: no float32 copy of q, k
                 aux["kl"] = self._closed_kl(q, k, None, None, groups, scale, centred=(centred_lse, squares))
@@ -911,7 +915,8 @@ class BayesianAttention(AttentionKernel):
                     aux["kl"] = self._closed_kl(precise_q, precise_k, None, prior, groups, scale,
                                                 centred=(centred_lse, squares))
             if measure:
-                spread = module.row_spread(q, k, key_mean, groups.mask, seed, centred_lse, gap, scale, sampler, param)
+                spread = module.row_spread(*inputs[:2], key_mean, groups.mask, seed, centred_lse, gap, scale, sampler,
+                                           param)
                 valid = groups.valid_queries
                 if valid is None:
                     total, counted = spread.sum(), float(spread.numel())
