@@ -873,10 +873,12 @@ class BayesianAttention(AttentionKernel):
     def _takes_noisy_kernel(self, q: Tensor, k: Tensor) -> bool:
         """Whether a training call runs the Triton kernel that draws its noise inside (`_noisy_kernel_attention`):
         where the device policy takes the project's Triton kernels, without attention dropout (the kernel has none;
-        SDPA's form keeps it), with q and k of one batch and head count, and unless a check holds the noise
-        (`draw_noise` set on the kernel: the kernel's draw cannot be the held one)."""
+        SDPA's form keeps it), with q and k of one batch and head count, fewer than 2^31 (query, key) pairs a head
+        (the noise's 32-bit counter), and unless a check holds the noise (`draw_noise` set on the kernel: the
+        kernel's draw cannot be the held one)."""
         return (self.call_dropout == 0.0 and takes_triton_path(q) and "draw_noise" not in vars(self)
-                and q.shape[:2] == k.shape[:2] and _noisy_kernel_module() is not None)
+                and q.shape[:2] == k.shape[:2] and q.shape[-2] * k.shape[-2] < 2**31
+                and _noisy_kernel_module() is not None)
 
     def _noisy_kernel_attention(self, q: Tensor, k: Tensor, groups: DenseGroups, scale: float) -> FusedAttention:
         """The sampled attention in one Triton kernel (path `triton-noisy-softmax`): the noise n_ij is drawn inside the
