@@ -15,6 +15,7 @@ from .attention_terms import (DivergenceWatch, diagnosed_validation, diagnostics
 from .class_scores import class_scores, confusion_counts, confusion_rows
 from .example_mean import ExampleMean
 from .optimization import graph_adam, parameter_groups
+from .repeat_log import RepeatLog
 
 
 LOGGED = {"enable_graph": True}
@@ -42,6 +43,8 @@ class NodeClassificationModule(L.LightningModule):
         self.lr, self.weight_decay = lr, weight_decay
         self.num_classes = num_classes
         self.val_loss = ExampleMean()
+        self._logs = RepeatLog()
+        """Every epoch logs the same names with the same arguments: after the first, without Lightning's set-up per call."""
         self._groups = None
         self._mask_nodes: dict[str, Tensor] = {}
         self._split_labels: dict[str, Tensor] = {}
@@ -64,9 +67,9 @@ class NodeClassificationModule(L.LightningModule):
         aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
         loss = task_loss if aux is None else task_loss + aux
         self._divergence.update(loss, self, batch_idx)
-        self.log("train/loss", loss, batch_size=1, **LOGGED)
-        self.log_dict({**aux_logs, **diagnostics(trace), **mechanism_logs(trace, task_loss, self.global_step, self.current_epoch)},
-                      batch_size=1, **LOGGED)
+        self._logs.log(self, "train/loss", loss, batch_size=1, **LOGGED)
+        self._logs.log_dict(self, {**aux_logs, **diagnostics(trace), **mechanism_logs(trace, task_loss, self.global_step, self.current_epoch)},
+                            batch_size=1, **LOGGED)
         return loss
 
     def _nodes(self, split: str, mask: Tensor) -> Tensor:
@@ -100,10 +103,10 @@ class NodeClassificationModule(L.LightningModule):
         counts = self._summed_over_ranks(confusion_counts(scored, target, self.num_classes, self._confusion_rows[split]))
         if split == "val":
             self.val_loss.update(loss, len(nodes))
-            self.log("val/loss", self.val_loss, **LOGGED)
+            self._logs.log(self, "val/loss", self.val_loss, **LOGGED)
         else:  # tests run on one process (harness/run/distributed.py)
             self.log(f"{split}/loss", loss, batch_size=len(nodes), sync_dist=True)
-        self.log_dict({f"{split}/{k}": v for k, v in logs.items()}, batch_size=1, **LOGGED)
+        self._logs.log_dict(self, {f"{split}/{k}": v for k, v in logs.items()}, batch_size=1, **LOGGED)
         # One batch a pass (the whole graph), so the pass's value is this batch's: "sum" adds it to 0 and nothing
         # else, where a mean would multiply and divide it by the batch size (not bit-exact in float32).
         # the table counts the whole split's nodes, summed over the ranks' shares (its sum, kept as the rows are)
@@ -114,7 +117,7 @@ class NodeClassificationModule(L.LightningModule):
         trainer = getattr(self, "_trainer", None)
         true_counts = self._confusion_rows[split][1] if trainer is None or trainer.world_size == 1 else None
         scores = class_scores(counts, examples, self._confusion_rows[(split, "total")], true_counts)
-        self.log_dict({f"{split}/{k}": v for k, v in scores.items()}, batch_size=1, reduce_fx="sum", **LOGGED)
+        self._logs.log_dict(self, {f"{split}/{k}": v for k, v in scores.items()}, batch_size=1, reduce_fx="sum", **LOGGED)
         return trace
 
     def _summed_over_ranks(self, counts: Tensor) -> Tensor:
