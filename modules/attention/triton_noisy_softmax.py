@@ -13,17 +13,23 @@ Philox's key is the call's seed (one int64 drawn on the device from the run's no
 host) plus (b·H + h)·2^32, its counter i·Lk + j: every (sample, head) plane has a stream of its own and a counter
 that fits 32 bits up to Lq·Lk < 2^31.
 
-The same forward pass gives the CLEAN row logsumexp lse_i = logsumexp_j(scale·<q_i, k_j>) over the valid keys (0 for a
-row without any), which BAM's closed-form KL needs, and the backward takes its gradient: d lse_i / d s_ij = P_ij, the
-clean weights, one more term in dS. With W the sampled weights (W_ij = exp(s_ij + n_ij - lseN_i)), P the clean ones,
-g = dL/d lse and δ_i = do_i · o_i:
-  dS_ij = W_ij (do_i · v_j - δ_i) + g_i P_ij,  dq = scale·dS k,  dk = scale·dSᵀ q,  dv = Wᵀ do.
-Saved for the backward: q, k, v, the output and both logsumexps per row: FlashAttention's set and one row vector more.
-Kernels: the forward (one pass over K and V per query tile); in the backward dq first (a pass over key tiles per query
-block; it also writes δ from do and the output), then dk with dv (a pass over query tiles per key block). A separate
-launch measures Σ_j |W_ij - P_ij| per row (BAM's `sample_tv`) from q, k, the clean logsumexp and the gap
-lseN_i - lse_i, which the forward forms as log1p(Σ_j P_ij expm1(n_ij)) where asked: at the small noise of BAM's GLUE
-recipe (σ = 1e-4) the two logsumexps differ in their rounding, and W - P as a difference keeps little else.
+The scores are taken against the keys less their mean over the (sample, head)'s valid keys, kbar (given, float32):
+s_ij = scale·<q_i, k_j - kbar>, which changes no weight (a shift per row) and is what BAM's closed-form KL sums
+(bam.py `_PairSums`: log w_ij = s_ij - a_i, with Σ_j s_ij = 0, so no sum cancels large terms). The same forward pass
+gives the CLEAN rows' a_i = logsumexp_j s_ij over the valid keys (0 for a row without any) and, where asked, Σ_j s_ij²,
+and the backward takes their gradients: d a_i / d s_ij = P_ij (the clean weights), d Σ_j s_ij² / d s_ij = 2 s_ij, more
+terms in dS. With W the sampled weights (W_ij = exp(s_ij + n_ij - lseN_i)), g and g2 the gradients of a and of the
+squares, δ_i = do_i · o_i:
+  dS_ij = W_ij (do_i · v_j - δ_i) + g_i P_ij + 2 g2_i s_ij,  dq = scale·dS (k - kbar),  dv = Wᵀ do,
+  dk_j = scale·(dSᵀ q)_j - [j valid] scale/n Σ_i r_i q_i,  r_i = Σ_j (g_i P_ij + 2 g2_i s_ij)
+(the last term the gradient through kbar; W's part of dS sums to 0 over a row, as a softmax's does).
+Saved for the backward: q, k, v, kbar, the output and both logsumexps per row: FlashAttention's set and a row vector
+and kbar more. Kernels (each a custom op, `attnbench::noisy_softmax_*`): the forward (one pass over K and V per query
+tile); in the backward dq first (a pass over key tiles per query block; it also writes δ from do and the output, and
+r), then dk with dv (a pass over query tiles per key block). A separate launch measures Σ_j |W_ij - P_ij| per row
+(BAM's `sample_tv`) from q, k, the clean logsumexp and the gap lseN_i - a_i, which the forward forms as
+log1p(Σ_j P_ij expm1(n_ij)) where asked: at the small noise of BAM's GLUE recipe (σ = 1e-4) the two logsumexps differ
+in their rounding, and W - P as a difference keeps little else; here |W_ij - P_ij| = P_ij |expm1(n_ij - gap_i)|.
 Key padding: a per-key mask (per sample, optionally per head). Scores are formed in float32 ("ieee" products for
 float32 inputs; "tf32" for 16-bit ones, exact on their values).
 """
