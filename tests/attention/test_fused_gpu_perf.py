@@ -239,3 +239,29 @@ def test_the_minilm_kit_travels_as_two_fp16_shards_the_text_host_loads(tmp_path,
     with torch.no_grad():
         a, b = text_encoder.encode(kit, ids, mask)[0], text_encoder.encode(wheel, ids, mask)[0]
     assert a.dtype == torch.float32 and 0 < float((a - b).abs().max()) < 1e-2 * float(b.abs().max())
+
+
+def test_the_correctness_check_reaches_the_triton_paths_under_the_interpreter():
+    """What a GPU's correctness section runs for the Triton kernels, here under the Triton interpreter: BAM's noisy
+    kernel (which draws its own noise, checked at the softmax limit) and the biased-softmax kernel of gmm and fenchel,
+    each against its eager path."""
+    pytest.importorskip("triton")
+    script = (
+        "import json\n"
+        "from harness.studies import gpu_perf\n"
+        "from modules.device_policy import triton_kernels_anywhere\n"
+        "gpu_perf.DEVICE = 'cpu'\n"
+        "cases = [{'name': 'bam-weibull', 'k': 1e8}, {'name': 'bam-lognormal', 'sigma': 1e-8}, {'name': 'gmm'},\n"
+        "         {'name': 'fenchel', 'alpha': 0.6, 'prior': 'position'}]\n"
+        "with triton_kernels_anywhere():\n"
+        "    print(json.dumps([gpu_perf.check(c, False, 'fp32') for c in cases]))\n")
+    import json
+    import os
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    bam_weibull, bam_lognormal, gmm, fenchel = json.loads(done.stdout.strip().splitlines()[-1])
+    for found, path in ((bam_weibull, "triton-noisy-softmax"), (bam_lognormal, "triton-noisy-softmax"),
+                        (gmm, "triton-softmax"), (fenchel, "triton-softmax")):
+        assert path in found and found[path] < gpu_perf.TOLERANCE["fp32"], found
