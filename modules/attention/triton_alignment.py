@@ -3,8 +3,8 @@
 Why. The regulariser of align-gan, align-ct and align-ot acts on at most max_points (64) sampled queries and keys per
 (sample, head) cloud, [C, n, d] each. Eagerly, each of its steps (a network layer, its activation, their gradients,
 a softmax, a concatenation, each of align-ot's 50 Sinkhorn iterations) is a kernel that reads and writes tensors the
-size of the clouds from GPU memory: on the GPU cost page (B = 32, H = 12, L = 512) that was 1.4x (align-gan) to 5.7x
-(align-ot) the bytes of the attention itself. Here each program keeps its clouds, the networks' weights and every
+size of the clouds from GPU memory: on the GPU cost page (B = 32, H = 12, L = 512) the regulariser added 1.3x
+(align-gan) to 5.7x (align-ot) the bytes of SDPA softmax's whole forward and backward. Here each program keeps its clouds, the networks' weights and every
 intermediate on chip: the forward reads the clouds once and writes the loss, the backward reads them again (the
 forward's intermediates are recomputed, not stored) and writes their gradients.
 
@@ -14,10 +14,15 @@ forward's intermediates are recomputed, not stored) and writes their gradients.
   backward rebuilds π from them and writes dq, dk through the normalisation. One difference from the eager solve: the
   test stops each cloud on its own (the eager loop stops all clouds when the worst has converged, which needs every
   cloud's result, a pass a single launch cannot wait for), so a cloud that converges early takes fewer iterations; its
-  marginals then match to `tol` (1e-4) instead of further, and <π, C> moves by about that much.
-- align-gan (`discriminator_loss`) and align-ct (`transport_loss`): the networks' forward and backward per cloud
-  (or block of points), the weight gradients summed per program (a fixed slot each, then one sum: deterministic, no
-  atomics).
+  marginals then match to `tol` (1e-4, in L1) instead of further, and <π, C> (costs at most 2) moves by at most about
+twice that.
+- align-gan (`discriminator_loss`): the discriminator's forward and backward per block of points (its points are
+  independent), the weight gradients summed per program (a fixed slot each, then one sum: deterministic, no atomics).
+- align-ct (`transport_loss`): the critic and the navigator per block of points as for align-gan, writing their
+  outputs (16 features per point each, a quarter of the points' size), and the coupling per cloud (the cost, the
+  affinity, both conditional plans and the loss), which the backward runs first to give the networks' kernel the
+  gradients of those outputs. One kernel for all of it held the networks' and the coupling's tiles at once: 174 KB of
+  shared memory (sm_90 compile) and ten minutes to compile.
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ try:
 except ImportError:  # the kernels are built only where Triton is installed (the gpu extra)
     triton = None
 
-MAX_POINTS = 128
-"""Largest cloud a program holds on chip (the variants' max_points defaults to 64)."""
-MAX_DIM = 128
-"""Largest head dimension a program holds on chip."""
+MAX_POINTS = 64
+"""Largest cloud a program holds on chip (the variants' max_points, 64 by default); larger ones run eagerly."""
+MAX_DIM = 64
+"""Largest head dimension (and network width) a program holds on chip: the tiles' shared memory was measured to fit an
+sm_86 card's 99 KB at 64 (compiled for sm_90: tests/attention/test_alignment_triton_compile.py)."""
 
 
 def _block(size: int) -> int:
@@ -201,6 +207,9 @@ def sinkhorn_loss(q, k, q_valid, k_valid, eps: float, iterations: int, tol: floa
 
 # ---- the highway networks (align-gan's discriminator, align-ct's critic) -------------------------------------------
 
+BLOCK_POINTS = 32
+"""Points per block of a network kernel: at 64 the discriminator's backward took 102 KB of shared memory (compiled
+for sm_90 at d = 64, bf16), past an sm_86 card's 99 KB; 70 KB at 32."""
 PROGRAMS = 64
 """Most programs of a network kernel: each sums its points' weight gradients in registers and writes them once to a
 slot of its own, summed after the launch (deterministic, unlike atomics); 64 slots of the weights' size stay small."""
@@ -368,12 +377,13 @@ class DiscriminatorLoss(torch.autograd.Function):
         q, k = q.contiguous(), k.contiguous()
         dim, hidden = q.shape[-1], w1.shape[0]
         n_q, n_k = q.numel() // dim, k.numel() // dim
+        # each side's valid points over every cloud, on the device (a fill where all are, not a copy from the host)
         counts = torch.stack([
-            q_valid.sum() if q_valid is not None else torch.tensor(n_q, device=q.device),
-            k_valid.sum() if k_valid is not None else torch.tensor(n_k, device=q.device)]).float()
+            q_valid.sum().float() if q_valid is not None else torch.full((), float(n_q), device=q.device),
+            k_valid.sum().float() if k_valid is not None else torch.full((), float(n_k), device=q.device)])
         qv, kv = _valid_or_none(q_valid, q), _valid_or_none(k_valid, q)
         params = [p.contiguous() for p in (wp, bp, w1, b1, w2, b2)]
-        block_p = 64
+        block_p = BLOCK_POINTS
         programs = max(1, min(PROGRAMS, triton.cdiv(max(n_q, n_k), block_p)))
         losses = torch.empty(programs, dtype=torch.float32, device=q.device)
         flags = (q_valid is not None, k_valid is not None)
@@ -470,27 +480,20 @@ if triton is not None:
         return grad_x, grad_wg, grad_bg, grad_wt, grad_bt, grad_w1, grad_b1, grad_w2, grad_b2
 
     @triton.jit
-    def _transport_kernel(Q, K, QV, KV, WP, BP, W1, B1, W2, B2, NW1, NB1, NW2, NB2, LOSS, GRAD, DQ, DK,
-                          GWP, GBP, GW1, GB1, GW2, GB2, GNW1, GNB1, GNW2, GNB2,
-                          clouds, n, m, D, HIDDEN, rho,
-                          HAS_QV: tl.constexpr, HAS_KV: tl.constexpr, BACKWARD: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_H: tl.constexpr):
-        """align-ct's loss, the mean over clouds of ρ Σ_i a_i Σ_j π(k_j|q_i) c_ij + (1 − ρ) Σ_j b_j Σ_i π(q_i|k_j) c_ij
-        (`CTAlignmentAttention.alignment_loss`); program `pid` takes the clouds pid, pid + programs, ...
-        BACKWARD: recompute, and write dq, dk and this program's sums of the weights' gradients (the critic's
-        reversed: it maximises the loss)."""
+    def _ct_networks_kernel(Q, K, WP, BP, W1, B1, W2, B2, NW1, NB1, NW2, NB2, FEATURES, GRAD_FEATURES, DQ, DK,
+                            GWP, GBP, GW1, GB1, GW2, GB2, GNW1, GNB1, GNW2, GNB2, n_q, n_k, D, HIDDEN,
+                            BACKWARD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+                            BLOCK_H: tl.constexpr):
+        """align-ct's two networks on every point (program `pid` takes the point blocks pid, pid + programs, ... of
+        the queries, then of the keys). FEATURES [4, n_q + n_k, HIDDEN] holds per point the critic's output, then the
+        navigator's unit output (rows: queries then keys). Forward: writes them. BACKWARD: reads their gradients from
+        GRAD_FEATURES, recomputes the networks, writes dq, dk and this program's sums of the weights' gradients (the
+        critic's reversed: it maximises the loss, through its two gradient reversals)."""
         pid = tl.program_id(0)
         programs = tl.num_programs(0)
-        rows = tl.arange(0, BLOCK_N)
-        cols = tl.arange(0, BLOCK_M)
         dims = tl.arange(0, BLOCK_D)
         hid = tl.arange(0, BLOCK_H)
-        lowest = -3.4028234663852886e38  # torch.finfo(torch.float32).min, the eager masked_fill's
-        loss = 0.0
-        upstream = 0.0
-        if BACKWARD:
-            upstream = tl.load(GRAD).to(tl.float32) / clouds
+        total = n_q + n_k
         c_wg = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
         c_wt = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
         c_bg = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -503,87 +506,52 @@ if triton is not None:
         n_b1 = tl.zeros((BLOCK_H,), dtype=tl.float32)
         n_w2 = tl.zeros((BLOCK_H, BLOCK_H), dtype=tl.float32)
         n_b2 = tl.zeros((BLOCK_H,), dtype=tl.float32)
-        for cloud in range(pid, clouds, programs):
-            q = _load_cloud(Q, cloud, rows, dims, n, D)
-            k = _load_cloud(K, cloud, cols, dims, m, D)
-            q_valid = _valid(QV, tl.cast(cloud, tl.int64) * n, rows, n, HAS_QV)
-            k_valid = _valid(KV, tl.cast(cloud, tl.int64) * m, cols, m, HAS_KV)
-            pair = q_valid[:, None] & k_valid[None, :]
-            a = _uniform_mass(q_valid, rows, n)
-            b = _uniform_mass(k_valid, cols, m)
-            # the critic's cost c = 1 − cos(τ_η(q), τ_η(k)), 0 off the valid pairs
-            q_features, _ = _critic_features(q, WP, BP, W1, B1, W2, B2, D, HIDDEN, BLOCK_D, BLOCK_H)
-            k_features, _ = _critic_features(k, WP, BP, W1, B1, W2, B2, D, HIDDEN, BLOCK_D, BLOCK_H)
-            q_unit, q_norm = _normalized(q_features)
-            k_unit, k_norm = _normalized(k_features)
-            cost = tl.where(pair, 1.0 - tl.dot(q_unit, tl.trans(k_unit), input_precision="ieee"), 0.0)
-            # the navigator's affinity and the two conditional plans (invalid points at float32's lowest, as the
-            # eager masked_fill; the tile's padding at −inf, outside the softmax)
-            q_nav, _, _, _, _ = _navigator_features(q, NW1, NB1, NW2, NB2, D, HIDDEN, BLOCK_D, BLOCK_H)
-            k_nav, _, _, _, _ = _navigator_features(k, NW1, NB1, NW2, NB2, D, HIDDEN, BLOCK_D, BLOCK_H)
-            affinity = tl.dot(q_nav, tl.trans(k_nav), input_precision="ieee")
-            forward_logits = tl.where((cols < m)[None, :], tl.where(k_valid[None, :], affinity, lowest), float("-inf"))
-            forward_plan = tl.exp(forward_logits - tl.max(forward_logits, axis=1)[:, None])
-            forward_plan = forward_plan / tl.sum(forward_plan, axis=1)[:, None]
-            backward_logits = tl.where((rows < n)[:, None], tl.where(q_valid[:, None], affinity, lowest), float("-inf"))
-            backward_plan = tl.exp(backward_logits - tl.max(backward_logits, axis=0)[None, :])
-            backward_plan = backward_plan / tl.sum(backward_plan, axis=0)[None, :]
-            forward_ct = tl.sum(a * tl.sum(forward_plan * cost, axis=1), axis=0)
-            backward_ct = tl.sum(b * tl.sum(backward_plan * cost, axis=0), axis=0)
-            loss += rho * forward_ct + (1 - rho) * backward_ct
-            if BACKWARD:
-                inside = (rows[:, None] < n) & (cols[None, :] < m)
-                grad_forward = upstream * rho * a[:, None] * cost
-                grad_backward = upstream * (1 - rho) * b[None, :] * cost
-                # softmax backward per row (per column for π(q|k)); masked_fill passes no gradient to what it filled
-                grad_affinity = tl.where(k_valid[None, :], forward_plan * (
-                    grad_forward - tl.sum(forward_plan * grad_forward, axis=1)[:, None]), 0.0) \
-                    + tl.where(q_valid[:, None], backward_plan * (
-                        grad_backward - tl.sum(backward_plan * grad_backward, axis=0)[None, :]), 0.0)
-                grad_affinity = tl.where(inside, grad_affinity, 0.0)
-                grad_cos = -tl.where(pair, upstream * (rho * a[:, None] * forward_plan
-                                                       + (1 - rho) * b[None, :] * backward_plan), 0.0)
-                grad_q_features = _normalized_backward(q_unit, q_norm, tl.dot(grad_cos, k_unit, input_precision="ieee"))
-                grad_k_features = _normalized_backward(
-                    k_unit, k_norm, tl.dot(tl.trans(grad_cos), q_unit, input_precision="ieee"))
-                grad_q_nav = tl.dot(grad_affinity, k_nav, input_precision="ieee")
-                grad_k_nav = tl.dot(tl.trans(grad_affinity), q_nav, input_precision="ieee")
-                grad_q, g_wg, g_bg, g_wt, g_bt, g_w1, g_b1, g_w2, g_b2 = _critic_backward(
-                    q, grad_q_features, WP, BP, W1, B1, W2, B2, D, HIDDEN, BLOCK_D, BLOCK_H)
-                c_wg += g_wg
-                c_bg += g_bg
-                c_wt += g_wt
-                c_bt += g_bt
-                c_w1 += g_w1
-                c_b1 += g_b1
-                c_w2 += g_w2
-                c_b2 += g_b2
-                grad_k, g_wg, g_bg, g_wt, g_bt, g_w1, g_b1, g_w2, g_b2 = _critic_backward(
-                    k, grad_k_features, WP, BP, W1, B1, W2, B2, D, HIDDEN, BLOCK_D, BLOCK_H)
-                c_wg += g_wg
-                c_bg += g_bg
-                c_wt += g_wt
-                c_bt += g_bt
-                c_w1 += g_w1
-                c_b1 += g_b1
-                c_w2 += g_w2
-                c_b2 += g_b2
-                nav_q, g_w1, g_b1, g_w2, g_b2 = _navigator_backward(q, grad_q_nav, NW1, NB1, NW2, NB2, D, HIDDEN,
-                                                                    BLOCK_D, BLOCK_H)
-                n_w1 += g_w1
-                n_b1 += g_b1
-                n_w2 += g_w2
-                n_b2 += g_b2
-                nav_k, g_w1, g_b1, g_w2, g_b2 = _navigator_backward(k, grad_k_nav, NW1, NB1, NW2, NB2, D, HIDDEN,
-                                                                    BLOCK_D, BLOCK_H)
-                n_w1 += g_w1
-                n_b1 += g_b1
-                n_w2 += g_w2
-                n_b2 += g_b2
-                _store_cloud(DQ, cloud, rows, dims, n, D, grad_q + nav_q)
-                _store_cloud(DK, cloud, cols, dims, m, D, grad_k + nav_k)
+        for side in tl.static_range(2):
+            if side == 0:
+                size = n_q
+            else:
+                size = n_k
+            for start in range(pid * BLOCK_P, size, programs * BLOCK_P):
+                points = start + tl.arange(0, BLOCK_P)
+                inside = points < size
+                at = points.to(tl.int64)[:, None] * D + dims[None, :]
+                mask = inside[:, None] & (dims[None, :] < D)
+                if side == 0:
+                    x = tl.load(Q + at, mask=mask, other=0.0).to(tl.float32)
+                else:
+                    x = tl.load(K + at, mask=mask, other=0.0).to(tl.float32)
+                # this block's rows of FEATURES: the keys' after the queries'
+                feature_at = (points + side * n_q).to(tl.int64)[:, None] * HIDDEN + hid[None, :]
+                feature_mask = inside[:, None] & (hid[None, :] < HIDDEN)
+                if BACKWARD:
+                    grad_critic = tl.load(GRAD_FEATURES + feature_at, mask=feature_mask, other=0.0)
+                    grad_unit = tl.load(GRAD_FEATURES + total * HIDDEN + feature_at, mask=feature_mask, other=0.0)
+                    grad_x, g_wg, g_bg, g_wt, g_bt, g_w1, g_b1, g_w2, g_b2 = _critic_backward(
+                        x, grad_critic, WP, BP, W1, B1, W2, B2, D, HIDDEN, BLOCK_D, BLOCK_H)
+                    c_wg += g_wg
+                    c_bg += g_bg
+                    c_wt += g_wt
+                    c_bt += g_bt
+                    c_w1 += g_w1
+                    c_b1 += g_b1
+                    c_w2 += g_w2
+                    c_b2 += g_b2
+                    nav_x, g_w1, g_b1, g_w2, g_b2 = _navigator_backward(x, grad_unit, NW1, NB1, NW2, NB2, D, HIDDEN,
+                                                                        BLOCK_D, BLOCK_H)
+                    n_w1 += g_w1
+                    n_b1 += g_b1
+                    n_w2 += g_w2
+                    n_b2 += g_b2
+                    if side == 0:
+                        tl.store(DQ + at, (grad_x + nav_x).to(DQ.dtype.element_ty), mask=mask)
+                    else:
+                        tl.store(DK + at, (grad_x + nav_x).to(DK.dtype.element_ty), mask=mask)
+                else:
+                    critic, _ = _critic_features(x, WP, BP, W1, B1, W2, B2, D, HIDDEN, BLOCK_D, BLOCK_H)
+                    unit, _, _, _, _ = _navigator_features(x, NW1, NB1, NW2, NB2, D, HIDDEN, BLOCK_D, BLOCK_H)
+                    tl.store(FEATURES + feature_at, critic, mask=feature_mask)
+                    tl.store(FEATURES + total * HIDDEN + feature_at, unit, mask=feature_mask)
         if BACKWARD:
-            # the critic through its two gradient reversals: its weights get the loss's gradient negated
             _store_matrix(GWP + pid * 2 * D * D, dims, dims, D, D, -c_wg)
             _store_matrix(GWP + pid * 2 * D * D + D * D, dims, dims, D, D, -c_wt)
             tl.store(GBP + pid * 2 * D + dims, -c_bg, mask=dims < D)
@@ -596,12 +564,77 @@ if triton is not None:
             tl.store(GNB1 + pid * HIDDEN + hid, n_b1, mask=hid < HIDDEN)
             _store_matrix(GNW2 + pid * HIDDEN * HIDDEN, hid, hid, HIDDEN, HIDDEN, n_w2)
             tl.store(GNB2 + pid * HIDDEN + hid, n_b2, mask=hid < HIDDEN)
+
+    @triton.jit
+    def _ct_coupling_kernel(FEATURES, QV, KV, LOSS, GRAD, GRAD_FEATURES, clouds, n, m, HIDDEN, rho,
+                            HAS_QV: tl.constexpr, HAS_KV: tl.constexpr, BACKWARD: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
+        """align-ct's loss for one cloud from its points' features (`_ct_networks_kernel`): the critic's cost
+        c = 1 − cos(τ_η(q), τ_η(k)) (0 off the valid pairs), the navigator's affinity, the plans π(k|q) (softmax over
+        the valid keys) and π(q|k) (over the valid queries), and ρ Σ_i a_i Σ_j π(k_j|q_i) c_ij + (1 − ρ) Σ_j b_j Σ_i
+        π(q_i|k_j) c_ij, divided by the clouds (the mean). BACKWARD: the features' gradients."""
+        cloud = tl.program_id(0)
+        rows = tl.arange(0, BLOCK_N)
+        cols = tl.arange(0, BLOCK_M)
+        hid = tl.arange(0, BLOCK_H)
+        total = clouds * (n + m)
+        q_rows = tl.cast(cloud, tl.int64) * n + rows
+        k_rows = tl.cast(clouds, tl.int64) * n + tl.cast(cloud, tl.int64) * m + cols
+        q_at = q_rows[:, None] * HIDDEN + hid[None, :]
+        k_at = k_rows[:, None] * HIDDEN + hid[None, :]
+        q_mask = (rows[:, None] < n) & (hid[None, :] < HIDDEN)
+        k_mask = (cols[:, None] < m) & (hid[None, :] < HIDDEN)
+        q_unit, q_norm = _normalized(tl.load(FEATURES + q_at, mask=q_mask, other=0.0))
+        k_unit, k_norm = _normalized(tl.load(FEATURES + k_at, mask=k_mask, other=0.0))
+        q_nav = tl.load(FEATURES + total * HIDDEN + q_at, mask=q_mask, other=0.0)
+        k_nav = tl.load(FEATURES + total * HIDDEN + k_at, mask=k_mask, other=0.0)
+        q_valid = _valid(QV, tl.cast(cloud, tl.int64) * n, rows, n, HAS_QV)
+        k_valid = _valid(KV, tl.cast(cloud, tl.int64) * m, cols, m, HAS_KV)
+        pair = q_valid[:, None] & k_valid[None, :]
+        a = _uniform_mass(q_valid, rows, n)
+        b = _uniform_mass(k_valid, cols, m)
+        cost = tl.where(pair, 1.0 - tl.dot(q_unit, tl.trans(k_unit), input_precision="ieee"), 0.0)
+        affinity = tl.dot(q_nav, tl.trans(k_nav), input_precision="ieee")
+        # invalid points at float32's lowest, as the eager masked_fill; the tile's padding at −inf, outside the softmax
+        lowest = -3.4028234663852886e38
+        forward_logits = tl.where((cols < m)[None, :], tl.where(k_valid[None, :], affinity, lowest), float("-inf"))
+        forward_plan = tl.exp(forward_logits - tl.max(forward_logits, axis=1)[:, None])
+        forward_plan = forward_plan / tl.sum(forward_plan, axis=1)[:, None]
+        backward_logits = tl.where((rows < n)[:, None], tl.where(q_valid[:, None], affinity, lowest), float("-inf"))
+        backward_plan = tl.exp(backward_logits - tl.max(backward_logits, axis=0)[None, :])
+        backward_plan = backward_plan / tl.sum(backward_plan, axis=0)[None, :]
+        if BACKWARD:
+            upstream = tl.load(GRAD).to(tl.float32) / clouds
+            inside = (rows[:, None] < n) & (cols[None, :] < m)
+            grad_forward = upstream * rho * a[:, None] * cost
+            grad_backward = upstream * (1 - rho) * b[None, :] * cost
+            # the softmaxes' backward, per row (per column for π(q|k)); masked_fill passes nothing to what it filled
+            grad_affinity = tl.where(k_valid[None, :], forward_plan * (
+                grad_forward - tl.sum(forward_plan * grad_forward, axis=1)[:, None]), 0.0) \
+                + tl.where(q_valid[:, None], backward_plan * (
+                    grad_backward - tl.sum(backward_plan * grad_backward, axis=0)[None, :]), 0.0)
+            grad_affinity = tl.where(inside, grad_affinity, 0.0)
+            grad_cos = -tl.where(pair, upstream * (rho * a[:, None] * forward_plan
+                                                   + (1 - rho) * b[None, :] * backward_plan), 0.0)
+            grad_q_critic = _normalized_backward(q_unit, q_norm, tl.dot(grad_cos, k_unit, input_precision="ieee"))
+            grad_k_critic = _normalized_backward(k_unit, k_norm,
+                                                 tl.dot(tl.trans(grad_cos), q_unit, input_precision="ieee"))
+            tl.store(GRAD_FEATURES + q_at, grad_q_critic, mask=q_mask)
+            tl.store(GRAD_FEATURES + k_at, grad_k_critic, mask=k_mask)
+            tl.store(GRAD_FEATURES + total * HIDDEN + q_at, tl.dot(grad_affinity, k_nav, input_precision="ieee"),
+                     mask=q_mask)
+            tl.store(GRAD_FEATURES + total * HIDDEN + k_at,
+                     tl.dot(tl.trans(grad_affinity), q_nav, input_precision="ieee"), mask=k_mask)
         else:
-            tl.store(LOSS + pid, loss / clouds)
+            forward_ct = tl.sum(a * tl.sum(forward_plan * cost, axis=1), axis=0)
+            backward_ct = tl.sum(b * tl.sum(backward_plan * cost, axis=0), axis=0)
+            tl.store(LOSS + cloud, (rho * forward_ct + (1 - rho) * backward_ct) / clouds)
 
 
 class TransportLoss(torch.autograd.Function):
-    """align-ct's bidirectional conditional transport loss, the critic's gradients reversed."""
+    """align-ct's bidirectional conditional transport loss, the critic's gradients reversed. Two kernels each way: the
+    networks per block of points, and the coupling per cloud, which the networks' outputs (critic features and
+    navigator units, [C, n + m, hidden] each: a quarter of the clouds' size at hidden 16) link."""
 
     @staticmethod
     def forward(ctx, q, k, q_valid, k_valid, rho: float, *params):
@@ -610,28 +643,35 @@ class TransportLoss(torch.autograd.Function):
         m, hidden = k.shape[1], params[2].shape[0]
         qv, kv = _valid_or_none(q_valid, q), _valid_or_none(k_valid, q)
         params = [p.contiguous() for p in params]
-        programs = max(1, min(PROGRAMS, clouds))
-        losses = torch.empty(programs, dtype=torch.float32, device=q.device)
+        programs = max(1, min(PROGRAMS, triton.cdiv(clouds * max(n, m), BLOCK_POINTS)))
+        features = torch.empty((2, clouds * (n + m), hidden), dtype=torch.float32, device=q.device)
+        losses = torch.empty(clouds, dtype=torch.float32, device=q.device)
         flags = (q_valid is not None, k_valid is not None)
-        blocks = (_block(n), _block(m), _block(dim), _block(hidden))
         empty = torch.empty(0, dtype=torch.float32, device=q.device)
-        _transport_kernel[(programs,)](q, k, qv, kv, *params, losses, empty, empty, empty, *([empty] * 10),
-                                       clouds, n, m, dim, hidden, rho, *flags, False, *blocks)
-        ctx.save_for_backward(q, k, qv, kv, *params)
-        ctx.setup = (rho, hidden, programs, flags, blocks)
+        network_blocks = (BLOCK_POINTS, _block(dim), _block(hidden))
+        _ct_networks_kernel[(programs,)](q, k, *params, features, empty, empty, empty, *([empty] * 10),
+                                         clouds * n, clouds * m, dim, hidden, False, *network_blocks)
+        cloud_blocks = (_block(n), _block(m), _block(hidden))
+        _ct_coupling_kernel[(clouds,)](features, qv, kv, losses, empty, empty, clouds, n, m, hidden, rho, *flags, False,
+                                       *cloud_blocks)
+        ctx.save_for_backward(q, k, qv, kv, features, *params)
+        ctx.setup = (rho, hidden, programs, flags, network_blocks, cloud_blocks)
         return losses.sum()
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, qv, kv, *params = ctx.saved_tensors
-        rho, hidden, programs, flags, blocks = ctx.setup
+        q, k, qv, kv, features, *params = ctx.saved_tensors
+        rho, hidden, programs, flags, network_blocks, cloud_blocks = ctx.setup
         clouds, n, dim = q.shape
         m = k.shape[1]
+        empty = torch.empty(0, dtype=torch.float32, device=q.device)
+        grad_features = torch.empty_like(features)
+        _ct_coupling_kernel[(clouds,)](features, qv, kv, empty, grad.float().reshape(1), grad_features, clouds, n, m,
+                                       hidden, rho, *flags, True, *cloud_blocks)
         grad_q, grad_k = torch.empty_like(q), torch.empty_like(k)
         partial = [torch.empty((programs, *p.shape), dtype=torch.float32, device=q.device) for p in params]
-        empty = torch.empty(0, dtype=torch.float32, device=q.device)
-        _transport_kernel[(programs,)](q, k, qv, kv, *params, empty, grad.float().reshape(1), grad_q, grad_k,
-                                       *partial, clouds, n, m, dim, hidden, rho, *flags, True, *blocks)
+        _ct_networks_kernel[(programs,)](q, k, *params, empty, grad_features, grad_q, grad_k, *partial,
+                                         clouds * n, clouds * m, dim, hidden, True, *network_blocks)
         return grad_q, grad_k, None, None, None, *[s.sum(0).to(p.dtype) for s, p in zip(partial, params)]
 
 
