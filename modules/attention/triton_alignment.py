@@ -27,7 +27,10 @@ twice that.
 
 from __future__ import annotations
 
+import math
+
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
 try:
     import triton
@@ -51,9 +54,13 @@ def fits(n: int, m: int, dim: int) -> bool:
     return max(n, m) <= MAX_POINTS and dim <= MAX_DIM
 
 
-def _none_tensor(like: torch.Tensor) -> torch.Tensor:
-    # A stand-in for an absent mask: no bytes (the kernel reads it only where the HAS_ flag says so).
-    return torch.empty(0, dtype=torch.bool, device=like.device)
+def _mask(valid: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    # An absent mask's stand-in: no bytes (the kernel reads a mask only where its HAS_ flag says it is there).
+    return torch.empty(0, dtype=torch.bool, device=like.device) if valid is None else valid
+
+
+def _contiguous(valid: torch.Tensor | None) -> torch.Tensor | None:
+    return None if valid is None else valid.contiguous()
 
 
 if triton is not None:
@@ -168,35 +175,65 @@ if triton is not None:
         _store_cloud(DK, cloud, cols, dims, m, D, grad_k)
 
 
+# Each launch is a functional custom op (attnbench::*): what it reads are its arguments, what it writes its results. A
+# dispatch mode (the GPU cost page, a profiler) sees one op per launch, and FakeTensorMode its fake form (shapes only).
+@torch.library.custom_op("attnbench::align_sinkhorn", mutates_args=())
+def align_sinkhorn(q: torch.Tensor, k: torch.Tensor, q_valid: torch.Tensor | None, k_valid: torch.Tensor | None,
+                   eps: float, iterations: int, tol: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(<π, C> per cloud [C] float32, the scalings u [C, n] and v [C, m] float64) for clouds q [C, n, d], k [C, m, d]."""
+    clouds, n, dim = q.shape
+    m = k.shape[1]
+    u = torch.empty((clouds, n), dtype=torch.float64, device=q.device)
+    v = torch.empty((clouds, m), dtype=torch.float64, device=q.device)
+    loss = torch.empty(clouds, dtype=torch.float32, device=q.device)
+    _sinkhorn_forward_kernel[(clouds,)](q, k, _mask(q_valid, q), _mask(k_valid, q), u, v, loss, n, m, dim, 1.0 / eps,
+                                        iterations, tol, q_valid is not None, k_valid is not None,
+                                        _block(n), _block(m), _block(dim))
+    return loss, u, v
+
+
+@align_sinkhorn.register_fake
+def _(q, k, q_valid, k_valid, eps, iterations, tol):
+    clouds, n, m = q.shape[0], q.shape[1], k.shape[1]
+    return (q.new_empty(clouds, dtype=torch.float32), q.new_empty((clouds, n), dtype=torch.float64),
+            q.new_empty((clouds, m), dtype=torch.float64))
+
+
+@torch.library.custom_op("attnbench::align_sinkhorn_backward", mutates_args=())
+def align_sinkhorn_backward(q: torch.Tensor, k: torch.Tensor, q_valid: torch.Tensor | None,
+                            k_valid: torch.Tensor | None, u: torch.Tensor, v: torch.Tensor, grad: torch.Tensor,
+                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dq, dk) for the gradient [C] of <π, C> per cloud, π rebuilt from u, v and held fixed."""
+    clouds, n, dim = q.shape
+    m = k.shape[1]
+    grad_q, grad_k = torch.empty_like(q), torch.empty_like(k)
+    _sinkhorn_backward_kernel[(clouds,)](q, k, _mask(q_valid, q), _mask(k_valid, q), u, v, grad, grad_q, grad_k, n, m,
+                                         dim, 1.0 / eps, q_valid is not None, k_valid is not None,
+                                         _block(n), _block(m), _block(dim))
+    return grad_q, grad_k
+
+
+@align_sinkhorn_backward.register_fake
+def _(q, k, q_valid, k_valid, u, v, grad, eps):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
 class SinkhornLoss(torch.autograd.Function):
     """<π_ε, C> per cloud for the cosine cost C = 1 − cos(q, k) (masked to 0 off the valid pairs), π_ε held fixed."""
 
     @staticmethod
     def forward(ctx, q, k, q_valid, k_valid, eps: float, iterations: int, tol: float):
         q, k = q.contiguous(), k.contiguous()
-        clouds, n, dim = q.shape
-        m = k.shape[1]
-        qv = _none_tensor(q) if q_valid is None else q_valid.contiguous()
-        kv = _none_tensor(q) if k_valid is None else k_valid.contiguous()
-        u = torch.empty((clouds, n), dtype=torch.float64, device=q.device)
-        v = torch.empty((clouds, m), dtype=torch.float64, device=q.device)
-        loss = torch.empty(clouds, dtype=torch.float32, device=q.device)
-        blocks = (_block(n), _block(m), _block(dim))
-        _sinkhorn_forward_kernel[(clouds,)](q, k, qv, kv, u, v, loss, n, m, dim, 1.0 / eps, iterations, tol,
-                                            q_valid is not None, k_valid is not None, *blocks)
-        ctx.save_for_backward(q, k, qv, kv, u, v)
-        ctx.flags = (q_valid is not None, k_valid is not None, eps, blocks)
+        q_valid, k_valid = _contiguous(q_valid), _contiguous(k_valid)
+        loss, u, v = align_sinkhorn(q, k, q_valid, k_valid, eps, iterations, tol)
+        ctx.save_for_backward(q, k, q_valid, k_valid, u, v)
+        ctx.eps = eps
         return loss
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, qv, kv, u, v = ctx.saved_tensors
-        has_qv, has_kv, eps, blocks = ctx.flags
-        clouds, n, dim = q.shape
-        m = k.shape[1]
-        grad_q, grad_k = torch.empty_like(q), torch.empty_like(k)
-        _sinkhorn_backward_kernel[(clouds,)](q, k, qv, kv, u, v, grad.float().contiguous(), grad_q, grad_k, n, m, dim,
-                                             1.0 / eps, has_qv, has_kv, *blocks)
+        q, k, q_valid, k_valid, u, v = ctx.saved_tensors
+        grad_q, grad_k = align_sinkhorn_backward(q, k, q_valid, k_valid, u, v, grad.float().contiguous(), ctx.eps)
         return grad_q, grad_k, None, None, None, None, None
 
 
@@ -364,8 +401,61 @@ if triton is not None:
             tl.store(LOSS + pid, loss)
 
 
-def _valid_or_none(valid, like):
-    return _none_tensor(like) if valid is None else valid.contiguous()
+def _programs(points: int) -> int:
+    return max(1, min(PROGRAMS, -(-points // BLOCK_POINTS)))
+
+
+@torch.library.custom_op("attnbench::align_discriminator", mutates_args=())
+def align_discriminator(q: torch.Tensor, k: torch.Tensor, q_valid: torch.Tensor | None, k_valid: torch.Tensor | None,
+                        counts: torch.Tensor, wp: torch.Tensor, bp: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor,
+                        w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+    """align-gan's loss, one partial sum per program (their sum is the loss): q [C, n, d], k [C, m, d], `counts` the
+    valid queries and keys over all clouds, the discriminator's weights."""
+    dim, hidden = q.shape[-1], w1.shape[0]
+    n_q, n_k = q.numel() // dim, k.numel() // dim
+    programs = _programs(max(n_q, n_k))
+    losses = torch.empty(programs, dtype=torch.float32, device=q.device)
+    empty = torch.empty(0, dtype=torch.float32, device=q.device)
+    _discriminator_kernel[(programs,)](q, k, _mask(q_valid, q), _mask(k_valid, q), counts, wp, bp, w1, b1, w2, b2,
+                                       losses, *([empty] * 9), n_q, n_k, dim, hidden,
+                                       q_valid is not None, k_valid is not None, False, False,
+                                       BLOCK_POINTS, _block(dim), _block(hidden))
+    return losses
+
+
+@align_discriminator.register_fake
+def _(q, k, q_valid, k_valid, counts, wp, bp, w1, b1, w2, b2):
+    dim = q.shape[-1]
+    return q.new_empty(_programs(max(q.numel() // dim, k.numel() // dim)), dtype=torch.float32)
+
+
+@torch.library.custom_op("attnbench::align_discriminator_backward", mutates_args=())
+def align_discriminator_backward(q: torch.Tensor, k: torch.Tensor, q_valid: torch.Tensor | None,
+                                 k_valid: torch.Tensor | None, counts: torch.Tensor, wp: torch.Tensor,
+                                 bp: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+                                 b2: torch.Tensor, grad: torch.Tensor, with_queries: bool) -> list[torch.Tensor]:
+    """[dq (empty unless with_queries), dk, then each weight's gradient summed per program, [programs, *shape]]; the
+    points' gradients reversed (the gradient reversal at the discriminator's input)."""
+    dim, hidden = q.shape[-1], w1.shape[0]
+    n_q, n_k = q.numel() // dim, k.numel() // dim
+    programs = _programs(max(n_q, n_k))
+    grad_q = torch.empty_like(q) if with_queries else q.new_empty(0)
+    grad_k = torch.empty_like(k)
+    partial = [torch.empty((programs, *p.shape), dtype=torch.float32, device=q.device) for p in (wp, bp, w1, b1, w2, b2)]
+    empty = torch.empty(0, dtype=torch.float32, device=q.device)
+    _discriminator_kernel[(programs,)](q, k, _mask(q_valid, q), _mask(k_valid, q), counts, wp, bp, w1, b1, w2, b2,
+                                       empty, grad, grad_q, grad_k, *partial, n_q, n_k, dim, hidden,
+                                       q_valid is not None, k_valid is not None, True, with_queries,
+                                       BLOCK_POINTS, _block(dim), _block(hidden))
+    return [grad_q, grad_k, *partial]
+
+
+@align_discriminator_backward.register_fake
+def _(q, k, q_valid, k_valid, counts, wp, bp, w1, b1, w2, b2, grad, with_queries):
+    dim = q.shape[-1]
+    programs = _programs(max(q.numel() // dim, k.numel() // dim))
+    return [torch.empty_like(q) if with_queries else q.new_empty(0), torch.empty_like(k),
+            *[q.new_empty((programs, *p.shape), dtype=torch.float32) for p in (wp, bp, w1, b1, w2, b2)]]
 
 
 class DiscriminatorLoss(torch.autograd.Function):
@@ -373,42 +463,28 @@ class DiscriminatorLoss(torch.autograd.Function):
     gradient reversed."""
 
     @staticmethod
-    def forward(ctx, q, k, q_valid, k_valid, wp, bp, w1, b1, w2, b2):
+    def forward(ctx, q, k, q_valid, k_valid, *params):
         q, k = q.contiguous(), k.contiguous()
-        dim, hidden = q.shape[-1], w1.shape[0]
-        n_q, n_k = q.numel() // dim, k.numel() // dim
+        q_valid, k_valid = _contiguous(q_valid), _contiguous(k_valid)
         # each side's valid points over every cloud, on the device (a fill where all are, not a copy from the host)
         counts = torch.stack([
-            q_valid.sum().float() if q_valid is not None else torch.full((), float(n_q), device=q.device),
-            k_valid.sum().float() if k_valid is not None else torch.full((), float(n_k), device=q.device)])
-        qv, kv = _valid_or_none(q_valid, q), _valid_or_none(k_valid, q)
-        params = [p.contiguous() for p in (wp, bp, w1, b1, w2, b2)]
-        block_p = BLOCK_POINTS
-        programs = max(1, min(PROGRAMS, triton.cdiv(max(n_q, n_k), block_p)))
-        losses = torch.empty(programs, dtype=torch.float32, device=q.device)
-        flags = (q_valid is not None, k_valid is not None)
-        blocks = (block_p, _block(dim), _block(hidden))
-        empty = torch.empty(0, dtype=torch.float32, device=q.device)
-        _discriminator_kernel[(programs,)](q, k, qv, kv, counts, *params, losses, empty, empty, empty,
-                                           empty, empty, empty, empty, empty, empty, n_q, n_k, dim, hidden,
-                                           *flags, False, False, *blocks)
-        ctx.save_for_backward(q, k, qv, kv, counts, *params)
-        ctx.setup = (n_q, n_k, dim, hidden, programs, flags, blocks)
+            q_valid.sum().float() if q_valid is not None else torch.full((), float(q.numel() // q.shape[-1]),
+                                                                         device=q.device),
+            k_valid.sum().float() if k_valid is not None else torch.full((), float(k.numel() // k.shape[-1]),
+                                                                         device=q.device)])
+        params = [p.contiguous() for p in params]
+        losses = align_discriminator(q, k, q_valid, k_valid, counts, *params)
+        ctx.save_for_backward(q, k, q_valid, k_valid, counts, *params)
         return losses.sum()
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, qv, kv, counts, *params = ctx.saved_tensors
-        n_q, n_k, dim, hidden, programs, flags, blocks = ctx.setup
-        store_dq = ctx.needs_input_grad[0]
-        grad_q = torch.empty_like(q) if store_dq else torch.empty(0, dtype=q.dtype, device=q.device)
-        grad_k = torch.empty_like(k)
-        partial = [torch.empty((programs, *p.shape), dtype=torch.float32, device=q.device) for p in params]
-        empty = torch.empty(0, dtype=torch.float32, device=q.device)
-        _discriminator_kernel[(programs,)](q, k, qv, kv, counts, *params, empty, grad.float().reshape(1), grad_q,
-                                           grad_k, *partial, n_q, n_k, dim, hidden, *flags, True, store_dq, *blocks)
+        q, k, q_valid, k_valid, counts, *params = ctx.saved_tensors
+        with_queries = ctx.needs_input_grad[0]
+        grad_q, grad_k, *partial = align_discriminator_backward(q, k, q_valid, k_valid, counts, *params,
+                                                                grad.float().reshape(1), with_queries)
         grads = [s.sum(0).to(p.dtype) for s, p in zip(partial, params)]
-        return (grad_q if store_dq else None), grad_k, None, None, *grads
+        return (grad_q if with_queries else None), grad_k, None, None, *grads
 
 
 def discriminator_loss(q, k, q_valid, k_valid, discriminator: torch.nn.Sequential) -> torch.Tensor:
@@ -631,6 +707,84 @@ if triton is not None:
             tl.store(LOSS + cloud, (rho * forward_ct + (1 - rho) * backward_ct) / clouds)
 
 
+@torch.library.custom_op("attnbench::align_ct_networks", mutates_args=())
+def align_ct_networks(q: torch.Tensor, k: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+    """[2, C (n + m), hidden]: per point (queries, then keys) the critic's output, then the navigator's unit output;
+    `params` the critic's six weights, then the navigator's four."""
+    dim, hidden = q.shape[-1], params[2].shape[0]
+    n_q, n_k = q.numel() // dim, k.numel() // dim
+    features = torch.empty((2, n_q + n_k, hidden), dtype=torch.float32, device=q.device)
+    empty = torch.empty(0, dtype=torch.float32, device=q.device)
+    _ct_networks_kernel[(_programs(max(n_q, n_k)),)](q, k, *params, features, *([empty] * 13), n_q, n_k, dim, hidden,
+                                                     False, BLOCK_POINTS, _block(dim), _block(hidden))
+    return features
+
+
+@align_ct_networks.register_fake
+def _(q, k, params):
+    dim = q.shape[-1]
+    return q.new_empty((2, (q.numel() + k.numel()) // dim, params[2].shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("attnbench::align_ct_networks_backward", mutates_args=())
+def align_ct_networks_backward(q: torch.Tensor, k: torch.Tensor, params: list[torch.Tensor],
+                               grad_features: torch.Tensor) -> list[torch.Tensor]:
+    """[dq, dk, then each weight's gradient summed per program, [programs, *shape]] for the gradient of the
+    features; the critic's reversed (it maximises the loss)."""
+    dim, hidden = q.shape[-1], params[2].shape[0]
+    n_q, n_k = q.numel() // dim, k.numel() // dim
+    programs = _programs(max(n_q, n_k))
+    grad_q, grad_k = torch.empty_like(q), torch.empty_like(k)
+    partial = [torch.empty((programs, *p.shape), dtype=torch.float32, device=q.device) for p in params]
+    empty = torch.empty(0, dtype=torch.float32, device=q.device)
+    _ct_networks_kernel[(programs,)](q, k, *params, empty, grad_features, grad_q, grad_k, *partial, n_q, n_k, dim,
+                                     hidden, True, BLOCK_POINTS, _block(dim), _block(hidden))
+    return [grad_q, grad_k, *partial]
+
+
+@align_ct_networks_backward.register_fake
+def _(q, k, params, grad_features):
+    programs = _programs(max(q.numel(), k.numel()) // q.shape[-1])
+    return [torch.empty_like(q), torch.empty_like(k),
+            *[q.new_empty((programs, *p.shape), dtype=torch.float32) for p in params]]
+
+
+@torch.library.custom_op("attnbench::align_ct_coupling", mutates_args=())
+def align_ct_coupling(features: torch.Tensor, q_valid: torch.Tensor | None, k_valid: torch.Tensor | None,
+                      clouds: int, n: int, m: int, rho: float) -> torch.Tensor:
+    """align-ct's loss per cloud [C] (divided by C: their sum is the mean) from the networks' features."""
+    hidden = features.shape[-1]
+    losses = torch.empty(clouds, dtype=torch.float32, device=features.device)
+    empty = torch.empty(0, dtype=torch.float32, device=features.device)
+    _ct_coupling_kernel[(clouds,)](features, _mask(q_valid, features), _mask(k_valid, features), losses, empty, empty,
+                                   clouds, n, m, hidden, rho, q_valid is not None, k_valid is not None, False,
+                                   _block(n), _block(m), _block(hidden))
+    return losses
+
+
+@align_ct_coupling.register_fake
+def _(features, q_valid, k_valid, clouds, n, m, rho):
+    return features.new_empty(clouds)
+
+
+@torch.library.custom_op("attnbench::align_ct_coupling_backward", mutates_args=())
+def align_ct_coupling_backward(features: torch.Tensor, q_valid: torch.Tensor | None, k_valid: torch.Tensor | None,
+                               grad: torch.Tensor, clouds: int, n: int, m: int, rho: float) -> torch.Tensor:
+    """The features' gradient for the loss's gradient `grad` [1]."""
+    hidden = features.shape[-1]
+    grad_features = torch.empty_like(features)
+    empty = torch.empty(0, dtype=torch.float32, device=features.device)
+    _ct_coupling_kernel[(clouds,)](features, _mask(q_valid, features), _mask(k_valid, features), empty, grad,
+                                   grad_features, clouds, n, m, hidden, rho, q_valid is not None, k_valid is not None,
+                                   True, _block(n), _block(m), _block(hidden))
+    return grad_features
+
+
+@align_ct_coupling_backward.register_fake
+def _(features, q_valid, k_valid, grad, clouds, n, m, rho):
+    return torch.empty_like(features)
+
+
 class TransportLoss(torch.autograd.Function):
     """align-ct's bidirectional conditional transport loss, the critic's gradients reversed. Two kernels each way: the
     networks per block of points, and the coupling per cloud, which the networks' outputs (critic features and
@@ -639,39 +793,20 @@ class TransportLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, q_valid, k_valid, rho: float, *params):
         q, k = q.contiguous(), k.contiguous()
-        clouds, n, dim = q.shape
-        m, hidden = k.shape[1], params[2].shape[0]
-        qv, kv = _valid_or_none(q_valid, q), _valid_or_none(k_valid, q)
+        q_valid, k_valid = _contiguous(q_valid), _contiguous(k_valid)
         params = [p.contiguous() for p in params]
-        programs = max(1, min(PROGRAMS, triton.cdiv(clouds * max(n, m), BLOCK_POINTS)))
-        features = torch.empty((2, clouds * (n + m), hidden), dtype=torch.float32, device=q.device)
-        losses = torch.empty(clouds, dtype=torch.float32, device=q.device)
-        flags = (q_valid is not None, k_valid is not None)
-        empty = torch.empty(0, dtype=torch.float32, device=q.device)
-        network_blocks = (BLOCK_POINTS, _block(dim), _block(hidden))
-        _ct_networks_kernel[(programs,)](q, k, *params, features, empty, empty, empty, *([empty] * 10),
-                                         clouds * n, clouds * m, dim, hidden, False, *network_blocks)
-        cloud_blocks = (_block(n), _block(m), _block(hidden))
-        _ct_coupling_kernel[(clouds,)](features, qv, kv, losses, empty, empty, clouds, n, m, hidden, rho, *flags, False,
-                                       *cloud_blocks)
-        ctx.save_for_backward(q, k, qv, kv, features, *params)
-        ctx.setup = (rho, hidden, programs, flags, network_blocks, cloud_blocks)
+        features = align_ct_networks(q, k, params)
+        losses = align_ct_coupling(features, q_valid, k_valid, q.shape[0], q.shape[1], k.shape[1], rho)
+        ctx.save_for_backward(q, k, q_valid, k_valid, features, *params)
+        ctx.rho = rho
         return losses.sum()
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, qv, kv, features, *params = ctx.saved_tensors
-        rho, hidden, programs, flags, network_blocks, cloud_blocks = ctx.setup
-        clouds, n, dim = q.shape
-        m = k.shape[1]
-        empty = torch.empty(0, dtype=torch.float32, device=q.device)
-        grad_features = torch.empty_like(features)
-        _ct_coupling_kernel[(clouds,)](features, qv, kv, empty, grad.float().reshape(1), grad_features, clouds, n, m,
-                                       hidden, rho, *flags, True, *cloud_blocks)
-        grad_q, grad_k = torch.empty_like(q), torch.empty_like(k)
-        partial = [torch.empty((programs, *p.shape), dtype=torch.float32, device=q.device) for p in params]
-        _ct_networks_kernel[(programs,)](q, k, *params, empty, grad_features, grad_q, grad_k, *partial,
-                                         clouds * n, clouds * m, dim, hidden, True, *network_blocks)
+        q, k, q_valid, k_valid, features, *params = ctx.saved_tensors
+        grad_features = align_ct_coupling_backward(features, q_valid, k_valid, grad.float().reshape(1), q.shape[0],
+                                                   q.shape[1], k.shape[1], ctx.rho)
+        grad_q, grad_k, *partial = align_ct_networks_backward(q, k, params, grad_features)
         return grad_q, grad_k, None, None, None, *[s.sum(0).to(p.dtype) for s, p in zip(partial, params)]
 
 
@@ -684,3 +819,45 @@ def transport_loss(q, k, q_valid, k_valid, rho: float, critic: torch.nn.Sequenti
     return TransportLoss.apply(q, k, q_valid, k_valid, rho, highway.proj.weight, highway.proj.bias, first.weight,
                                first.bias, last.weight, last.bias, nav_first.weight, nav_first.bias, nav_last.weight,
                                nav_last.bias)
+
+
+# What each launch computes, for FLOP counters (torch.utils.flop_counter; the GPU cost page): its products.
+def _sinkhorn_flops(q, k, iterations: int) -> int:
+    clouds, n, dim = q
+    # the cost's product, two matrix-vector products per iteration and one per convergence test
+    return 2 * clouds * n * k[1] * (dim + 2 * iterations + iterations // 10)
+
+
+def _network_flops(q, k, dim_products: int) -> int:
+    points = (math.prod(q) + math.prod(k)) // q[-1]
+    return 2 * points * dim_products
+
+
+def _discriminator_products(q, w1) -> int:
+    dim, hidden = q[-1], w1[0]
+    return 2 * dim * dim + dim * hidden + hidden  # highway (gate and transform), then hidden, then the logit
+
+
+def _ct_products(q, params) -> int:
+    dim, hidden = q[-1], params[2][0]
+    return 2 * dim * dim + dim * hidden + hidden * hidden + dim * hidden + hidden * hidden  # critic, navigator
+
+
+register_flop_formula(torch.ops.attnbench.align_sinkhorn)(
+    lambda q, k, q_valid, k_valid, eps, iterations, *_, **__: _sinkhorn_flops(q, k, iterations))
+register_flop_formula(torch.ops.attnbench.align_sinkhorn_backward)(
+    lambda q, k, *_, **__: 3 * 2 * q[0] * q[1] * k[1] * q[2])  # the cost again, then dq and dk
+# a backward recomputes the forward and forms two products per layer (the input's and the weights' gradients)
+register_flop_formula(torch.ops.attnbench.align_discriminator)(
+    lambda q, k, q_valid, k_valid, counts, wp, bp, w1, *_, **__: _network_flops(q, k, _discriminator_products(q, w1)))
+register_flop_formula(torch.ops.attnbench.align_discriminator_backward)(
+    lambda q, k, q_valid, k_valid, counts, wp, bp, w1, *_, **__: 3 * _network_flops(
+        q, k, _discriminator_products(q, w1)))
+register_flop_formula(torch.ops.attnbench.align_ct_networks)(
+    lambda q, k, params, *_, **__: _network_flops(q, k, _ct_products(q, params)))
+register_flop_formula(torch.ops.attnbench.align_ct_networks_backward)(
+    lambda q, k, params, *_, **__: 3 * _network_flops(q, k, _ct_products(q, params)))
+register_flop_formula(torch.ops.attnbench.align_ct_coupling)(
+    lambda features, q_valid, k_valid, clouds, n, m, *_, **__: 2 * 2 * clouds * n * m * features[-1])
+register_flop_formula(torch.ops.attnbench.align_ct_coupling_backward)(
+    lambda features, q_valid, k_valid, grad, clouds, n, m, *_, **__: 6 * 2 * clouds * n * m * features[-1])
