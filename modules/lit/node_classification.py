@@ -24,6 +24,11 @@ here are detached too), so nothing it logs here holds a graph; without enable_gr
 when it is logged and at every read of the logged values (four or five reads an epoch), which costs an op each and
 changes nothing: ~20 ops of a ~330-op Cora epoch, each a dispatch on a GPU's host. The values are the same."""
 
+ONE_VALUE = {**LOGGED, "batch_size": 1, "reduce_fx": "sum"}
+"""How the graph host logs a tensor: once a training step or pass (the graph is the one batch), as a "sum", which adds
+it to 0. A mean adds it times 1 to 0 and divides by 1, the same value, but keeps a count beside it that Lightning
+resets with two ops every epoch; a training step's values are logged per step and never reduced at all."""
+
 
 class NodeClassificationModule(L.LightningModule):
     kernel_lr_scale: float = 1.0
@@ -52,6 +57,15 @@ class NodeClassificationModule(L.LightningModule):
         """Per split, what its confusion tables need of its targets alone (class_scores.confusion_rows), and under
         (split, "total") the table's sum, the split's size."""
 
+    def __setattr__(self, name: str, value) -> None:
+        # Lightning names the hook in progress on the module around every hook call (about 80 assignments a lone Cora
+        # epoch); nn.Module's __setattr__ checks each value against Parameter, Module and buffer first, where a
+        # string or None can only land in the instance dict, as here (~0.2 ms of an epoch's host time).
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def _forward(self, graph):
         """Class logits and the model's attention trace."""
         if self._groups is None or self._groups.num_nodes != graph.num_nodes:
@@ -67,9 +81,9 @@ class NodeClassificationModule(L.LightningModule):
         aux, aux_logs = trace_aux_loss(trace, self.global_step, self.current_epoch)
         loss = task_loss if aux is None else task_loss + aux
         self._divergence.update(loss, self, batch_idx)
-        self._logs.log(self, "train/loss", loss, batch_size=1, **LOGGED)
+        self._logs.log(self, "train/loss", loss, **ONE_VALUE)
         self._logs.log_dict(self, {**aux_logs, **diagnostics(trace), **mechanism_logs(trace, task_loss, self.global_step, self.current_epoch)},
-                            batch_size=1, **LOGGED)
+                            **ONE_VALUE)
         return loss
 
     def _nodes(self, split: str, mask: Tensor) -> Tensor:
@@ -106,7 +120,7 @@ class NodeClassificationModule(L.LightningModule):
             self._logs.log(self, "val/loss", self.val_loss, **LOGGED)
         else:  # tests run on one process (harness/run/distributed.py)
             self.log(f"{split}/loss", loss, batch_size=len(nodes), sync_dist=True)
-        self._logs.log_dict(self, {f"{split}/{k}": v for k, v in logs.items()}, batch_size=1, **LOGGED)
+        self._logs.log_dict(self, {f"{split}/{k}": v for k, v in logs.items()}, **ONE_VALUE)
         # One batch a pass (the whole graph), so the pass's value is this batch's: "sum" adds it to 0 and nothing
         # else, where a mean would multiply and divide it by the batch size (not bit-exact in float32).
         # the table counts the whole split's nodes, summed over the ranks' shares (its sum, kept as the rows are)
@@ -117,7 +131,7 @@ class NodeClassificationModule(L.LightningModule):
         trainer = getattr(self, "_trainer", None)
         true_counts = self._confusion_rows[split][1] if trainer is None or trainer.world_size == 1 else None
         scores = class_scores(counts, examples, self._confusion_rows[(split, "total")], true_counts)
-        self._logs.log_dict(self, {f"{split}/{k}": v for k, v in scores.items()}, batch_size=1, reduce_fx="sum", **LOGGED)
+        self._logs.log_dict(self, {f"{split}/{k}": v for k, v in scores.items()}, **ONE_VALUE)
         return trace
 
     def _summed_over_ranks(self, counts: Tensor) -> Tensor:

@@ -6,9 +6,9 @@ the CUDA path, 4 calls an epoch: ~1.4 ms of the lone epoch's ~5.7 ms outside ker
 hook, a fresh metadata record compared with the stored one, and `_ResultMetric.to(device)`, which rebuilds the
 stored metric's whole attribute dict (its metadata dataclass deep-copied) even when nothing moves. None of that
 changes what is stored once the first call of a name has registered it. `RepeatLog` makes that first call through
-`LightningModule.log` and every later one as its last steps do: the tensor reset at a new hook, the value as
-Lightning hands it on (cloned, detached, squeezed: the same ops, so the same values and the same dispatches), and
-the stored metric's update. It goes back to `LightningModule.log` whenever anything it relies on differs from that
+`LightningModule.log` and every later one as its last steps do: the tensor reset at a new hook, the value detached
+and squeezed as Lightning hands it on (not copied first: the update copies or adds it into a state of its own, so
+Lightning's copy was an op for nothing), and the stored metric's update. It goes back to `LightningModule.log` whenever anything it relies on differs from that
 first call: another result collection (a new loop or Trainer), the entry gone or replaced, other arguments, a
 value on another device than the stored one (Lightning moves the collection to the CPU when a loop ends), another
 metric object, or a Lightning without the internals it calls. tests/modules/test_repeat_log.py compares what
@@ -56,9 +56,13 @@ class RepeatLog:
                 if connector.should_reset_tensors(fx):
                     results.reset(metrics=False, fx=fx)
                 if isinstance(value, Tensor):
-                    value = value.clone().detach().squeeze()  # LightningModule.log's own copy of a logged tensor
-                    if not kwargs.get("enable_graph", False):
-                        value = value.detach()  # as _ResultCollection.log detaches it
+                    # LightningModule.log hands on value.clone().detach().squeeze(); the update never keeps the tensor
+                    # it is given (it clones an on-step value and adds, or maxes, any other into a state of its own),
+                    # so the copy is left out: a value in an autograd graph is detached, a 1-element one squeezed
+                    if value.requires_grad:
+                        value = value.detach()
+                    if value.dim():
+                        value = value.squeeze()
                 results.update_metrics(site.key, value, site.batch_size)
                 connector._current_fx = fx
                 return
