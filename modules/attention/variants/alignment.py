@@ -583,7 +583,8 @@ class CTAlignmentAttention(AlignmentAttention):
 
     def alignment_loss(self, clouds: PointClouds) -> Tensor:
         if self.fused_loss_fits(clouds):
-            # Both networks forward and backward, the cost, the affinity and the two plans per cloud on chip
+            # The critic and the navigator per block of points, then the cost, the affinity and both plans per cloud,
+            # each on chip: two launches each way instead of a pass per layer, softmax and gradient
             return triton_alignment.transport_loss(clouds.q, clouds.k, clouds.q_valid, clouds.k_valid, self.config.rho,
                                                    self.critic, self.navigator)
         cost = self.critic_cost(clouds)
