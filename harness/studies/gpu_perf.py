@@ -195,12 +195,15 @@ def _fused_paths(kernel, q, k, groups):
 
     def fused_backend(path):
         def run(q, k, v):
-            return run_backend(path, Call(kernel, kernel.fused_attention(q, k, groups, scale=scale), groups, q, k, v))
+            fused = kernel.fused_attention(q, k, groups, scale=scale)
+            # the aux losses as the call leaves them (a kernel may fill them while it runs: BAM's KL)
+            return run_backend(path, Call(kernel, fused, groups, q, k, v)), fused.aux_losses
         return run
 
     def blocked(q, k, v):
         with query_blocks(BLOCK_ROWS):
-            return kernel(q, k, v, groups, scale=scale, need_weights=False)[0]
+            out, result = kernel(q, k, v, groups, scale=scale, need_weights=False)
+            return out, result.aux_losses
 
     with flex_on_cpu(False):
         fused = kernel.fused_attention(q, k, groups, scale=scale)
@@ -214,7 +217,8 @@ def _fused_paths(kernel, q, k, groups):
 
 
 def check(config: dict, causal: bool, precision: str, padded: bool = True) -> dict[str, float]:
-    """Max relative error of each fused path against eager: weights, output and every gradient.
+    """Max relative error of each fused path against eager: weights, output, aux losses and every gradient (of the
+    output and the aux losses).
 
     bf16 runs as training runs it, fp32 tensors under bf16 autocast (the kernels' own layers stay fp32). In
     bf16 the eager path is no ground truth either, so the result also holds, under "<path>@fp32" and
@@ -232,21 +236,24 @@ def check(config: dict, causal: bool, precision: str, padded: bool = True) -> di
         inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         kernel.zero_grad(set_to_none=True)
         with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=bf16):
-            out = forward(*inputs)
-        (out.float() * upstream * rows).sum().backward()
+            out, aux = forward(*inputs)
+        # the aux losses' gradients too: a regulariser's own kernels (align-*'s) are checked with the output's
+        ((out.float() * upstream * rows).sum() + sum(a.float() for a in aux.values() if a.requires_grad)).backward()
         with torch.no_grad(), torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=bf16):
-            weights = forward(q, k, identity)
+            weights = forward(q, k, identity)[0]
         grads = {f"d{n}": t.grad for n, t in zip("qkv", inputs)}
         grads.update({f"d{n}": p.grad.clone() for n, p in kernel.named_parameters() if p.grad is not None})
+        grads.update({f"aux {n}": a.detach().reshape(1) for n, a in aux.items()})
         return weights, out.detach(), grads
 
     def eager(q_, k_, v_):
-        return kernel(q_, k_, v_, groups, need_weights=True)[0]
+        out, result = kernel(q_, k_, v_, groups, need_weights=True)
+        return out, result.aux_losses
 
     def error(a, b) -> float:
         (w, o, g), (w0, o0, g0) = a, b
         if g.keys() != g0.keys():
-            raise RuntimeError(f"gradients reach {sorted(g)}, eager's reach {sorted(g0)}")
+            raise RuntimeError(f"gradients and aux losses reach {sorted(g)}, eager's reach {sorted(g0)}")
         return max([_relative(w[rows], w0[rows]), _relative(o[rows], o0[rows]), *(_relative(g[n], g0[n]) for n in g0)])
 
     bf16 = precision == "bf16"

@@ -121,7 +121,12 @@ def test_a_broken_fused_path_is_reported_as_failed(monkeypatch):
     real = gpu_perf._fused_paths
 
     def skewed(kernel, q, k, groups):
-        return {path: (lambda q, k, v, f=f: 1.01 * f(q, k, v)) for path, f in real(kernel, q, k, groups).items()}
+        def off(f):
+            def run(q, k, v):
+                out, aux = f(q, k, v)
+                return 1.01 * out, aux
+            return run
+        return {path: off(f) for path, f in real(kernel, q, k, groups).items()}
 
     monkeypatch.setattr(gpu_perf, "_fused_paths", skewed)
     page = gpu_perf.Page(60)
@@ -265,3 +270,22 @@ def test_the_correctness_check_reaches_the_triton_paths_under_the_interpreter():
     for found, path in ((bam_weibull, "triton-noisy-softmax"), (bam_lognormal, "triton-noisy-softmax"),
                         (gmm, "triton-softmax"), (fenchel, "triton-softmax")):
         assert path in found and found[path] < gpu_perf.TOLERANCE["fp32"], found
+
+
+def test_the_correctness_check_holds_a_regulariser_s_aux_loss_and_its_gradients(monkeypatch):
+    """An aux loss (align's regulariser) off by 1% on a fused path fails the check, as an output would: a regulariser's
+    own kernels are checked on the GPU with the attention they ride on."""
+    monkeypatch.setattr(gpu_perf, "DEVICE", "cpu")
+    real = gpu_perf._fused_paths
+
+    def skewed(kernel, q, k, groups):
+        def off(f):
+            def run(q, k, v):
+                out, aux = f(q, k, v)
+                return out, {name: 1.01 * loss for name, loss in aux.items()}
+            return run
+        return {path: off(f) for path, f in real(kernel, q, k, groups).items()}
+
+    assert max(gpu_perf.check({"name": "align-ot"}, False, "fp32").values()) < gpu_perf.TOLERANCE["fp32"]
+    monkeypatch.setattr(gpu_perf, "_fused_paths", skewed)
+    assert min(gpu_perf.check({"name": "align-ot"}, False, "fp32").values()) > 5e-3
