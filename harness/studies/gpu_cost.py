@@ -787,33 +787,43 @@ def count_epochs(run: Callable[[int], None], epochs: tuple[int, int] = CORA_EPOC
                       step_where=step_where)
 
 
-def host_time_ms(data_root: str | None, epochs: tuple[int, int] = CORA_EPOCHS) -> tuple[float, float, float]:
-    """(CPU ms per lone epoch without the counter, CPU ms inside kernels, CPU ms per epoch with the counter), one
-    thread, on the CUDA path, each from two run lengths. The host's own time outside kernels is about the first less
-    the second: a difference of separate runs, rough on a loaded machine (the counted run's own figure, on this
-    2-core machine under load, came out below its kernels' sum, so it is returned but not used). Depends on the
-    machine: printed, never on the page."""
+HOST_TIME_EPOCHS = (10, 60)
+"""The host-time figure's two run lengths: 50 epochs between them (about 1.7 s of work on this CPU) against a run's
+setup, whose cost moves by some 100 ms from run to run; CORA_EPOCHS' 4 epochs between were lost in it (its figure
+swung from -9 to 16 ms). The epochs between include every 8th's diagnosed validation, as a long fit's do."""
+HOST_TIME_REPEATS = 3
+
+
+def host_time_ms(data_root: str | None, epochs: tuple[int, int] = HOST_TIME_EPOCHS,
+                 repeats: int = HOST_TIME_REPEATS) -> tuple[float, float, list[float]]:
+    """(CPU ms per lone epoch without the counter, CPU ms inside kernels, each repeat's difference of the two), one
+    thread, on the CUDA path, each from two run lengths, medians of `repeats` alternated runs. The host's own time
+    outside kernels is about the first less the second: a difference of separate runs, rough on a loaded machine.
+    Depends on the machine: printed, never on the page."""
+    import statistics
     import time
 
     from modules.device_policy import behave_as_cuda
 
     with behave_as_cuda():
         _lone_run(epochs[0], data_root)  # warm: cached tables built
-    plain, counted, kernel_s = [], [], []
-    for n in epochs:
-        with behave_as_cuda():
-            started = time.thread_time()
-            _lone_run(n, data_root)
-            plain.append(time.thread_time() - started)
-        counter = CostCounter(where=False, storage=False)
-        counter.timing = True
-        with behave_as_cuda(), counter:
-            started = time.thread_time()
-            _lone_run(n, data_root)
-            counted.append(time.thread_time() - started)
-        kernel_s.append(counter.kernel_time_s)
-    per_epoch = [(x[1] - x[0]) / (epochs[1] - epochs[0]) * 1000 for x in (plain, kernel_s, counted)]
-    return per_epoch[0], per_epoch[1], per_epoch[2]
+    plain, kernels = [], []
+    for _ in range(repeats):
+        took, inside = [], []
+        for n in epochs:
+            with behave_as_cuda():
+                started = time.thread_time()
+                _lone_run(n, data_root)
+                took.append(time.thread_time() - started)
+            counter = CostCounter(where=False, storage=False)
+            counter.timing = True
+            with behave_as_cuda(), counter:
+                _lone_run(n, data_root)
+            inside.append(counter.kernel_time_s)
+        plain.append((took[1] - took[0]) / (epochs[1] - epochs[0]) * 1000)
+        kernels.append((inside[1] - inside[0]) / (epochs[1] - epochs[0]) * 1000)
+    outside = [a - b for a, b in zip(plain, kernels)]
+    return statistics.median(plain), statistics.median(kernels), outside
 
 
 # ---- the page -------------------------------------------------------------------------------------------------------
@@ -1169,10 +1179,12 @@ def main(argv: list[str] | None = None) -> int:
         from harness.run.runner import quiet_lightning
 
         quiet_lightning()
-        plain, kernels, _ = host_time_ms(args.data_root)
-        print(f"host CPU per lone Cora epoch on the CUDA path (one thread, this machine, kernels run on the CPU): {plain:.1f} ms; "
-              f"inside kernels {kernels:.1f} ms (timed in another run, under the counter); outside kernels ≈ {plain - kernels:.1f} ms, "
-              f"a difference of two runs: rough on a loaded machine")
+        plain, kernels, outside = host_time_ms(args.data_root)
+        first, last = HOST_TIME_EPOCHS
+        print(f"host CPU per lone Cora epoch on the CUDA path (one thread, this machine, kernels run on the CPU; a {last}-epoch "
+              f"run less a {first}-epoch one, median of {len(outside)}): {plain:.1f} ms; inside kernels {kernels:.1f} ms (timed "
+              f"in other runs, under the counter); outside kernels ≈ {plain - kernels:.1f} ms (each repeat: "
+              f"{', '.join(f'{x:.1f}' for x in outside)}), a difference of separate runs: rough on a loaded machine")
     measured = measured_pages(Path(REPO) / "leaderboards" / "gpu-perf")
     text = page_text(counts, cora, measured)
     if args.out:
