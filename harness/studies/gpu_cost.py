@@ -658,7 +658,10 @@ def count_variant(name: str, length: int, batch: int, shorter: Count | None = No
             return row
         scale = batch * HEADS
         row.method = f"real ×{scale}"
-    row.path = path
+    ours = any(name.startswith("attnbench::") for name in counter.by_kernel)
+    # a torch-form path that also ran Triton kernels of ours (align's regulariser beside SDPA's attention): another
+    # workload than the same path without them, which a page measured before those kernels existed did not run
+    row.path = f"{path}+triton" if ours and path in ("sdpa", "eager", "blocked") else path
     row.kernels = counter.kernels
     row.syncs = sum(counter.syncs.values())
     row.sync_where = {f"{what} at {where}": n for (what, where), n in sorted(counter.syncs.items())}
@@ -987,7 +990,9 @@ def read_measured(page: Path) -> dict[tuple[int, str], dict]:
             except ValueError:
                 return None
 
-        found[(length, cells[0])] = {"path": cells[1], "ms_ratio": number(cells[3]), "peak_ratio": number(cells[7])}
+        # a page with the cost page's prediction beside each row names the path counted for its own commit's code
+        found[(length, cells[0])] = {"path": cells[1], "ms_ratio": number(cells[3]), "peak_ratio": number(cells[7]),
+                                     "path_counted": cells[8] if len(cells) >= 11 else None}
     return found
 
 
@@ -1021,7 +1026,10 @@ def comparison_lines(counts: dict[tuple[str, int], Count], page: Path) -> list[s
     lines = [f"### Beside {page.stem} (`leaderboards/gpu-perf/{page.name}`)", "",
              "Measured: that page's bf16 time and peak memory as × SDPA softmax. Predicted: this page's bytes touched and "
              "peak live bytes as × SDPA. A row is comparable where the path measured is the path counted here (the "
-             "variants changed since the page was measured); Spearman's rank correlation is over the comparable rows "
+             "variants changed since the page was measured; '+triton': a torch path beside Triton kernels of ours, such "
+             "as align's regulariser, which a page measured before them did not run; a page that sets the cost page's "
+             "prediction beside each row is read by the path counted for its own code); Spearman's rank correlation is "
+             "over the comparable rows "
              "of each L.", ""]
     for length, batch in DENSE:
         base = counts.get(("softmax", length))
@@ -1035,7 +1043,9 @@ def comparison_lines(counts: dict[tuple[str, int], Count], page: Path) -> list[s
         for name, r in sorted(rows, key=lambda item: (item[0] != "softmax", item[0])):
             m = measured[(length, name)]
             bytes_ratio, peak_ratio = r.bytes / base.bytes, r.peak / base.peak
-            same = m["path"] == r.path
+            # comparable: the workload measured is the one counted here (for a page without its own prediction,
+            # the path it measured; with one, the path counted for the code it measured)
+            same = (m["path_counted"] or m["path"]) == r.path
             if same and m["ms_ratio"] is not None:
                 pairs_time.append((bytes_ratio, m["ms_ratio"]))
             if same and m["peak_ratio"] is not None:

@@ -155,8 +155,13 @@ def test_spearman_and_the_measured_page_reader(tmp_path):
                     "|---|---|---:|---:|---:|---:|---:|---:|\n| softmax | sdpa | 2.7 | 1.00 | 21.7 | 1.00 | 0.53 | 1.00 |\n"
                     "| gmm | flex | 183.4 | 69.09 | 212.0 | 9.77 | 0.76 | 1.42 |\n| bam-weibull |  | OOM |  | OOM |  |  |  |\n\n## (c) Cora\n")
     found = gpu_cost.read_measured(page)
-    assert found[(512, "gmm")] == {"path": "flex", "ms_ratio": 69.09, "peak_ratio": 1.42}
+    assert found[(512, "gmm")] == {"path": "flex", "ms_ratio": 69.09, "peak_ratio": 1.42, "path_counted": None}
     assert found[(512, "bam-weibull")]["ms_ratio"] is None
+    # a page that sets the cost page's prediction beside each row is read by the path counted for its own code
+    page.write_text("## (b) Dense\n\n### L = 512, B = 32\n\n| variant | path | bf16 ms | × SDPA | fp32 ms | × SDPA | peak GiB bf16 "
+                    "| × SDPA | path counted | bytes × (cost page) | peak × (cost page) |\n|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|\n"
+                    "| align-ot | sdpa | 3.0 | 1.10 | 22.0 | 1.01 | 0.55 | 1.03 | sdpa+triton | 1.16 | 1.06 |\n")
+    assert gpu_cost.read_measured(page)[(512, "align-ot")]["path_counted"] == "sdpa+triton"
 
 
 def _tiny_lone_run(epochs: int) -> None:
