@@ -23,6 +23,8 @@ from typing import Optional
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
+from .triton_common import tile_products
+
 HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
@@ -114,22 +116,16 @@ def _(q, k, v, grad_out, grad_q, taus, lengths, delta, alpha, scale, masked):
     return None
 
 
-def _products(q_shape, passes: int) -> int:
-    """FLOPs of `passes` [L x d] by [d x L] products (or [L x L] by [L x d]) per (sample, head)."""
-    batch, heads, length, dim = q_shape
-    return passes * 2 * batch * heads * length * length * dim
-
-
 # What each launch computes, for FLOP counters (torch.utils.flop_counter; the GPU cost page): its tile products.
 register_flop_formula(torch.ops.attnbench.adasplash_tau)(
-    lambda q, k, taus, lengths, alpha, scale, niter, *_, **__: _products(q, 1 + niter))  # the maxima, each pass
+    lambda q, k, taus, lengths, alpha, scale, niter, *_, **__: tile_products(q, q, 1 + niter))  # the maxima, each pass
 register_flop_formula(torch.ops.attnbench.adasplash_output)(
-    lambda q, *_, **__: _products(q, 3))  # scores, p·v, s·v
+    lambda q, *_, **__: tile_products(q, q, 3))  # scores, p·v, s·v
 register_flop_formula(torch.ops.attnbench.adasplash_backward_delta)(lambda *_, **__: 0)  # a row-wise dot product
 register_flop_formula(torch.ops.attnbench.adasplash_key_grad)(
-    lambda q, *_, **__: _products(q, 4))  # scores, pᵀ·do, do·vᵀ, dSᵀ·q
+    lambda q, *_, **__: tile_products(q, q, 4))  # scores, pᵀ·do, do·vᵀ, dSᵀ·q
 register_flop_formula(torch.ops.attnbench.adasplash_query_grad)(
-    lambda q, *_, **__: _products(q, 3))  # scores, do·vᵀ, dS·k
+    lambda q, *_, **__: tile_products(q, q, 3))  # scores, do·vᵀ, dS·k
 
 
 class FullLengthAdaSplash(torch.autograd.Function):

@@ -27,29 +27,17 @@ import math
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the kernel is built only where Triton is installed (the gpu extra)
-    triton = None
+from .triton_common import BLOCK_M, BLOCK_N, NUM_STAGES, block_d as _block_d, tile_products, tl, triton
 
-BLOCK_M = 32
-BLOCK_N = 32
-NUM_STAGES = 2
-"""Software-pipelining stages of every launch. Compiled for sm_90 without a GPU (triton.compile with a GPUTarget), the
-backward's tiles at d = 128 with float32 inputs took 115 KB of shared memory at Triton's default of 3 stages, past an
-sm_86 card's 99 KB, and 82 KB at 2."""
+if triton is not None:
+    from .triton_common import load_rows as _load_rows
+
 NITER = 24
 """Halley-bisection passes for τ. The eager path bisects 25 times from a bracket of width <= 1, to fp32's
 resolution; Halley's steps converge faster where they stay in the bracket, and fall back to halving it elsewhere."""
 
 
 if triton is not None:
-
-    @triton.jit
-    def _load_rows(ptr, rows, cols, n_rows, n_cols):
-        mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-        return tl.load(ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0).to(tl.float32)
 
     @triton.jit
     def _tau_kernel(Q, K, ALPHA, TAU, scale, log2_length, H, L, D, NITER: tl.constexpr,
@@ -229,10 +217,6 @@ if triton is not None:
         tl.store(DQ + out_at, (dq * scale).to(DQ.dtype.element_ty), mask=keep[:, None] & (dims[None, :] < D))
 
 
-def _block_d(dim: int) -> int:
-    return max(16, 1 << (dim - 1).bit_length())
-
-
 # Each launch is a functional custom op (attnbench::*): what it reads are its arguments, what it writes its results. A
 # dispatch mode (the GPU cost page, a profiler) sees one op per launch, and FakeTensorMode its fake form (shapes only).
 @torch.library.custom_op("attnbench::entmax_tau", mutates_args=())
@@ -304,21 +288,15 @@ def _(q, k, v, grad_out, alpha, tau, norm, delta, scale):
     return torch.empty_like(q), torch.empty_like(tau)
 
 
-def _products(q_shape, passes: int) -> int:
-    """FLOPs of `passes` [L x d] by [d x L] products (or [L x L] by [L x d]) per (sample, head)."""
-    batch, heads, length, dim = q_shape
-    return passes * 2 * batch * heads * length * length * dim
-
-
 # What each launch computes, for FLOP counters (torch.utils.flop_counter; the GPU cost page): its tile products.
 register_flop_formula(torch.ops.attnbench.entmax_tau)(
-    lambda q, k, alpha, scale, niter, *_, **__: _products(q, 1 + niter))  # the row maxima, then each solver pass
+    lambda q, k, alpha, scale, niter, *_, **__: tile_products(q, q, 1 + niter))  # the row maxima, then each solver pass
 register_flop_formula(torch.ops.attnbench.entmax_output)(
-    lambda q, *_, **__: _products(q, 3))  # scores, p·v, s·v
+    lambda q, *_, **__: tile_products(q, q, 3))  # scores, p·v, s·v
 register_flop_formula(torch.ops.attnbench.entmax_key_grad)(
-    lambda q, *_, **__: _products(q, 4))  # scores, pᵀ·do, do·vᵀ, dSᵀ·q
+    lambda q, *_, **__: tile_products(q, q, 4))  # scores, pᵀ·do, do·vᵀ, dSᵀ·q
 register_flop_formula(torch.ops.attnbench.entmax_query_grad)(
-    lambda q, *_, **__: _products(q, 3))  # scores, do·vᵀ, dS·k
+    lambda q, *_, **__: tile_products(q, q, 3))  # scores, do·vᵀ, dS·k
 
 
 class LearnedAlphaEntmaxAttention(torch.autograd.Function):

@@ -41,17 +41,10 @@ from typing import Optional
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the kernel is built only where Triton is installed (the gpu extra)
-    triton = None
+from .triton_common import BLOCK_M, BLOCK_N, NUM_STAGES, block_d as _block_d, tile_products as _products, tl, triton
 
-BLOCK_M = 32
-BLOCK_N = 32
-NUM_STAGES = 2
-"""As modules/attention/triton_entmax.py: tiles of 32 and two pipelining stages keep every launch within an sm_86
-card's 99 KB of shared memory."""
+if triton is not None:
+    from .triton_common import load_rows as _load_rows
 
 WEIBULL = 0
 LOGNORMAL = 1
@@ -59,11 +52,6 @@ SAMPLERS = {"weibull": WEIBULL, "lognormal": LOGNORMAL}
 
 
 if triton is not None:
-
-    @triton.jit
-    def _load_rows(ptr, rows, cols, n_rows, n_cols):
-        mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-        return tl.load(ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0).to(tl.float32)
 
     @triton.jit
     def _noise(seed, plane, rows, keys, LK, SAMPLER: tl.constexpr, param):
@@ -334,8 +322,6 @@ if triton is not None:
                      mask=(rows[:, None] < LQ) & (keys[None, :] < LK))
 
 
-def _block_d(dim: int) -> int:
-    return max(16, 1 << (dim - 1).bit_length())
 
 
 def _precision(x: torch.Tensor) -> str:
@@ -470,11 +456,6 @@ def _(q, k, kbar, keys, seed, lse_clean, gap, scale, sampler, param):
     return torch.empty_like(lse_clean)
 
 
-def _products(q_shape, k_shape, passes: int) -> int:
-    """FLOPs of `passes` [Lq x d] by [d x Lk] products (or [Lq x Lk] by [Lk x d]) per (sample, head) (the flop
-    counter hands a formula its tensors' shapes)."""
-    batch, heads, num_queries, dim = q_shape
-    return passes * 2 * batch * heads * num_queries * k_shape[-2] * dim
 
 
 # What each launch computes, for FLOP counters (torch.utils.flop_counter; the GPU cost page): its tile products.

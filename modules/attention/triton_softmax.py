@@ -33,17 +33,8 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the kernel is built only where Triton is installed (the gpu extra)
-    triton = None
+from .triton_common import BLOCK_M, BLOCK_N, NUM_STAGES, block_d as _block_d, tile_products as _products, tl, triton
 
-BLOCK_M = 32
-BLOCK_N = 32
-NUM_STAGES = 2
-"""Tiles and pipelining stages within an sm_86 card's 99 KB of shared memory at d = 128 with float32 inputs, as the
-learned-α entmax kernel's (triton_entmax.py)."""
 HEAD_DIMS = (16, 128)
 """Head dimensions the kernel takes (padded to a power of two in the tiles)."""
 
@@ -239,8 +230,6 @@ if triton is not None:
             tl.store(DC_PART + program, tl.sum(tl.where(key_in, de * tl.sum(kf * kf, axis=1), 0.0), axis=None))
 
 
-def _block_d(dim: int) -> int:
-    return max(16, 1 << (dim - 1).bit_length())
 
 
 def _precision(dtype: torch.dtype | None) -> str:
@@ -351,10 +340,6 @@ def _buckets_pad(num_buckets: int) -> int:
     return max(16, 1 << (num_buckets - 1).bit_length())
 
 
-def _products(q_shape, k_shape, passes: int) -> int:
-    """FLOPs of `passes` [Lq x d] by [d x Lk] products (or [Lq x Lk] by [Lk x d]) per (sample, head)."""
-    batch, heads, lq, dim = q_shape
-    return passes * 2 * batch * heads * lq * k_shape[2] * dim
 
 
 # What each launch computes, for FLOP counters (torch.utils.flop_counter, which hands a formula the shapes; the GPU cost

@@ -7,22 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.attention.triton_compile import compile_for_sm90
+
 triton = pytest.importorskip("triton")
 
 
-def _compile(kernel, signature: dict, constexprs: dict):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    assert list(signature) == list(kernel.arg_names), kernel.__name__
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(kernel.arg_names.index(name),): value for name, value in constexprs.items()})
-    try:
-        return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_stages": 2})
-    except (RuntimeError, FileNotFoundError) as exc:  # no CUDA backend tools in this Triton build
-        if "ptxas" in str(exc) or "backend" in str(exc).lower():
-            pytest.skip(f"Triton cannot compile for CUDA here: {exc}")
-        raise
 
 
 def _kernels(data: str):
@@ -62,5 +51,5 @@ def _kernels(data: str):
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_every_kernel_compiles_for_sm90_within_an_sm86_cards_shared_memory(dtype):
     for kernel, signature, constexprs in _kernels(f"*{dtype}"):
-        compiled = _compile(kernel, signature, constexprs)
+        compiled = compile_for_sm90(kernel, signature, constexprs, 2)
         assert compiled.metadata.shared <= 99 * 1024, (kernel.__name__, constexprs, compiled.metadata.shared)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from modules.attention.triton_common import NUM_STAGES
+from tests.attention.triton_compile import compile_for_sm90
+
 triton = pytest.importorskip("triton")
 
 DATA = ("Q", "K", "V", "DO", "OUT", "DQ", "DK", "DV")
@@ -17,21 +20,6 @@ SIZES = ("H", "LQ", "LK", "D", "keys_stride_b", "keys_stride_h")
 FLAGS = ("HAS_KEYS", "WANT_SQUARES", "WANT_GAP", "HAS_GRAD_LSE", "HAS_GRAD_SQUARES")
 
 
-def _compile(kernel, signature: dict, constexprs: dict):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from modules.attention import triton_noisy_softmax
-
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(kernel.arg_names.index(name),): value for name, value in constexprs.items()})
-    try:
-        return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_stages": triton_noisy_softmax.NUM_STAGES})
-    except (RuntimeError, FileNotFoundError) as exc:  # no CUDA backend tools in this Triton build
-        if "ptxas" in str(exc) or "backend" in str(exc).lower():
-            pytest.skip(f"Triton cannot compile for CUDA here: {exc}")
-        raise
 
 
 def _signature(kernel, dtype: str, dim: int, sampler: int):
@@ -67,5 +55,5 @@ def test_every_kernel_compiles_for_sm90_within_an_sm86_cards_shared_memory(dtype
 
     for kernel in (t._forward_kernel, t._query_grad_kernel, t._key_grad_kernel, t._spread_kernel, t._noise_kernel):
         signature, constexprs = _signature(kernel, dtype, dim, sampler)
-        compiled = _compile(kernel, signature, constexprs)
+        compiled = compile_for_sm90(kernel, signature, constexprs, NUM_STAGES)
         assert compiled.metadata.shared <= 99 * 1024, (kernel.__name__, compiled.metadata.shared)

@@ -116,19 +116,18 @@ def test_the_correctness_check_compares_bam_s_sdpa_form_whole_and_in_blocks(monk
         assert (errors[path] <= gpu_perf.TOLERANCE["fp32"]) if precision == "fp32" else gpu_perf.bf16_verdict(errors, path)
 
 
+def _skewed(fused_paths, change):
+    """`gpu_perf._fused_paths` with every path's (output, aux losses) passed through `change`: a broken fused path."""
+    def paths(kernel, q, k, groups):
+        def broken(f):
+            return lambda q, k, v: change(*f(q, k, v))
+        return {path: broken(f) for path, f in fused_paths(kernel, q, k, groups).items()}
+    return paths
+
+
 def test_a_broken_fused_path_is_reported_as_failed(monkeypatch):
     monkeypatch.setattr(gpu_perf, "DEVICE", "cpu")
-    real = gpu_perf._fused_paths
-
-    def skewed(kernel, q, k, groups):
-        def off(f):
-            def run(q, k, v):
-                out, aux = f(q, k, v)
-                return 1.01 * out, aux
-            return run
-        return {path: off(f) for path, f in real(kernel, q, k, groups).items()}
-
-    monkeypatch.setattr(gpu_perf, "_fused_paths", skewed)
+    monkeypatch.setattr(gpu_perf, "_fused_paths", _skewed(gpu_perf._fused_paths, lambda out, aux: (1.01 * out, aux)))
     page = gpu_perf.Page(60)
     monkeypatch.setattr(gpu_perf, "CORRECTNESS", [({"name": "softmax"}, False, True)])
     gpu_perf.correctness(page)
@@ -276,16 +275,7 @@ def test_the_correctness_check_holds_a_regulariser_s_aux_loss_and_its_gradients(
     """An aux loss (align's regulariser) off by 1% on a fused path fails the check, as an output would: a regulariser's
     own kernels are checked on the GPU with the attention they ride on."""
     monkeypatch.setattr(gpu_perf, "DEVICE", "cpu")
-    real = gpu_perf._fused_paths
-
-    def skewed(kernel, q, k, groups):
-        def off(f):
-            def run(q, k, v):
-                out, aux = f(q, k, v)
-                return out, {name: 1.01 * loss for name, loss in aux.items()}
-            return run
-        return {path: off(f) for path, f in real(kernel, q, k, groups).items()}
-
     assert max(gpu_perf.check({"name": "align-ot"}, False, "fp32").values()) < gpu_perf.TOLERANCE["fp32"]
-    monkeypatch.setattr(gpu_perf, "_fused_paths", skewed)
+    monkeypatch.setattr(gpu_perf, "_fused_paths", _skewed(
+        gpu_perf._fused_paths, lambda out, aux: (out, {name: 1.01 * loss for name, loss in aux.items()})))
     assert min(gpu_perf.check({"name": "align-ot"}, False, "fp32").values()) > 5e-3

@@ -7,23 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+from modules.attention.triton_common import NUM_STAGES
+from tests.attention.triton_compile import compile_for_sm90
+
 triton = pytest.importorskip("triton")
 
 
-def _compile(kernel, signature: dict, constexprs: dict):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from modules.attention import triton_softmax
-
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(kernel.arg_names.index(name),): value for name, value in constexprs.items()})
-    try:
-        return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_stages": triton_softmax.NUM_STAGES})
-    except (RuntimeError, FileNotFoundError) as exc:  # no CUDA backend tools in this Triton build
-        if "ptxas" in str(exc) or "backend" in str(exc).lower():
-            pytest.skip(f"Triton cannot compile for CUDA here: {exc}")
-        raise
 
 
 @pytest.mark.parametrize("dtype, dim", [("bf16", 64), ("fp32", 128), ("fp16", 16)])
@@ -51,5 +40,5 @@ def test_every_kernel_compiles_for_sm90_within_an_sm86_cards_shared_memory(dtype
         signature = {**signature, **{name: "constexpr" for name in constexprs}}
         assert sorted(signature) == sorted(kernel.arg_names), (kernel.__name__, set(signature) ^ set(kernel.arg_names))
         signature = {name: signature[name] for name in kernel.arg_names}
-        compiled = _compile(kernel, signature, constexprs)
+        compiled = compile_for_sm90(kernel, signature, constexprs, NUM_STAGES)
         assert compiled.metadata.shared <= 99 * 1024, (kernel.__name__, compiled.metadata.shared)
