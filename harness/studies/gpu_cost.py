@@ -1094,7 +1094,9 @@ def page_text(counts: dict[tuple[str, int], Count], cora: dict | None, measured:
     lines = ["# GPU cost, counted on the CPU", "",
              "What a GPU would run for each variant, counted on the CPU with every device branch on its CUDA form "
              "(`modules.device_policy.behave_as_cuda`) by a dispatch mode below autograd (`harness/studies/gpu_cost.py` says "
-             "how). No time is measured: every figure is a count, the same on every machine. Regenerate with `make gpu-cost`.", "",
+             "how), on fake tensors (FakeTensorMode), where the project's Triton kernels run as on a GPU with Triton: each "
+             "launch a custom op (`attnbench::*`) whose fake form gives its outputs (real CPU tensors keep the torch forms, "
+             "as a Triton kernel cannot run on them). No time is measured: every figure is a count, the same on every machine. Regenerate with `make gpu-cost`.", "",
              f"Goals: {met} met, {missed} not met, of {len(goals)}.", "",
              "## Goals", "", "| goal | figure | verdict |", "|---|---:|---|"]
     lines += [f"| {goal} | {figure} | {verdict} |" for goal, figure, verdict in goals]
