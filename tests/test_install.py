@@ -16,8 +16,8 @@ PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 OPTIONAL_IMPORTS = {
     "rich": "the progress bar's first choice, imported only when installed (harness/run/callbacks.py)",
     "tqdm": "the progress bar's fallback; Lightning itself depends on it",
-    "triton": "imported only by the GPU cost page (harness/studies/gpu_cost.py) where installed, to count Triton kernel "
-              "launches (AdaSplash's) without running them; torch's CUDA builds ship it",
+    "triton": "the Triton kernels of ours (modules/attention/triton_*.py), built only where it is installed, and the GPU "
+              "cost page's count of a plugin's bare launches; torch's CUDA builds ship it",
     "adasplash": "AdaSplash's fused α-entmax, imported only on CUDA where installed (the gpu extra; the dev extra "
                  "has it for tests/attention/test_adasplash_interpreted.py)",
 }
