@@ -45,7 +45,7 @@ startup: install ## how fast --help, --version, list, describe and argument erro
 gpu-smoke: install ## on a GPU machine (< 10 min): versions, every variant dense bf16/fp32, on Cora, in MiniLM, one captioning epoch; writes leaderboards/gpu-smoke/<gpu>.md. Without a GPU: says so, exits 0
 	$(BIN)/python -m harness.studies.gpu_smoke
 
-gpu-perf: install ## on a GPU machine (<= 8 min): correctness, the dense table at L=512/2048/8192, ALBERT-base steps, Cora epochs, scaling, the goals met; writes leaderboards/gpu-perf/<gpu>.md. Without a GPU: builds .gpukit and checks a device call carries <= 64 MiB
+gpu-perf: install ## on a GPU machine (<= 8 min): correctness, the dense table at L=512/2048/8192, ALBERT-base steps, Cora epochs, scaling, the goals met; writes leaderboards/gpu-perf/<gpu>.md. Without a GPU: builds .gpukit and the MiniLM shards for gpu-smoke, and checks each device call carries <= 64 MiB
 	$(BIN)/python -m harness.studies.gpu_perf
 
 gpu-cost: install ## what a GPU would run, counted on the CPU (kernels, host syncs, bytes, peak, saved, FLOPs per variant; Cora epochs): writes leaderboards/gpu-cost.{md,csv}
