@@ -63,6 +63,11 @@ class BudgetReached(Exception):
     """The study's budget is taken by other processes' finished and running trials."""
 
 
+class DuplicateDefaults(Exception):
+    """Another trial of the study already trains the defaults (processes that found the study empty at once each
+    enqueued them)."""
+
+
 def default_storage(runs: str | None = None) -> str:
     path = runs_dir(runs) / "optuna.db"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -229,6 +234,7 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
         return sum(1 for t in taken if before is None or t.number < before) >= trials
 
     seen: dict[str, list[float]] = {}  # each metric's values in this process's trials, for `distinct`
+    duplicates: list[int] = []  # this process's trials that found the defaults already taken (DuplicateDefaults)
 
     def objective(trial) -> float:
         if budget_taken(before=trial.number):
@@ -237,6 +243,13 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
             trial.set_user_attr(SURPLUS_ATTR, True)
             study.stop()
             raise BudgetReached(f"study {name} already has {trials} finished or running trials")
+        if trial.user_attrs.get(DEFAULTS_ATTR) and _defaults_taken(study, trial.number):
+            # Processes that found the study empty at the same moment each enqueued the defaults: the later copy ends
+            # at once (failed, never trained, marked surplus, so it holds no place in the budget) and this process
+            # goes on to a new configuration
+            trial.set_user_attr(SURPLUS_ATTR, True)
+            duplicates.append(trial.number)
+            raise DuplicateDefaults(f"an earlier trial of study {name} trains the defaults")
         trial.set_user_attr(OWNER_ATTR, _owner())  # what a restarted tune on this host recognises as dead
         if trial.user_attrs.get(DEFAULTS_ATTR):
             config, overrides = {}, resolved
@@ -264,8 +277,13 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
         log(f"attnbench tune: study {name}: {finished()} of {trials} trials finished; running up to {remaining}")
         # Diverged trials (NaN loss) are failures of that configuration, recorded as such; the study goes on.
         try:
-            study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(DivergedError, FloatingPointError, BudgetReached),
-                           callbacks=[enough])
+            catch = (DivergedError, FloatingPointError, BudgetReached, DuplicateDefaults)
+            study.optimize(objective, n_trials=remaining, timeout=timeout, catch=catch, callbacks=[enough])
+            # a duplicate of the defaults trained nothing: its place in this process's share goes to a new trial
+            while duplicates and not budget_taken():
+                extra = len(duplicates)
+                duplicates.clear()
+                study.optimize(objective, n_trials=extra, timeout=timeout, catch=catch, callbacks=[enough])
         finally:
             distributed.broadcast(None)  # the other DDP ranks stop following (a no-op on one process)
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -289,6 +307,16 @@ def tune(task: str, variant: str, *, trials: int, params: Mapping[str, Any] | No
     return TuneResult(task, variant, name, task_def.monitor.name, task_def.monitor.higher_is_better, float(best.value),
                       float(default_trial.value) if default_trial else None, best_metrics, default_metrics, attention, task_knobs,
                       counts, seconds, task_params=resolved, storage=storage)
+
+
+def _defaults_taken(study, number: int) -> bool:
+    """Whether a trial numbered below `number` trains the defaults and has not failed (a failed one, its process
+    killed, is retried as a trial of its own)."""
+    from optuna.trial import TrialState
+
+    return any(t.number < number and t.user_attrs.get(DEFAULTS_ATTR) and not t.user_attrs.get(SURPLUS_ATTR)
+               and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+               for t in study.get_trials(deepcopy=False))
 
 
 def _owner() -> str:

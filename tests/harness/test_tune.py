@@ -56,6 +56,21 @@ def test_tune_runs_defaults_first_resumes_its_budget_and_exports(shared_data, tm
     assert data["tuning"]["trials"]["complete"] >= 1
 
 
+def test_the_defaults_enqueued_twice_by_racing_processes_train_once(shared_data, tmp_path):
+    """Processes that open an empty shared study at the same moment each enqueue the defaults trial: the later copy
+    ends untrained (failed, marked surplus, outside the budget) and the budget goes to configurations of their own."""
+    storage = _storage(tmp_path)
+    kwargs = dict(params=FAST, storage=storage, data_root=str(shared_data), log=lambda *_: None)
+    result = tuning.tune("cora", "fenchel", trials=1, **kwargs)
+    study = optuna.load_study(study_name=result.study, storage=storage)
+    study.enqueue_trial({}, user_attrs={tuning.DEFAULTS_ATTR: True})  # the racing process's copy
+    tuning.tune("cora", "fenchel", trials=2, **kwargs)
+    trials = optuna.load_study(study_name=result.study, storage=storage).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert trials[1].user_attrs[tuning.SURPLUS_ATTR] is True and trials[1].user_attrs[tuning.DEFAULTS_ATTR] is True
+    assert trials[2].params and not trials[2].user_attrs.get(tuning.DEFAULTS_ATTR)
+
+
 def test_a_monitor_that_is_never_logged_fails_loudly(shared_data, monkeypatch):
     from harness.run.runner import fit_for_validation
     from harness.plan.spec import make_spec
