@@ -84,6 +84,10 @@ def main(world: int, out: str, cache_dir: str) -> None:
     if results["text"]["rank"] == 0:
         with open(out, "w") as handle:
             json.dump(results, handle)
+    # the process group torn down before the interpreter exits: left to exit, gloo's threads can be destroyed while
+    # still joinable, and the process aborts ("terminate called without an active exception", seen once in CI)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
