@@ -29,12 +29,12 @@ def test_every_kernel_compiles_for_sm90_within_an_sm86_cards_shared_memory(dtype
     sizes = {"scale": "fp32", "LQ": "i32", "LK": "i32", "D": "i32"}
     kernels = [
         (ts._forward_kernel, {"Q": data, "K": data, "V": data, **common, "OUT": data, "LSE": rows, **sizes}, flags),
-        (ts._query_grad_kernel, {"Q": data, "K": data, "V": data, "OUT": data, "DO": data, **common, "LSE": rows,
-                                 "DELTA": rows, "DQ": data, "DA_PART": rows, "DT_PART": rows, **sizes},
-         {**flags, "BUCKETS_PAD": 32, "NEED_DA": True, "NEED_DT": not gmm}),
+        (ts._query_grad_kernel, {"Q": data, "K": data, "V": data, "DO": data, **common, "LSE": rows,
+                                 "DELTA": rows, "DQ": data, **sizes}, flags),
         (ts._key_grad_kernel, {"Q": data, "K": data, "V": data, "DO": data, **common, "LSE": rows, "DELTA": rows,
-                               "DK": data, "DV": data, "DE": rows, "DC_PART": rows, **sizes},
-         {**flags, "NEED_DE": gmm, "NEED_DC": gmm}),
+                               "DK": data, "DV": data, "DE": rows, "DC_PART": rows, "DA_PART": rows,
+                               "DT_PART": rows, **sizes},
+         {**flags, "BUCKETS_PAD": 32, "NEED_DE": gmm, "NEED_DC": gmm, "NEED_DA": True, "NEED_DT": not gmm}),
     ]
     for kernel, signature, constexprs in kernels:
         signature = {**signature, **{name: "constexpr" for name in constexprs}}
