@@ -77,6 +77,21 @@ if triton is not None:
         return tl.load(LOOKUP + keys[None, :] - rows[:, None] + (LQ - 1), mask=pair_in, other=0)
 
     @triton.jit
+    def _key_tile(q, rows, cols, dims, dim_in, start_n, K, V, bh, batch, head, sa, c, E, MASK, mask_stride, LOOKUP,
+                  TABLE, LQ, LK, D, NUM_BUCKETS: tl.constexpr, HAS_C: tl.constexpr, HAS_E: tl.constexpr,
+                  HAS_T: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr):
+        """The key tile from `start_n` (its k and v rows, zero past LK) and the score tile of `rows` against it, with
+        which keys take part."""
+        keys = start_n + cols
+        at = bh * LK * D + keys[:, None] * D + dims[None, :]
+        kv_in = (keys[:, None] < LK) & dim_in
+        k = tl.load(K + at, mask=kv_in, other=0.0)
+        v = tl.load(V + at, mask=kv_in, other=0.0)
+        s, key_in = _scores(q, k, rows, keys, bh, batch, head, sa, c, E, MASK, mask_stride, LOOKUP, TABLE, LQ, LK,
+                            NUM_BUCKETS, HAS_C, HAS_E, HAS_T, HAS_MASK, PRECISION)
+        return k, v, s, key_in
+
+    @triton.jit
     def _forward_kernel(Q, K, V, A, C, E, MASK, mask_stride, LOOKUP, TABLE, OUT, LSE, scale, LQ, LK, D,
                         NUM_BUCKETS: tl.constexpr, HAS_C: tl.constexpr, HAS_E: tl.constexpr, HAS_T: tl.constexpr,
                         HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
@@ -96,13 +111,9 @@ if triton is not None:
         total = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
         for start_n in range(0, LK, BLOCK_N):
-            keys = start_n + cols
-            at = bh * LK * D + keys[:, None] * D + dims[None, :]
-            kv_in = (keys[:, None] < LK) & dim_in
-            k = tl.load(K + at, mask=kv_in, other=0.0)
-            v = tl.load(V + at, mask=kv_in, other=0.0)
-            s, key_in = _scores(q, k, rows, keys, bh, batch, head, sa, c, E, MASK, mask_stride, LOOKUP, TABLE, LQ, LK,
-                                NUM_BUCKETS, HAS_C, HAS_E, HAS_T, HAS_MASK, PRECISION)
+            k, v, s, key_in = _key_tile(q, rows, cols, dims, dim_in, start_n, K, V, bh, batch, head, sa, c, E, MASK,
+                                        mask_stride, LOOKUP, TABLE, LQ, LK, D, NUM_BUCKETS, HAS_C, HAS_E, HAS_T,
+                                        HAS_MASK, PRECISION)
             new_top = tl.maximum(top, tl.max(s, axis=1))
             # a row with no valid key yet keeps -inf: shift by 0 there so that no inf - inf is formed
             shift = tl.where(new_top == float("-inf"), 0.0, new_top)
@@ -125,15 +136,11 @@ if triton is not None:
     def _query_tile(q, do, lse, rows, row_in, cols, dims, dim_in, start_n, K, V, bh, batch, head, sa, c, E, MASK,
                     mask_stride, LOOKUP, TABLE, LQ, LK, D, NUM_BUCKETS: tl.constexpr, HAS_C: tl.constexpr,
                     HAS_E: tl.constexpr, HAS_T: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr):
-        """One key tile of the dq pass: the keys, the weights p_ij (0 where a pair takes no part), the scores and
+        """One key tile of the dq pass: its k rows, the scores, the weights p_ij (0 where a pair takes no part) and
         dp_ij = <do_i, v_j>."""
-        keys = start_n + cols
-        at = bh * LK * D + keys[:, None] * D + dims[None, :]
-        kv_in = (keys[:, None] < LK) & dim_in
-        k = tl.load(K + at, mask=kv_in, other=0.0)
-        v = tl.load(V + at, mask=kv_in, other=0.0)
-        s, key_in = _scores(q, k, rows, keys, bh, batch, head, sa, c, E, MASK, mask_stride, LOOKUP, TABLE, LQ, LK,
-                            NUM_BUCKETS, HAS_C, HAS_E, HAS_T, HAS_MASK, PRECISION)
+        k, v, s, key_in = _key_tile(q, rows, cols, dims, dim_in, start_n, K, V, bh, batch, head, sa, c, E, MASK,
+                                    mask_stride, LOOKUP, TABLE, LQ, LK, D, NUM_BUCKETS, HAS_C, HAS_E, HAS_T, HAS_MASK,
+                                    PRECISION)
         p = tl.where(key_in[None, :] & row_in[:, None], tl.exp(s - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         return k, s, p, dp
